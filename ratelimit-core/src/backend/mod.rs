@@ -1,0 +1,40 @@
+//! Where bucket state lives.
+
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::quota::Quota;
+
+/// The backends, dispatched by `match`: no boxing and no dynamic future on the
+/// hot path.
+pub(crate) enum Backend {
+    Memory(memory::MemoryBackend),
+    #[cfg(feature = "redis")]
+    Redis(redis::RedisBackend),
+}
+
+impl Backend {
+    pub(crate) async fn decide(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        match self {
+            Backend::Memory(memory) => Ok(memory.decide(quota, key, cost)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => redis.decide(quota, key, cost).await,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            #[cfg(feature = "redis")]
+            Backend::Redis(_) => "redis",
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! The answer to one request for tokens.
+
+use std::time::Duration;
+
+/// What the limiter decided for one request.
+///
+/// `retry_after` is exact for a key with no other traffic: a request of the
+/// same cost made `retry_after` from now is admitted, and one made earlier is
+/// not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Whether the request was admitted (and its cost consumed).
+    pub allowed: bool,
+    /// The quota's capacity.
+    pub limit: u64,
+    /// Whole tokens left after this decision.
+    pub remaining: u64,
+    /// Time until the denied request could succeed; zero when allowed.
+    pub retry_after: Duration,
+    /// Time until the bucket is full again.
+    pub reset_after: Duration,
+    /// True when the backend failed and the failure policy allowed the call;
+    /// `remaining` is then unknown and reported as 0.
+    pub fallback: bool,
+}
+
+impl Decision {
+    pub(crate) fn from_micros(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        retry_after_us: u64,
+        reset_after_us: u64,
+    ) -> Self {
+        Self {
+            allowed,
+            limit,
+            remaining,
+            retry_after: Duration::from_micros(retry_after_us),
+            reset_after: Duration::from_micros(reset_after_us),
+            fallback: false,
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Denials and faults, kept apart: a denial is never an error, and a backend
+//! error is never a denial.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::quota::QuotaError;
+
+/// Why a call was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DenialCause {
+    /// The key's quota is spent for now.
+    Quota,
+    /// The backend failed and the failure policy is
+    /// [`FailurePolicy::Closed`](crate::FailurePolicy::Closed).
+    BackendUnavailable,
+    /// The request costs more than the quota's capacity: it can never be
+    /// admitted, however long the caller waits. `retry_after` is
+    /// [`Duration::MAX`].
+    CostExceedsCapacity {
+        /// The cost the call asked for.
+        cost: u64,
+    },
+}
+
+/// The typed denial a rate-limited function returns instead of running its body.
+///
+/// A function under `#[rate_limit]` returns `Err(E::from(rate_limited))`,
+/// so its error type implements `From<RateLimited>`.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_core::RateLimited;
+///
+/// let denied = RateLimited::new("order:submit:42", 10, 0, Duration::from_millis(480));
+/// assert_eq!(denied.to_string(), "rate limited on `order:submit:42`; retry after 480ms");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimited {
+    /// The key that was limited, without the limiter's prefix.
+    pub key: String,
+    /// The name of the rule that denied (the function's path for the attribute).
+    pub rule: Option<&'static str>,
+    /// The quota's capacity.
+    pub limit: u64,
+    /// Whole tokens left.
+    pub remaining: u64,
+    /// How long to wait before the same call can succeed.
+    pub retry_after: Duration,
+    /// Whether the quota or the failure policy denied.
+    pub cause: DenialCause,
+}
+
+impl RateLimited {
+    /// A denial by the quota.
+    pub fn new(key: impl Into<String>, limit: u64, remaining: u64, retry_after: Duration) -> Self {
+        Self {
+            key: key.into(),
+            rule: None,
+            limit,
+            remaining,
+            retry_after,
+            cause: DenialCause::Quota,
+        }
+    }
+
+    /// Names the rule that denied.
+    pub fn with_rule(mut self, rule: &'static str) -> Self {
+        self.rule = Some(rule);
+        self
+    }
+
+    /// Sets why the call was denied.
+    pub fn with_cause(mut self, cause: DenialCause) -> Self {
+        self.cause = cause;
+        self
+    }
+
+    /// Whether waiting can help: false only for a cost above the capacity.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self.cause, DenialCause::CostExceedsCapacity { .. })
+    }
+}
+
+impl fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rate limited on `{}`", self.key)?;
+        match self.cause {
+            DenialCause::Quota => write!(f, "; retry after {:?}", self.retry_after),
+            DenialCause::BackendUnavailable => write!(
+                f,
+                " (backend unavailable, failing closed); retry after {:?}",
+                self.retry_after
+            ),
+            DenialCause::CostExceedsCapacity { cost } => write!(
+                f,
+                "; cost {cost} exceeds the capacity {} and can never be admitted",
+                self.limit
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RateLimited {}
+
+/// A fault of the backend or of the configuration. Never a denial.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request costs more than the quota's capacity: "never", not "not now".
+    #[error("cost {cost} exceeds the capacity {capacity} of the quota; such a request can never be admitted")]
+    CostExceedsCapacity {
+        /// The cost asked for.
+        cost: u64,
+        /// The quota's capacity.
+        capacity: u64,
+    },
+    /// The backend did not answer within the limiter's timeout.
+    #[error("the rate limit backend did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Redis answered with an error or the connection failed.
+    #[cfg(feature = "redis")]
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The backend answered something the limiter does not understand.
+    #[error("unexpected reply from the rate limit backend: {0}")]
+    UnexpectedReply(String),
+    /// The limiter was configured wrongly.
+    #[error("invalid limiter configuration: {0}")]
+    Config(String),
+    /// An invalid quota.
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
+    /// [`install`](crate::install) was called after a global limiter was set or used.
+    #[error(
+        "a global limiter is already in place; call `ratelimit::install` once, at start-up, \
+         before the first rate-limited call"
+    )]
+    AlreadyInstalled,
+}
+
+impl Error {
+    /// Whether the fault came from the backend (and so a failure policy applies),
+    /// rather than from the request or the configuration.
+    pub fn is_backend(&self) -> bool {
+        match self {
+            Error::Timeout(_) | Error::UnexpectedReply(_) => true,
+            #[cfg(feature = "redis")]
+            Error::Redis(_) => true,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Keys built from user-supplied values, safely.
+//!
+//! A key template such as `order:submit:<user_id>` is literal text with values
+//! spliced in. Every value is escaped so that:
+//! - two different values never produce the same key: every byte outside
+//!   `[A-Za-z0-9_.-]` becomes `%XX`, and the `#[rate_limit]` attribute requires
+//!   a separator outside that set (and `%`) between two placeholders;
+//! - a value can never add a separator or a Redis Cluster hash tag (`{`, `}`):
+//!   those are always escaped;
+//! - a value can never make a key grow without bound: a value whose escaped
+//!   form exceeds [`MAX_VALUE_LEN`] bytes is replaced by `%_` and 32 hex digits
+//!   of its SHA-256, a form no escaped value can take.
+
+use std::fmt::{self, Write as _};
+
+use sha2::{Digest, Sha256};
+
+/// The longest escaped value kept as is; longer ones become a 34-byte digest.
+pub const MAX_VALUE_LEN: usize = 64;
+
+/// The longest value of a `key = <expression>` kept as is.
+pub const MAX_WHOLE_KEY_LEN: usize = 256;
+
+/// Whether `c` stands for itself in an escaped value. Any other character in
+/// a template between two placeholders separates them unambiguously.
+pub const fn is_value_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'
+}
+
+/// Builds one key from literal text and escaped values.
+///
+/// ```
+/// use ratelimit_core::KeyBuilder;
+///
+/// let mut key = KeyBuilder::new();
+/// key.push_literal("order:submit:");
+/// key.push_value(&"alice:{admin}");
+/// assert_eq!(key.finish(), "order:submit:alice%3A%7Badmin%7D");
+/// ```
+#[derive(Debug, Default)]
+pub struct KeyBuilder {
+    key: String,
+    scratch: String,
+}
+
+impl KeyBuilder {
+    /// An empty key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends template text as written.
+    pub fn push_literal(&mut self, text: &str) {
+        self.key.push_str(text);
+    }
+
+    /// Appends a value, escaped (see the module documentation).
+    pub fn push_value<T: fmt::Display + ?Sized>(&mut self, value: &T) {
+        self.scratch.clear();
+        // Writing into a String cannot fail; a Display impl that errors
+        // leaves what it wrote so far, which still escapes safely.
+        let _ = write!(self.scratch, "{value}");
+        escape_value(&self.scratch, &mut self.key);
+    }
+
+    /// Appends the whole key given by `key = <expression>`: `%`, `{` and `}` are
+    /// escaped so the value cannot choose a Redis Cluster hash tag, and a value
+    /// longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its digest.
+    pub fn push_whole<T: fmt::Display + ?Sized>(&mut self, value: &T) {
+        self.scratch.clear();
+        let _ = write!(self.scratch, "{value}");
+        let start = self.key.len();
+        for c in self.scratch.chars() {
+            match c {
+                '%' | '{' | '}' => push_escaped(&mut self.key, c),
+                c => self.key.push(c),
+            }
+        }
+        if self.key.len() - start > MAX_WHOLE_KEY_LEN {
+            self.key.truncate(start);
+            push_digest(self.scratch.as_bytes(), &mut self.key);
+        }
+    }
+
+    /// The finished key.
+    pub fn finish(self) -> String {
+        self.key
+    }
+}
+
+/// Escapes one value into `out`.
+pub fn escape_value(value: &str, out: &mut String) {
+    let start = out.len();
+    for c in value.chars() {
+        if is_value_char(c) {
+            out.push(c);
+        } else {
+            push_escaped(out, c);
+        }
+        if out.len() - start > MAX_VALUE_LEN {
+            out.truncate(start);
+            push_digest(value.as_bytes(), out);
+            return;
+        }
+    }
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut buf = [0u8; 4];
+    for &b in c.encode_utf8(&mut buf).as_bytes() {
+        out.push('%');
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 0xF)] as char);
+    }
+}
+
+/// `%_` then 128 bits of SHA-256 in lowercase hex. Escaping writes `%` only
+/// before two uppercase hex digits, so this form never equals an escaped value.
+fn push_digest(value: &[u8], out: &mut String) {
+    let digest = Sha256::digest(value);
+    out.push_str("%_");
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn escaped(value: &str) -> String {
+        let mut out = String::new();
+        escape_value(value, &mut out);
+        out
+    }
+
+    #[test]
+    fn plain_values_stand_for_themselves() {
+        assert_eq!(escaped("42"), "42");
+        assert_eq!(escaped("a-b_c.d"), "a-b_c.d");
+        assert_eq!(escaped(""), "");
+    }
+
+    #[test]
+    fn separators_and_hash_tags_are_escaped() {
+        assert_eq!(escaped("a:b"), "a%3Ab");
+        assert_eq!(escaped("{tag}"), "%7Btag%7D");
+        assert_eq!(escaped("100%"), "100%25");
+        assert_eq!(escaped("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn long_values_become_a_fixed_size_digest() {
+        let long = "x".repeat(10_000);
+        let key = escaped(&long);
+        assert_eq!(key.len(), 34);
+        assert!(key.starts_with("%_"));
+        assert_ne!(escaped(&"x".repeat(10_001)), key);
+        // The longest value kept as is.
+        assert_eq!(
+            escaped(&"y".repeat(MAX_VALUE_LEN)),
+            "y".repeat(MAX_VALUE_LEN)
+        );
+    }
+
+    #[test]
+    fn whole_keys_cannot_choose_a_hash_tag() {
+        let mut key = KeyBuilder::new();
+        key.push_whole("tenant:{7}:100%");
+        assert_eq!(key.finish(), "tenant:%7B7%7D:100%25");
+        let mut key = KeyBuilder::new();
+        key.push_whole(&"k".repeat(1_000));
+        assert_eq!(key.finish().len(), 34);
+    }
+
+    fn build(template: &[&str], values: &[String]) -> String {
+        let mut key = KeyBuilder::new();
+        for (i, literal) in template.iter().enumerate() {
+            key.push_literal(literal);
+            if let Some(v) = values.get(i) {
+                key.push_value(v.as_str());
+            }
+        }
+        key.finish()
+    }
+
+    proptest! {
+        #[test]
+        fn different_values_never_make_the_same_key(
+            a in proptest::collection::vec(".{0,80}", 3),
+            b in proptest::collection::vec(".{0,80}", 3),
+            sep in "[:/|# {}]",
+        ) {
+            let template = ["t", sep.as_str(), sep.as_str(), ""];
+            prop_assume!(a != b);
+            prop_assert_ne!(build(&template, &a), build(&template, &b));
+        }
+
+        #[test]
+        fn escaped_values_never_contain_a_separator_or_a_hash_tag(v in ".{0,100}") {
+            let e = escaped(&v);
+            prop_assert!(e.len() <= MAX_VALUE_LEN.max(34));
+            prop_assert!(e.chars().all(|c| is_value_char(c) || c == '%'), "{}", e);
+        }
+
+        #[test]
+        fn escaping_is_injective_on_near_collisions(v in "[a%:{}_0-9A-F]{0,70}", w in "[a%:{}_0-9A-F]{0,70}") {
+            prop_assume!(v != w);
+            prop_assert_ne!(escaped(&v), escaped(&w));
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! The runtime of the `ratelimit` framework: quotas, decisions and denials, the
+//! [`Limiter`] and its backends (the embedded memory backend and Redis).
+//!
+//! Most users depend on the `ratelimit` facade and its `#[rate_limit]`
+//! attribute; this crate is what the attribute calls, and what direct callers
+//! use.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod algorithm;
+mod backend;
+mod clock;
+mod decision;
+mod error;
+mod global;
+pub mod key;
+mod limiter;
+mod quota;
+
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
+pub use decision::Decision;
+pub use error::{DenialCause, Error, RateLimited};
+pub use global::{global, install};
+pub use key::KeyBuilder;
+pub use limiter::{FailurePolicy, Limiter, LimiterBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
+pub use quota::{Quota, QuotaError, Rate};

@@ -1,0 +1,288 @@
+//! The Redis backend against real, private redis-server processes.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use ratelimit::{DenialCause, Error, FailurePolicy, Limiter, ManualClock, Quota, Rate};
+use redis::AsyncCommands;
+use support::RedisServer;
+
+fn redis_limiter(server: &RedisServer) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("build a Redis limiter")
+}
+
+fn limiters_with_clock(server: &RedisServer, clock: &ManualClock) -> (Limiter, Limiter) {
+    let redis = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let memory = Limiter::builder()
+        .memory()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (redis, memory)
+}
+
+/// Eight service instances, each with its own connection, 64 tasks each, one
+/// key: the admitted count never exceeds the token-bucket bound and reaches
+/// at least 99% of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_admit_exactly_the_bucket_bound_on_one_key() {
+    let server = RedisServer::start();
+    let quota = Quota::new(100, Rate::per_second(1_000).unwrap()).unwrap();
+    let instances: Vec<Limiter> = (0..8).map(|_| redis_limiter(&server)).collect();
+    // Open every connection and load the script before the clock starts.
+    for (i, limiter) in instances.iter().enumerate() {
+        limiter
+            .decide(&quota, &format!("warm-up:{i}"), 1)
+            .await
+            .unwrap();
+    }
+
+    let run_for = Duration::from_secs(3);
+    let admitted = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for limiter in &instances {
+        for _ in 0..64 {
+            let (limiter, admitted, errors) = (limiter.clone(), admitted.clone(), errors.clone());
+            tasks.push(tokio::spawn(async move {
+                while start.elapsed() < run_for {
+                    match limiter.decide(&quota, "hot", 1).await {
+                        Ok(d) if d.allowed => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let admitted = admitted.load(Ordering::Relaxed) as f64;
+    let bound = 100.0 + 1_000.0 * elapsed;
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "no call may fail\n{}",
+        server.log()
+    );
+    assert!(
+        admitted <= bound + 1.0,
+        "admitted {admitted} exceeds capacity + rate x elapsed = {bound:.1}"
+    );
+    assert!(
+        admitted >= 0.99 * bound,
+        "admitted {admitted} is under 99% of the bound {bound:.1}"
+    );
+}
+
+/// The script and the memory backend decide alike on random sequences of
+/// (time step, cost), with the caller's clock.
+#[test]
+fn redis_script_and_memory_backend_make_the_same_decisions() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = RedisServer::start();
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(
+        capacity in 1u64..20,
+        rate in prop_oneof![Just("3/s"), Just("1/s"), Just("7/min"), Just("1000/s"), Just("2.5/s"), Just("1/250ms")],
+        events in proptest::collection::vec((0u64..2_000_000, 0u64..25), 1..60),
+    )| {
+        let quota = Quota::new(capacity, rate.parse().unwrap()).unwrap();
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let (redis, memory) = runtime.block_on(async { limiters_with_clock(&server, &clock) });
+        let key = format!("diff:{}", case.fetch_add(1, Ordering::Relaxed));
+        for (step, cost) in events {
+            clock.advance(Duration::from_micros(step));
+            let (from_redis, from_memory) = runtime.block_on(async {
+                (redis.decide(&quota, &key, cost).await, memory.decide(&quota, &key, cost).await)
+            });
+            match (from_redis, from_memory) {
+                (Ok(r), Ok(m)) => prop_assert_eq!(r, m, "quota {:?}, cost {}", quota, cost),
+                (Err(Error::CostExceedsCapacity { .. }), Err(Error::CostExceedsCapacity { .. })) => {
+                    prop_assert!(cost > capacity)
+                }
+                (r, m) => prop_assert!(false, "redis {:?} vs memory {:?}", r, m),
+            }
+        }
+    });
+}
+
+#[tokio::test]
+async fn time_going_backwards_mints_no_tokens_in_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (limiter, _) = limiters_with_clock(&server, &clock);
+    let quota = Quota::new(3, Rate::per_second(1).unwrap()).unwrap();
+    for _ in 0..3 {
+        assert!(limiter.decide(&quota, "k", 1).await.unwrap().allowed);
+    }
+    for back in [1u64, 1_000, 2_000_000, 60_000_000] {
+        clock.set(1_700_000_000_000_000 - back);
+        let d = limiter.decide(&quota, "k", 1).await.unwrap();
+        assert!(!d.allowed, "{back} µs back admitted: {d:?}");
+        assert_eq!(d.remaining, 0);
+    }
+}
+
+#[tokio::test]
+async fn a_cost_above_capacity_is_never_not_now() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let quota = Quota::new(10, Rate::per_second(1).unwrap()).unwrap();
+    let err = limiter.decide(&quota, "big", 11).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::CostExceedsCapacity {
+                cost: 11,
+                capacity: 10
+            }
+        ),
+        "{err:?}"
+    );
+    let denied = limiter.acquire(&quota, "big", 11).await.unwrap_err();
+    assert_eq!(denied.cause, DenialCause::CostExceedsCapacity { cost: 11 });
+    assert!(!denied.is_retryable());
+    // The bucket was not touched: the full capacity is still there.
+    let d = limiter.decide(&quota, "big", 10).await.unwrap();
+    assert!(d.allowed && d.remaining == 0, "{d:?}");
+}
+
+#[tokio::test]
+async fn state_expires_once_the_bucket_is_full_again_and_denials_write_nothing() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let mut redis = server.connection().await;
+    // Two tokens, refilled at 10/s: empty, the bucket is full after 200 ms.
+    let quota = Quota::new(2, Rate::per_second(10).unwrap()).unwrap();
+    assert!(limiter.decide(&quota, "exp", 2).await.unwrap().allowed);
+    let pttl: i64 = redis.pttl("rl:exp").await.unwrap();
+    assert!(
+        (150..=200).contains(&pttl),
+        "PTTL {pttl} ms, expected just under 200"
+    );
+    let before: String = redis.get("rl:exp").await.unwrap();
+    let denied = limiter.decide(&quota, "exp", 1).await.unwrap();
+    assert!(!denied.allowed);
+    let after: String = redis.get("rl:exp").await.unwrap();
+    assert_eq!(before, after, "a denial must not write");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let exists: bool = redis.exists("rl:exp").await.unwrap();
+    assert!(
+        !exists,
+        "the key must be gone once the bucket is full again"
+    );
+    let d = limiter.decide(&quota, "exp", 2).await.unwrap();
+    assert!(d.allowed, "a full bucket after expiry: {d:?}");
+}
+
+#[tokio::test]
+async fn script_flush_between_calls_is_invisible_to_the_caller() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let mut redis = server.connection().await;
+    let quota = Quota::new(5, Rate::per_minute(5).unwrap()).unwrap();
+    for i in 0..5u64 {
+        let d = limiter.decide(&quota, "flush", 1).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 4 - i);
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    let d = limiter.decide(&quota, "flush", 1).await.unwrap();
+    assert!(!d.allowed, "state survived the flushes: {d:?}");
+}
+
+#[tokio::test]
+async fn prefixes_keep_limiters_apart() {
+    let server = RedisServer::start();
+    let a = Limiter::builder()
+        .redis(server.url())
+        .prefix("a:")
+        .build()
+        .unwrap();
+    let b = Limiter::builder()
+        .redis(server.url())
+        .prefix("b:")
+        .build()
+        .unwrap();
+    let quota = Quota::new(1, Rate::per_minute(1).unwrap()).unwrap();
+    assert!(a.decide(&quota, "k", 1).await.unwrap().allowed);
+    assert!(b.decide(&quota, "k", 1).await.unwrap().allowed);
+    assert!(!a.decide(&quota, "k", 1).await.unwrap().allowed);
+    let mut redis = server.connection().await;
+    let mut keys: Vec<String> = redis.keys("*").await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["a:k", "b:k"]);
+}
+
+/// With Redis down, a decision is an error (never a denial), and `acquire`
+/// applies the failure policy within the timeout.
+#[tokio::test]
+async fn redis_down_is_an_error_and_the_failure_policy_decides() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(200);
+    let open = Limiter::builder()
+        .redis(server.url())
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let closed = Limiter::builder()
+        .redis(server.url())
+        .timeout(timeout)
+        .failure_policy(FailurePolicy::Closed {
+            retry_after: Duration::from_secs(1),
+        })
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(10).unwrap();
+    assert!(open.decide(&quota, "k", 1).await.unwrap().allowed);
+    assert!(closed.decide(&quota, "k", 1).await.unwrap().allowed);
+    server.kill();
+
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = open.decide(&quota, "k", 1).await.unwrap_err();
+        assert!(err.is_backend(), "{err:?}");
+        let d = open
+            .acquire(&quota, "k", 1)
+            .await
+            .expect("fail open allows");
+        assert!(d.allowed && d.fallback, "{d:?}");
+        let denied = closed.acquire(&quota, "k", 1).await.unwrap_err();
+        assert_eq!(denied.cause, DenialCause::BackendUnavailable);
+        assert_eq!(denied.retry_after, Duration::from_secs(1));
+        assert!(
+            started.elapsed() < 4 * timeout,
+            "three calls took {:?} with a {timeout:?} timeout",
+            started.elapsed()
+        );
+    }
+}

@@ -1,0 +1,166 @@
+//! Private `redis-server` processes for tests: each test starts its own, on a
+//! free loopback port, with nothing saved to disk, and kills it on drop. The
+//! server's log is printed when the test fails.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL_HINT: &str = "install Redis (Debian/Ubuntu: `apt-get install redis-server`; \
+     macOS: `brew install redis`) or set RATELIMIT_REDIS_SERVER to the path of a redis-server binary";
+
+/// The `redis-server` binary: `RATELIMIT_REDIS_SERVER`, or the one on `PATH`.
+pub fn redis_server_binary() -> PathBuf {
+    let binary: PathBuf = std::env::var_os("RATELIMIT_REDIS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"));
+    match Command::new(&binary).arg("--version").output() {
+        Ok(out) if out.status.success() => binary,
+        Ok(out) => panic!(
+            "`{} --version` failed ({}): {}; {INSTALL_HINT}",
+            binary.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!(
+            "this test needs a real redis-server, and `{}` could not be run ({e}); {INSTALL_HINT}",
+            binary.display()
+        ),
+    }
+}
+
+/// A private Redis server, killed when dropped.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it accepts connections.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let binary = redis_server_binary();
+        let mut last_log = String::new();
+        // Another process may take the free port between our probe and the
+        // server's bind; a few attempts make that harmless.
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
+            let port = free_port();
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir,
+            };
+            let child = Command::new(&binary)
+                .arg("--port")
+                .arg(port.to_string())
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(server.dir.path())
+                .arg("--logfile")
+                .arg(server.log_path())
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn {}: {e}; {INSTALL_HINT}", binary.display()));
+            server.child = Some(child);
+            if server.wait_ready(Duration::from_secs(10)) {
+                return server;
+            }
+            last_log = server.log();
+        }
+        panic!("redis-server did not start; its last log:\n{last_log}");
+    }
+
+    fn wait_ready(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return false;
+                }
+            }
+            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+                use std::io::Write;
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+                if stream.write_all(b"PING\r\n").is_ok() {
+                    let mut buf = [0u8; 7];
+                    if stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n" {
+                        return true;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A plain client for inspecting the server from the test.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("client for the private redis-server")
+    }
+
+    /// A connection for inspecting the server from the test.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("connect to the private redis-server: {e}\n{}", self.log()))
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Kills the server (connections are refused from now on).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- log of redis-server on port {} ---\n{}",
+                self.port,
+                self.log()
+            );
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("find a free loopback port")
+}
