@@ -1,0 +1,105 @@
+//! Support for the code `#[rate_limit]` generates. Every item here is named by
+//! absolute path from generated code only.
+
+use std::borrow::Borrow;
+use std::fmt::Display;
+
+pub use ratelimit_core::{KeyBuilder, Limiter, Quota, RateLimited};
+
+/// One `#[rate_limit]` attribute, built in a `static` at compile time.
+#[derive(Debug)]
+pub struct Rule {
+    /// The function's path, reported in denials.
+    pub name: &'static str,
+    /// The attribute's quota.
+    pub quota: Quota,
+}
+
+impl Rule {
+    /// A rule from parts the attribute checked at compile time.
+    pub const fn new(name: &'static str, capacity: u64, tokens: u64, period_us: u64) -> Self {
+        Self {
+            name,
+            quota: Quota::__checked(capacity, tokens, period_us),
+        }
+    }
+}
+
+/// The limiter used when the attribute names none.
+#[inline]
+pub fn global_limiter() -> &'static Limiter {
+    ratelimit_core::global()
+}
+
+/// `limiter = <expression>` accepts a `Limiter`, a reference to one, an
+/// `Arc<Limiter>` or a `Box<Limiter>`.
+#[inline]
+pub fn borrow_limiter<L: Borrow<Limiter> + ?Sized>(limiter: &L) -> &Limiter {
+    limiter.borrow()
+}
+
+/// A value usable in a key template placeholder.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used in a rate limit key: placeholders need `std::fmt::Display`",
+    label = "this placeholder's value must implement `Display`",
+    note = "implement `Display` for `{Self}`, or name a field of it that does, such as `<arg.id>`"
+)]
+pub trait KeyPart {
+    /// Appends the escaped value.
+    fn push_to(&self, key: &mut KeyBuilder);
+    /// Appends the value as a whole key (`key = <expression>`).
+    fn push_whole_to(&self, key: &mut KeyBuilder);
+}
+
+impl<T: Display + ?Sized> KeyPart for T {
+    #[inline]
+    fn push_to(&self, key: &mut KeyBuilder) {
+        key.push_value(self);
+    }
+    #[inline]
+    fn push_whole_to(&self, key: &mut KeyBuilder) {
+        key.push_whole(self);
+    }
+}
+
+/// A request's cost: any unsigned integer.
+#[diagnostic::on_unimplemented(
+    message = "`cost` must be an unsigned integer, not `{Self}`",
+    label = "expected `u8`, `u16`, `u32`, `u64` or `usize`"
+)]
+pub trait IntoCost {
+    /// The cost in tokens.
+    fn into_cost(self) -> u64;
+}
+
+macro_rules! into_cost {
+    ($($t:ty),*) => {$(
+        impl IntoCost for $t {
+            #[inline]
+            fn into_cost(self) -> u64 {
+                self as u64
+            }
+        }
+    )*};
+}
+into_cost!(u8, u16, u32, u64, usize);
+
+impl<T: IntoCost + Copy> IntoCost for &T {
+    #[inline]
+    fn into_cost(self) -> u64 {
+        (*self).into_cost()
+    }
+}
+
+/// Takes `cost` tokens for `key` under `rule`; the denial names the rule.
+pub async fn acquire(
+    limiter: &Limiter,
+    rule: &'static Rule,
+    key: &str,
+    cost: u64,
+) -> Result<(), RateLimited> {
+    match limiter.acquire(&rule.quota, key, cost).await {
+        Ok(_) => Ok(()),
+        Err(denied) => Err(denied.with_rule(rule.name)),
+    }
+}
