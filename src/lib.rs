@@ -36,9 +36,9 @@
 #![forbid(unsafe_code)]
 
 pub use ratelimit_core::{
-    global, install, key, Clock, Decision, DenialCause, Error, FailurePolicy, KeyBuilder, Limiter,
-    LimiterBuilder, ManualClock, MonotonicClock, Quota, QuotaError, Rate, RateLimited, SystemClock,
-    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    global, install, key, Algorithm, Clock, Decision, DenialCause, Error, FailurePolicy,
+    KeyBuilder, Limiter, LimiterBuilder, ManualClock, MonotonicClock, Quota, QuotaError, Rate,
+    RateLimited, SystemClock, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 
 pub use ratelimit_macros::rate_limit;

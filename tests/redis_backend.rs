@@ -4,10 +4,10 @@ mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
-use ratelimit::{DenialCause, Error, FailurePolicy, Limiter, ManualClock, Quota, Rate};
+use ratelimit::{Algorithm, DenialCause, Error, FailurePolicy, Limiter, ManualClock, Quota, Rate};
 use redis::AsyncCommands;
 use support::RedisServer;
 
@@ -35,12 +35,10 @@ fn limiters_with_clock(server: &RedisServer, clock: &ManualClock) -> (Limiter, L
 }
 
 /// Eight service instances, each with its own connection, 64 tasks each, one
-/// key: the admitted count never exceeds the token-bucket bound and reaches
-/// at least 99% of it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eight_instances_admit_exactly_the_bucket_bound_on_one_key() {
+/// key, for about three seconds: the admitted count never exceeds what the
+/// algorithm allows and reaches at least 99% of it.
+async fn eight_instances_on_one_key(quota: Quota) {
     let server = RedisServer::start();
-    let quota = Quota::new(100, Rate::per_second(1_000).unwrap()).unwrap();
     let instances: Vec<Limiter> = (0..8).map(|_| redis_limiter(&server)).collect();
     // Open every connection and load the script before the clock starts.
     for (i, limiter) in instances.iter().enumerate() {
@@ -49,10 +47,25 @@ async fn eight_instances_admit_exactly_the_bucket_bound_on_one_key() {
             .await
             .unwrap();
     }
+    let wall_micros = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let mut run_for = Duration::from_secs(3);
+    if let Some(window) = quota.window() {
+        // Start just after a window boundary and stop just before one, so
+        // every window the run touches can be filled.
+        let w = window.as_micros() as u64;
+        let next = (wall_micros() / w + 1) * w + 1_000;
+        tokio::time::sleep(Duration::from_micros(next - wall_micros())).await;
+        run_for = Duration::from_micros(3 * w - 20_000);
+    }
 
-    let run_for = Duration::from_secs(3);
     let admitted = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    let start_wall = wall_micros();
     let start = Instant::now();
     let mut tasks = Vec::new();
     for limiter in &instances {
@@ -76,9 +89,31 @@ async fn eight_instances_admit_exactly_the_bucket_bound_on_one_key() {
     for task in tasks {
         task.await.unwrap();
     }
-    let elapsed = start.elapsed().as_secs_f64();
+    let end_wall = wall_micros();
     let admitted = admitted.load(Ordering::Relaxed) as f64;
-    let bound = 100.0 + 1_000.0 * elapsed;
+    // What the algorithm allows from `start_wall` to `to`.
+    let allowed_until = |to: u64| -> f64 {
+        match quota.window() {
+            None => {
+                quota.capacity() as f64
+                    + quota.rate().per_second_f64() * (to - start_wall) as f64 / 1e6
+            }
+            Some(window) => {
+                let w = window.as_micros() as u64;
+                let windows = match quota.algorithm() {
+                    // A burst every window length from the first admission.
+                    Algorithm::SlidingLog => (to - start_wall) / w + 1,
+                    // Every aligned window touched.
+                    _ => to / w - start_wall / w + 1,
+                };
+                (quota.capacity() * windows) as f64
+            }
+        }
+    };
+    // Anything admitted by Redis happened before the last response; calls
+    // were made without pause until the deadline.
+    let most = allowed_until(end_wall) + 1.0;
+    let least = 0.99 * allowed_until(start_wall + run_for.as_micros() as u64);
     assert_eq!(
         errors.load(Ordering::Relaxed),
         0,
@@ -86,32 +121,113 @@ async fn eight_instances_admit_exactly_the_bucket_bound_on_one_key() {
         server.log()
     );
     assert!(
-        admitted <= bound + 1.0,
-        "admitted {admitted} exceeds capacity + rate x elapsed = {bound:.1}"
+        admitted <= most,
+        "{quota:?}: admitted {admitted} exceeds the bound {most:.1}"
     );
     assert!(
-        admitted >= 0.99 * bound,
-        "admitted {admitted} is under 99% of the bound {bound:.1}"
+        admitted >= least,
+        "{quota:?}: admitted {admitted} is under 99% of what {run_for:?} allows ({least:.1})"
     );
 }
 
-/// The script and the memory backend decide alike on random sequences of
-/// (time step, cost), with the caller's clock.
+fn bucket(algorithm: Algorithm) -> Quota {
+    Quota::builder(algorithm)
+        .capacity(100)
+        .rate(Rate::per_second(1_000).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn windowed(algorithm: Algorithm) -> Quota {
+    Quota::builder(algorithm)
+        .limit(400)
+        .window(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_admit_exactly_the_token_bucket_bound() {
+    eight_instances_on_one_key(bucket(Algorithm::TokenBucket)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_admit_exactly_the_gcra_bound() {
+    eight_instances_on_one_key(bucket(Algorithm::Gcra)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_admit_exactly_the_leaky_bucket_bound() {
+    eight_instances_on_one_key(bucket(Algorithm::LeakyBucket)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_admit_exactly_the_fixed_window_bound() {
+    eight_instances_on_one_key(windowed(Algorithm::FixedWindow)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_admit_exactly_the_sliding_log_bound() {
+    eight_instances_on_one_key(windowed(Algorithm::SlidingLog)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_stay_within_the_sliding_window_bound() {
+    eight_instances_on_one_key(windowed(Algorithm::SlidingWindow)).await;
+}
+
+fn any_quota() -> impl Strategy<Value = Quota> {
+    let buckets = (
+        prop::sample::select(vec![
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::LeakyBucket,
+        ]),
+        1u64..20,
+        prop::sample::select(vec!["3/s", "1/s", "7/min", "1000/s", "2.5/s", "1/250ms"]),
+    )
+        .prop_map(|(algorithm, capacity, rate)| {
+            Quota::builder(algorithm)
+                .capacity(capacity)
+                .rate(rate.parse().unwrap())
+                .build()
+                .unwrap()
+        });
+    let windows = (
+        prop::sample::select(vec![
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+        ]),
+        1u64..20,
+        prop::sample::select(vec!["100ms", "1s", "3s", "1m"]),
+    )
+        .prop_map(|(algorithm, limit, window)| {
+            Quota::builder(algorithm)
+                .limit(limit)
+                .window(Quota::parse_window(window).unwrap())
+                .build()
+                .unwrap()
+        });
+    prop_oneof![buckets, windows]
+}
+
+/// Every algorithm's script and its Rust twin decide alike on random sequences
+/// of (time step, cost), with the caller's clock.
 #[test]
 fn redis_script_and_memory_backend_make_the_same_decisions() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let server = RedisServer::start();
     let case = AtomicU64::new(0);
     let config = ProptestConfig {
-        cases: 64,
+        cases: 256,
         ..ProptestConfig::default()
     };
     proptest!(config, |(
-        capacity in 1u64..20,
-        rate in prop_oneof![Just("3/s"), Just("1/s"), Just("7/min"), Just("1000/s"), Just("2.5/s"), Just("1/250ms")],
-        events in proptest::collection::vec((0u64..2_000_000, 0u64..25), 1..60),
+        quota in any_quota(),
+        events in proptest::collection::vec((0u64..1_500_000, 0u64..25), 1..60),
     )| {
-        let quota = Quota::new(capacity, rate.parse().unwrap()).unwrap();
+        let capacity = quota.capacity();
         let clock = ManualClock::new(1_700_000_000_000_000);
         let (redis, memory) = runtime.block_on(async { limiters_with_clock(&server, &clock) });
         let key = format!("diff:{}", case.fetch_add(1, Ordering::Relaxed));

@@ -18,8 +18,13 @@ pub struct Decision {
     pub remaining: u64,
     /// Time until the denied request could succeed; zero when allowed.
     pub retry_after: Duration,
-    /// Time until the bucket is full again.
+    /// Time until the key is back to its full quota (the bucket full again,
+    /// the window's count gone).
     pub reset_after: Duration,
+    /// For the leaky bucket: how long the admitted request must wait for its
+    /// turn before it runs. Zero for every other algorithm. The attribute
+    /// sleeps for it before running the body.
+    pub delay: Duration,
     /// True when the backend failed and the failure policy allowed the call;
     /// `remaining` is then unknown and reported as 0.
     pub fallback: bool,
@@ -32,6 +37,7 @@ impl Decision {
         remaining: u64,
         retry_after_us: u64,
         reset_after_us: u64,
+        delay_us: u64,
     ) -> Self {
         Self {
             allowed,
@@ -39,6 +45,7 @@ impl Decision {
             remaining,
             retry_after: Duration::from_micros(retry_after_us),
             reset_after: Duration::from_micros(reset_after_us),
+            delay: Duration::from_micros(delay_us),
             fallback: false,
         }
     }

@@ -23,4 +23,4 @@ pub use error::{DenialCause, Error, RateLimited};
 pub use global::{global, install};
 pub use key::KeyBuilder;
 pub use limiter::{FailurePolicy, Limiter, LimiterBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
-pub use quota::{Quota, QuotaError, Rate};
+pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};

@@ -176,6 +176,7 @@ impl Limiter {
                 remaining: 0,
                 retry_after: Duration::ZERO,
                 reset_after: Duration::ZERO,
+                delay: Duration::ZERO,
                 fallback: true,
             }),
             FailurePolicy::Closed { retry_after } => {

@@ -117,7 +117,7 @@ impl fmt::Display for Rate {
             if self.period_us == unit {
                 return write!(f, "{}/{name}", self.tokens);
             }
-            if self.period_us % unit == 0 {
+            if self.period_us.is_multiple_of(unit) {
                 return write!(f, "{}/{}{name}", self.tokens, self.period_us / unit);
             }
         }
@@ -188,85 +188,304 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
     a
 }
 
-/// A token-bucket quota: at most `capacity` tokens at once (the burst),
-/// refilled at `rate`.
+/// The algorithm a [`Quota`] decides with. Each one is a Lua script for Redis
+/// and a Rust twin for the memory backend, and the two decide alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Bursts up to `capacity`, refills at `rate`. State: the level and the
+    /// time of the last refill, one Redis string. The default.
+    TokenBucket,
+    /// The same admissions as the token bucket, with one number of state: the
+    /// instant the bucket is full again (the theoretical arrival time). The
+    /// smallest Redis footprint.
+    Gcra,
+    /// At most `limit` per `window`, windows aligned to the epoch. Allows up to
+    /// twice the limit across a window boundary, and nothing more.
+    FixedWindow,
+    /// Exactly `limit` in any window of length `window`. Keeps one sorted-set
+    /// member per admitted request, so its memory grows with `limit`.
+    SlidingLog,
+    /// The previous window's count, weighted by how much of it still overlaps
+    /// the sliding window, plus the current window's: constant memory, bounded
+    /// error.
+    SlidingWindow,
+    /// A queue of `capacity` that drains at `rate`: a request is admitted with
+    /// a delay (when its turn comes), and denied only when the queue is full.
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::LeakyBucket,
+    ];
+
+    /// The name used in the attribute: `token_bucket`, `gcra`, ...
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    /// Whether the algorithm takes `limit` and `window` (rather than
+    /// `capacity` and `rate`).
+    pub const fn is_windowed(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow
+        )
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = QuotaError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == text)
+            .ok_or_else(|| QuotaError::UnknownAlgorithm(text.to_owned()))
+    }
+}
+
+/// A quota: which algorithm decides, and its numbers.
 ///
-/// A `Quota` can only be built valid: the constructors reject a zero capacity,
-/// a zero rate, and quotas too large to compute exactly.
+/// Bucket algorithms (token bucket, GCRA, leaky bucket) take a `capacity` and
+/// a [`Rate`]; window algorithms (fixed window, sliding log, sliding window)
+/// take a `limit` per `window`. A `Quota` can only be built valid: the
+/// constructors reject zeros, wrong combinations, and quotas too large to
+/// compute exactly in integer microseconds.
 ///
 /// ```
-/// use ratelimit_core::{Quota, Rate};
+/// use std::time::Duration;
+/// use ratelimit_core::{Algorithm, Quota, Rate};
 ///
-/// let quota = Quota::new(10, Rate::per_second(2)?)?;
+/// let quota = Quota::new(10, Rate::per_second(2)?)?; // a token bucket
 /// assert_eq!(quota.capacity(), 10);
 /// // An empty bucket is full again after capacity / rate = 5 s.
-/// assert_eq!(quota.replenish_all(), std::time::Duration::from_secs(5));
-/// assert!(Quota::new(0, Rate::per_second(2)?).is_err());
+/// assert_eq!(quota.replenish_all(), Duration::from_secs(5));
+///
+/// let daily = Quota::fixed_window(1_000, Quota::parse_window("1d")?)?;
+/// assert_eq!(daily.window(), Some(Duration::from_secs(86_400)));
+///
+/// // The builder checks combinations, as the attribute does at compile time.
+/// let wrong = Quota::builder(Algorithm::FixedWindow).capacity(5).build();
+/// assert!(wrong.unwrap_err().to_string().contains("`fixed_window` takes `limit` and `window`"));
 /// # Ok::<(), ratelimit_core::QuotaError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
+    algorithm: Algorithm,
     capacity: u64,
     rate: Rate,
+    /// Zero for bucket algorithms.
+    window_us: u64,
 }
 
 impl Quota {
-    /// A bucket of `capacity` tokens refilled at `rate`.
+    /// A token bucket of `capacity` tokens refilled at `rate`.
     pub fn new(capacity: u64, rate: Rate) -> Result<Self, QuotaError> {
-        if capacity == 0 {
-            return Err(QuotaError::ZeroCapacity);
-        }
-        match capacity.checked_mul(rate.period_us) {
-            Some(depth) if depth <= MAX_EXACT => Ok(Self { capacity, rate }),
-            _ => Err(QuotaError::TooLarge),
-        }
+        Self::bucket(Algorithm::TokenBucket, capacity, rate)
     }
 
-    /// `n` per second, with a burst of `n`.
+    /// A token bucket of `capacity` tokens refilled at `rate`.
+    pub fn token_bucket(capacity: u64, rate: Rate) -> Result<Self, QuotaError> {
+        Self::bucket(Algorithm::TokenBucket, capacity, rate)
+    }
+
+    /// GCRA: the token bucket's admissions, with one number of state per key.
+    pub fn gcra(capacity: u64, rate: Rate) -> Result<Self, QuotaError> {
+        Self::bucket(Algorithm::Gcra, capacity, rate)
+    }
+
+    /// A queue of `capacity` requests drained at `rate`; admitted requests
+    /// carry a [`Decision::delay`](crate::Decision::delay).
+    pub fn leaky_bucket(capacity: u64, rate: Rate) -> Result<Self, QuotaError> {
+        Self::bucket(Algorithm::LeakyBucket, capacity, rate)
+    }
+
+    /// At most `limit` per `window`, windows aligned to the Unix epoch.
+    pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, QuotaError> {
+        Self::windowed(Algorithm::FixedWindow, limit, window)
+    }
+
+    /// Exactly `limit` in any window of length `window` (memory grows with `limit`).
+    pub fn sliding_log(limit: u64, window: Duration) -> Result<Self, QuotaError> {
+        Self::windowed(Algorithm::SlidingLog, limit, window)
+    }
+
+    /// The two-window weighted counter: about `limit` per sliding `window`.
+    pub fn sliding_window(limit: u64, window: Duration) -> Result<Self, QuotaError> {
+        Self::windowed(Algorithm::SlidingWindow, limit, window)
+    }
+
+    /// `n` per second, with a burst of `n` (token bucket).
     pub fn per_second(n: u64) -> Result<Self, QuotaError> {
         Self::new(n, Rate::per_second(n)?)
     }
 
-    /// `n` per minute, with a burst of `n`.
+    /// `n` per minute, with a burst of `n` (token bucket).
     pub fn per_minute(n: u64) -> Result<Self, QuotaError> {
         Self::new(n, Rate::per_minute(n)?)
     }
 
-    /// `n` per hour, with a burst of `n`.
+    /// `n` per hour, with a burst of `n` (token bucket).
     pub fn per_hour(n: u64) -> Result<Self, QuotaError> {
         Self::new(n, Rate::per_hour(n)?)
     }
 
+    /// Starts a quota for `algorithm` from named options, checking that the
+    /// options fit the algorithm.
+    pub fn builder(algorithm: Algorithm) -> QuotaBuilder {
+        QuotaBuilder {
+            algorithm,
+            capacity: None,
+            rate: None,
+            limit: None,
+            window: None,
+        }
+    }
+
+    fn bucket(algorithm: Algorithm, capacity: u64, rate: Rate) -> Result<Self, QuotaError> {
+        if capacity == 0 {
+            return Err(QuotaError::ZeroCapacity);
+        }
+        match capacity.checked_mul(rate.period_us) {
+            Some(depth) if depth <= MAX_EXACT => Ok(Self {
+                algorithm,
+                capacity,
+                rate,
+                window_us: 0,
+            }),
+            _ => Err(QuotaError::TooLarge),
+        }
+    }
+
+    fn windowed(algorithm: Algorithm, limit: u64, window: Duration) -> Result<Self, QuotaError> {
+        if limit == 0 {
+            return Err(QuotaError::ZeroCapacity);
+        }
+        let window_us = u64::try_from(window.as_micros()).map_err(|_| QuotaError::TooLarge)?;
+        if window_us == 0 || !window_us.is_multiple_of(1_000) {
+            return Err(QuotaError::InvalidWindow(format!("{window:?}")));
+        }
+        // The sliding window weighs counts by elapsed milliseconds.
+        if limit
+            .checked_mul(window_us / 1_000)
+            .is_none_or(|w| w > MAX_EXACT)
+            || window_us > MAX_EXACT
+        {
+            return Err(QuotaError::TooLarge);
+        }
+        let rate = Rate::from_parts(u128::from(limit), u128::from(window_us))?;
+        Ok(Self {
+            algorithm,
+            capacity: limit,
+            rate,
+            window_us,
+        })
+    }
+
+    /// Parses a window length: `"1s"`, `"1m"`, `"1h"`, `"1d"`, `"10s"`, `"500ms"`
+    /// (the units of [`Rate`]'s strings). Windows are whole milliseconds.
+    pub fn parse_window(text: &str) -> Result<Duration, QuotaError> {
+        let invalid = || QuotaError::InvalidWindow(text.to_owned());
+        let text = text.trim();
+        let digits_end = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        let count: u64 = if digits_end == 0 {
+            1
+        } else {
+            text[..digits_end].parse().map_err(|_| invalid())?
+        };
+        let unit = unit_micros(text[digits_end..].trim()).ok_or_else(invalid)?;
+        let micros = count.checked_mul(unit).ok_or(QuotaError::TooLarge)?;
+        if micros == 0 || !micros.is_multiple_of(1_000) {
+            return Err(invalid());
+        }
+        Ok(Duration::from_micros(micros))
+    }
+
     /// Builds a quota from parts that the `#[rate_limit]` attribute already
-    /// checked at compile time.
+    /// checked at compile time; `algorithm` indexes [`Algorithm::ALL`].
     ///
     /// The attribute calls it in a `static`, so an invalid quota that slipped
     /// through would fail the build, never a request.
     #[doc(hidden)]
-    pub const fn __checked(capacity: u64, tokens: u64, period_us: u64) -> Self {
+    pub const fn __checked(
+        algorithm: usize,
+        capacity: u64,
+        tokens: u64,
+        period_us: u64,
+        window_us: u64,
+    ) -> Self {
+        let algorithm = Algorithm::ALL[algorithm];
         assert!(capacity > 0 && tokens > 0 && period_us > 0);
         assert!(tokens <= MAX_EXACT && period_us <= MAX_EXACT);
-        assert!(capacity <= MAX_EXACT / period_us);
+        if algorithm.is_windowed() {
+            assert!(window_us > 0 && window_us % 1_000 == 0 && window_us <= MAX_EXACT);
+            assert!(capacity <= MAX_EXACT / (window_us / 1_000));
+        } else {
+            assert!(window_us == 0);
+            assert!(capacity <= MAX_EXACT / period_us);
+        }
         Self {
+            algorithm,
             capacity,
             rate: Rate { tokens, period_us },
+            window_us,
         }
     }
 
-    /// The bucket size: the most tokens one key can spend at once.
+    /// The algorithm that decides.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The most tokens one key can spend at once: the bucket size, or the
+    /// window's limit.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// The refill rate.
+    /// The refill rate; for window algorithms, `limit` per `window`.
     pub fn rate(&self) -> Rate {
         self.rate
     }
 
-    /// How long an empty bucket takes to be full again.
+    /// The window of a window algorithm.
+    pub fn window(&self) -> Option<Duration> {
+        (self.window_us > 0).then(|| Duration::from_micros(self.window_us))
+    }
+
+    pub(crate) fn window_us(&self) -> u64 {
+        self.window_us
+    }
+
+    /// How long an idle key takes to be able to spend `capacity` again.
     pub fn replenish_all(&self) -> Duration {
-        let depth = self.depth();
-        Duration::from_micros(depth.div_ceil(self.rate.tokens))
+        if self.algorithm.is_windowed() {
+            return Duration::from_micros(self.window_us);
+        }
+        Duration::from_micros(self.depth().div_ceil(self.rate.tokens))
     }
 
     /// The bucket depth in the algorithm's unit (1/tokens of a microsecond).
@@ -277,17 +496,112 @@ impl Quota {
 
 impl fmt::Debug for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Quota {{ capacity: {}, rate: {} }}",
-            self.capacity, self.rate
-        )
+        write!(f, "Quota {{ {self} }}")
     }
 }
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} at {}", self.capacity, self.rate)
+        match self.window() {
+            Some(window) => write!(
+                f,
+                "{} of {} per {:?}",
+                self.algorithm, self.capacity, window
+            ),
+            None => write!(
+                f,
+                "{} of {} at {}",
+                self.algorithm, self.capacity, self.rate
+            ),
+        }
+    }
+}
+
+/// Builds a [`Quota`] from named options; see [`Quota::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct QuotaBuilder {
+    algorithm: Algorithm,
+    capacity: Option<u64>,
+    rate: Option<Rate>,
+    limit: Option<u64>,
+    window: Option<Duration>,
+}
+
+impl QuotaBuilder {
+    /// The bucket size (bucket algorithms).
+    pub fn capacity(mut self, capacity: u64) -> Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// The refill rate (bucket algorithms).
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// Requests per window (window algorithms).
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// The window (window algorithms).
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// Checks the combination and builds the quota.
+    pub fn build(self) -> Result<Quota, QuotaError> {
+        let algorithm = self.algorithm;
+        let wrong = |option: &'static str| QuotaError::WrongOption { algorithm, option };
+        if algorithm.is_windowed() {
+            if self.capacity.is_some() {
+                return Err(wrong("capacity"));
+            }
+            if self.rate.is_some() {
+                return Err(wrong("rate"));
+            }
+            match (self.limit, self.window) {
+                (Some(limit), Some(window)) => Quota::windowed(algorithm, limit, window),
+                (None, _) => Err(QuotaError::MissingOption {
+                    algorithm,
+                    option: "limit",
+                }),
+                (_, None) => Err(QuotaError::MissingOption {
+                    algorithm,
+                    option: "window",
+                }),
+            }
+        } else {
+            if self.limit.is_some() {
+                return Err(wrong("limit"));
+            }
+            if self.window.is_some() {
+                return Err(wrong("window"));
+            }
+            match (self.capacity, self.rate) {
+                (Some(capacity), Some(rate)) => Quota::bucket(algorithm, capacity, rate),
+                (None, _) => Err(QuotaError::MissingOption {
+                    algorithm,
+                    option: "capacity",
+                }),
+                (_, None) => Err(QuotaError::MissingOption {
+                    algorithm,
+                    option: "rate",
+                }),
+            }
+        }
+    }
+}
+
+fn expected_options(algorithm: &Algorithm) -> &'static str {
+    if algorithm.is_windowed() {
+        "`limit` and `window`"
+    } else {
+        "`capacity` and `rate`"
     }
 }
 
@@ -304,10 +618,35 @@ pub enum QuotaError {
     /// A rate string that does not parse.
     #[error("invalid rate `{0}`; expected a form such as \"5/s\", \"100/min\", \"3600/h\" or \"1000/d\"")]
     InvalidRate(String),
+    /// A window that is not a whole, non-zero number of milliseconds.
+    #[error("invalid window `{0}`; expected a whole number of milliseconds such as \"1s\", \"1m\", \"1h\" or \"1d\"")]
+    InvalidWindow(String),
+    /// An algorithm name that does not exist.
+    #[error("unknown algorithm `{0}`; expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_log`, `sliding_window`, `leaky_bucket`")]
+    UnknownAlgorithm(String),
+    /// An option the algorithm does not take.
+    #[error("`{algorithm}` takes {}, not `{option}`", expected_options(algorithm))]
+    WrongOption {
+        /// The algorithm.
+        algorithm: Algorithm,
+        /// The option given.
+        option: &'static str,
+    },
+    /// An option the algorithm needs.
+    #[error(
+        "`{algorithm}` needs `{option}`; it takes {}",
+        expected_options(algorithm)
+    )]
+    MissingOption {
+        /// The algorithm.
+        algorithm: Algorithm,
+        /// The option missing.
+        option: &'static str,
+    },
     /// The quota cannot be computed exactly in integer microseconds.
     #[error(
-        "quota too large to compute exactly: capacity times the rate's period must stay under \
-         2^52 microseconds; lower the capacity or state the rate over a shorter period"
+        "quota too large to compute exactly: capacity times the rate's period (or limit times the \
+         window in milliseconds) must stay under 2^52; lower the capacity or shorten the period"
     )]
     TooLarge,
 }
@@ -367,6 +706,60 @@ mod tests {
             Err(QuotaError::TooLarge)
         );
         assert!(Quota::new(1_000_000, Rate::per_day(1_000_000).unwrap()).is_ok());
+        assert!(Quota::sliding_window(1_000_000, Duration::from_secs(86_400)).is_ok());
+        assert!(matches!(
+            Quota::fixed_window(5, Duration::from_micros(1_500)),
+            Err(QuotaError::InvalidWindow(_))
+        ));
+    }
+
+    #[test]
+    fn wrong_option_combinations_are_runtime_errors_too() {
+        let rate = Rate::per_second(1).unwrap();
+        let err = Quota::builder(Algorithm::SlidingLog)
+            .limit(5)
+            .rate(rate)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`sliding_log` takes `limit` and `window`, not `rate`"
+        );
+        let err = Quota::builder(Algorithm::Gcra)
+            .capacity(5)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`gcra` needs `rate`; it takes `capacity` and `rate`"
+        );
+        let err = Quota::builder(Algorithm::LeakyBucket)
+            .capacity(5)
+            .rate(rate)
+            .window(Duration::from_secs(1))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                QuotaError::WrongOption {
+                    option: "window",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let ok = Quota::builder(Algorithm::FixedWindow)
+            .limit(5)
+            .window(Quota::parse_window("1m").unwrap())
+            .build()
+            .unwrap();
+        assert_eq!(ok.rate(), "5/min".parse().unwrap());
+        assert_eq!(
+            "sliding_window".parse::<Algorithm>(),
+            Ok(Algorithm::SlidingWindow)
+        );
+        assert!("bogus".parse::<Algorithm>().is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::algorithm::{token_bucket, BucketState};
+use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::quota::Quota;
@@ -24,7 +24,8 @@ pub(crate) struct MemoryBackend {
 }
 
 struct Shard {
-    buckets: HashMap<Box<str>, BucketState>,
+    /// Each key's state and the instant it expires (as Redis would expire it).
+    buckets: HashMap<Box<str>, (State, u64)>,
     sweep_at: usize,
 }
 
@@ -57,17 +58,34 @@ impl MemoryBackend {
     pub(crate) fn decide(&self, quota: &Quota, key: &str, cost: u64) -> Decision {
         let now = self.clock.now_micros();
         let mut shard = self.shard(key);
-        let outcome = token_bucket(quota, shard.buckets.get(key).copied(), now, cost);
-        if let Some(state) = outcome.write {
-            match shard.buckets.get_mut(key) {
-                Some(slot) => *slot = state,
-                None => {
-                    shard.buckets.insert(key.into(), state);
+        match shard.buckets.get_mut(key) {
+            Some((state, expires_at)) => {
+                // An expired state is one Redis would have dropped.
+                let mut current = (*expires_at > now)
+                    .then(|| std::mem::replace(state, State::Window { index: 0, count: 0 }));
+                let (decision, wrote) = algorithm::decide(quota, &mut current, now, cost);
+                if wrote {
+                    *expires_at = now + decision.reset_after.as_micros() as u64;
+                }
+                match current {
+                    Some(kept) => *state = kept,
+                    None => {
+                        shard.buckets.remove(key);
+                    }
+                }
+                decision
+            }
+            None => {
+                let mut fresh = None;
+                let (decision, wrote) = algorithm::decide(quota, &mut fresh, now, cost);
+                if let (true, Some(state)) = (wrote, fresh) {
+                    let expires_at = now + decision.reset_after.as_micros() as u64;
+                    shard.buckets.insert(key.into(), (state, expires_at));
                     shard.sweep_if_due(now);
                 }
+                decision
             }
         }
-        outcome.decision
     }
 
     /// Keys currently held (buckets not yet known to be full).
@@ -92,7 +110,7 @@ impl Shard {
         if self.buckets.len() < self.sweep_at {
             return;
         }
-        self.buckets.retain(|_, state| !state.is_full_at(now));
+        self.buckets.retain(|_, (_, expires_at)| *expires_at > now);
         self.sweep_at = (self.buckets.len() * 2).max(MIN_SWEEP);
         if self.buckets.capacity() > self.sweep_at * 2 {
             self.buckets.shrink_to(self.sweep_at);

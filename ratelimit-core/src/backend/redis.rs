@@ -10,12 +10,56 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::quota::Quota;
+use crate::quota::{Algorithm, Quota};
 
-/// Loaded once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
-/// restart or `SCRIPT FLUSH`), loads the script and retries once.
-static TOKEN_BUCKET: Lazy<redis::Script> =
-    Lazy::new(|| redis::Script::new(include_str!("../../scripts/token_bucket.lua")));
+macro_rules! script {
+    ($file:literal) => {
+        Lazy::new(|| {
+            redis::Script::new(concat!(
+                include_str!("../../scripts/prelude.lua"),
+                include_str!(concat!("../../scripts/", $file))
+            ))
+        })
+    };
+}
+
+// Built once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
+// restart or `SCRIPT FLUSH`), loads the script and retries once.
+static TOKEN_BUCKET: Lazy<redis::Script> = script!("token_bucket.lua");
+static GCRA: Lazy<redis::Script> = script!("gcra.lua");
+static FIXED_WINDOW: Lazy<redis::Script> = script!("fixed_window.lua");
+static SLIDING_LOG: Lazy<redis::Script> = script!("sliding_log.lua");
+static SLIDING_WINDOW: Lazy<redis::Script> = script!("sliding_window.lua");
+
+/// The script for `quota` with its arguments after `now` and `cost`.
+fn script_for(quota: &Quota, invocation_args: &mut Vec<u64>) -> &'static redis::Script {
+    let rate = quota.rate();
+    let bucket = [rate.tokens(), rate.period_us(), quota.capacity()];
+    let windowed = [quota.capacity(), quota.window_us()];
+    match quota.algorithm() {
+        Algorithm::TokenBucket => {
+            invocation_args.extend(bucket);
+            &TOKEN_BUCKET
+        }
+        Algorithm::Gcra | Algorithm::LeakyBucket => {
+            invocation_args.extend(bucket);
+            invocation_args.push(u64::from(quota.algorithm() == Algorithm::LeakyBucket));
+            &GCRA
+        }
+        Algorithm::FixedWindow => {
+            invocation_args.extend(windowed);
+            &FIXED_WINDOW
+        }
+        Algorithm::SlidingLog => {
+            invocation_args.extend(windowed);
+            &SLIDING_LOG
+        }
+        Algorithm::SlidingWindow => {
+            invocation_args.extend(windowed);
+            &SLIDING_WINDOW
+        }
+    }
+}
 
 pub(crate) struct RedisBackend {
     client: redis::Client,
@@ -70,25 +114,25 @@ impl RedisBackend {
         let mut full_key = String::with_capacity(self.prefix.len() + key.len());
         full_key.push_str(&self.prefix);
         full_key.push_str(key);
-        let rate = quota.rate();
-        let mut invocation = TOKEN_BUCKET.prepare_invoke();
-        invocation
-            .key(full_key)
-            .arg(rate.tokens())
-            .arg(rate.period_us())
-            .arg(quota.capacity())
-            .arg(cost);
+        let mut args = Vec::with_capacity(4);
+        let script = script_for(quota, &mut args);
+        let mut invocation = script.prepare_invoke();
+        invocation.key(full_key);
         match &self.clock {
             Some(clock) => invocation.arg(clock.now_micros()),
             None => invocation.arg(""),
         };
+        invocation.arg(cost);
+        for arg in args {
+            invocation.arg(arg);
+        }
         let reply: Vec<i64> =
             tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
                 .await
                 .map_err(|_| Error::Timeout(self.timeout))??;
         match reply[..] {
-            [allowed, remaining, retry_after, reset_after]
-                if remaining >= 0 && retry_after >= 0 && reset_after >= 0 =>
+            [allowed, remaining, retry_after, reset_after, delay]
+                if remaining >= 0 && retry_after >= 0 && reset_after >= 0 && delay >= 0 =>
             {
                 Ok(Decision::from_micros(
                     allowed == 1,
@@ -96,6 +140,7 @@ impl RedisBackend {
                     remaining as u64,
                     retry_after as u64,
                     reset_after as u64,
+                    delay as u64,
                 ))
             }
             _ => Err(Error::UnexpectedReply(format!("{reply:?}"))),

@@ -1,0 +1,159 @@
+//! GCRA, and the leaky bucket as a queue on the same arithmetic.
+//!
+//! The bucket is kept as one instant, `full_at`: when the bucket will be full
+//! again (the theoretical arrival time). Time is counted in units of
+//! `1 / rate.tokens` microseconds, so a token is worth exactly
+//! `rate.period_us` units and refill is exact for any reduced rate, such as
+//! 3/s or 7/min. `full_at` is whole microseconds plus a remainder in those
+//! units; Redis stores `"<full_at>"` (one integer) when the remainder is zero,
+//! `"<full_at>:<rem>"` otherwise.
+//!
+//! The leaky bucket reads `full_at` as the instant its queue has drained: a
+//! request is admitted while the queue has room, and waits `delay`, the time
+//! the requests ahead of it take to drain.
+
+use super::{decision, State};
+use crate::decision::Decision;
+use crate::quota::Quota;
+
+pub(super) fn decide(
+    quota: &Quota,
+    state: &mut Option<State>,
+    now: u64,
+    cost: u64,
+    leaky: bool,
+) -> (Decision, bool) {
+    let tokens = quota.rate().tokens();
+    let period = quota.rate().period_us();
+    let depth = quota.depth();
+    let inc = cost * period;
+
+    // A full_at in the past means a full bucket. A clock that went backwards
+    // finds full_at further away, so it sees fewer tokens, never more.
+    let (full_at, rem) = match *state {
+        Some(State::Tat { full_at, rem }) if full_at >= now => (full_at, rem),
+        _ => (now, 0),
+    };
+    let debt = (full_at - now) * tokens + rem;
+    let new_debt = debt + inc;
+
+    if new_debt > depth {
+        // Denied: nothing is written. The request fits once the debt has
+        // shrunk by the excess.
+        let d = decision(
+            quota,
+            false,
+            depth.saturating_sub(debt) / period,
+            (new_debt - depth).div_ceil(tokens),
+            debt.div_ceil(tokens),
+            0,
+        );
+        return (d, false);
+    }
+
+    let delay = if leaky { debt.div_ceil(tokens) } else { 0 };
+    let d = decision(
+        quota,
+        true,
+        (depth - new_debt) / period,
+        0,
+        new_debt.div_ceil(tokens),
+        delay,
+    );
+    if inc == 0 {
+        return (d, false);
+    }
+    let total = rem + inc;
+    *state = Some(State::Tat {
+        full_at: full_at + total / tokens,
+        rem: total % tokens,
+    });
+    (d, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::testing::run;
+    use crate::quota::Rate;
+
+    fn gcra(capacity: u64, rate: &str) -> Quota {
+        Quota::gcra(capacity, rate.parse().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_full_bucket_admits_its_capacity_then_denies_with_the_refill_time() {
+        let quota = gcra(3, "2/s");
+        let t = 1_000_000;
+        let d = run(&quota, &[(t, 1), (t, 1), (t, 1), (t, 1)]);
+        let allowed: Vec<bool> = d.iter().map(|d| d.allowed).collect();
+        assert_eq!(allowed, [true, true, true, false]);
+        assert_eq!(
+            d[3].retry_after.as_micros(),
+            500_000,
+            "one token takes 1/2 s"
+        );
+        assert_eq!(
+            d[3].reset_after.as_micros(),
+            1_500_000,
+            "three tokens take 1.5 s"
+        );
+        assert_eq!(d[3].remaining, 0);
+    }
+
+    #[test]
+    fn retry_after_is_exact_for_rates_that_do_not_divide_a_microsecond() {
+        let quota = gcra(1, "3/s");
+        let t = 10_000_000;
+        let mut state = None;
+        decide(&quota, &mut state, t, 1, false);
+        let denied = decide(&quota, &mut state.clone(), t, 1, false).0;
+        let retry = denied.retry_after.as_micros() as u64;
+        assert_eq!(retry, 333_334, "ceil(1e6 / 3)");
+        assert!(
+            !decide(&quota, &mut state.clone(), t + retry - 1, 1, false)
+                .0
+                .allowed
+        );
+        assert!(
+            decide(&quota, &mut state.clone(), t + retry, 1, false)
+                .0
+                .allowed
+        );
+    }
+
+    #[test]
+    fn time_going_backwards_mints_no_tokens() {
+        let quota = Quota::gcra(2, Rate::per_second(1).unwrap()).unwrap();
+        let t = 100_000_000;
+        let mut state = None;
+        for _ in 0..2 {
+            decide(&quota, &mut state, t, 1, false);
+        }
+        for back in [1, 1_000, 1_000_000, 50_000_000] {
+            let d = decide(&quota, &mut state, t - back, 1, false).0;
+            assert!(!d.allowed, "{back} µs back must not admit");
+            assert_eq!(d.remaining, 0);
+        }
+    }
+
+    #[test]
+    fn zero_cost_peeks_without_writing() {
+        let quota = gcra(5, "5/s");
+        let mut state = None;
+        let (d, wrote) = decide(&quota, &mut state, 1, 0, false);
+        assert!(d.allowed && !wrote && state.is_none());
+        assert_eq!(d.remaining, 5);
+    }
+
+    #[test]
+    fn the_leaky_bucket_queues_with_delays_one_interval_apart() {
+        let quota = Quota::leaky_bucket(3, "4/s".parse().unwrap()).unwrap();
+        let t = 7_000_000;
+        let d = run(&quota, &[(t, 1), (t, 1), (t, 1), (t, 1)]);
+        let delays: Vec<u128> = d.iter().map(|d| d.delay.as_micros()).collect();
+        assert_eq!(delays, [0, 250_000, 500_000, 0]);
+        assert!(!d[3].allowed, "the queue holds 3");
+        assert_eq!(d[3].retry_after.as_micros(), 250_000);
+    }
+}

@@ -1,0 +1,190 @@
+//! The algorithms as pure logic over integers: the Rust twins of
+//! `scripts/*.lua`. A twin and its script must make the same decision on the
+//! same (state, time, cost); the differential tests hold them to it.
+//!
+//! Conventions shared by every algorithm and script:
+//! - time in integer microseconds; every number stays below 2^53, so Lua's
+//!   doubles hold them exactly (the quota constructors check the bounds);
+//! - a denial writes nothing (the sliding log is no exception: it counts
+//!   without trimming when it denies);
+//! - when a decision writes, the state expires at `now + reset_after`, when it
+//!   no longer changes any decision;
+//! - a clock that goes backwards never admits more than it would have.
+
+mod fixed_window;
+mod gcra;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+use crate::decision::Decision;
+use crate::quota::{Algorithm, Quota};
+
+/// One key's state in the memory backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    /// GCRA and leaky bucket: full (or drained) at `full_at + rem / tokens` µs.
+    Tat { full_at: u64, rem: u64 },
+    /// Token bucket: `level` in units of 1/tokens µs, as of `updated`.
+    Bucket { level: u64, updated: u64 },
+    /// Fixed window: `count` in window number `index`.
+    Window { index: u64, count: u64 },
+    /// Sliding log: admitted instants, ascending.
+    Log(std::collections::VecDeque<u64>),
+    /// Sliding window: counts of window `index` and of the one before.
+    Windows {
+        index: u64,
+        current: u64,
+        previous: u64,
+    },
+}
+
+/// Decides one request of `cost` tokens at `now`, updating `state` when the
+/// decision consumes. Returns the decision and whether `state` was written.
+/// The caller has checked `cost <= quota.capacity()`.
+pub(crate) fn decide(
+    quota: &Quota,
+    state: &mut Option<State>,
+    now: u64,
+    cost: u64,
+) -> (Decision, bool) {
+    match quota.algorithm() {
+        Algorithm::TokenBucket => token_bucket::decide(quota, state, now, cost),
+        Algorithm::Gcra => gcra::decide(quota, state, now, cost, false),
+        Algorithm::LeakyBucket => gcra::decide(quota, state, now, cost, true),
+        Algorithm::FixedWindow => fixed_window::decide(quota, state, now, cost),
+        Algorithm::SlidingLog => sliding_log::decide(quota, state, now, cost),
+        Algorithm::SlidingWindow => sliding_window::decide(quota, state, now, cost),
+    }
+}
+
+/// A decision in microseconds.
+pub(crate) fn decision(
+    quota: &Quota,
+    allowed: bool,
+    remaining: u64,
+    retry_after_us: u64,
+    reset_after_us: u64,
+    delay_us: u64,
+) -> Decision {
+    Decision::from_micros(
+        allowed,
+        quota.capacity(),
+        remaining,
+        retry_after_us,
+        reset_after_us,
+        delay_us,
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Runs `events` of (now, cost) from an empty state; returns each decision.
+    pub fn run(quota: &Quota, events: &[(u64, u64)]) -> Vec<Decision> {
+        let mut state = None;
+        events
+            .iter()
+            .map(|&(now, cost)| decide(quota, &mut state, now, cost).0)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A million decisions, each at the earliest instant the previous denial
+    /// named (plus a probe a microsecond too early): the count admitted, and
+    /// the instants of the first and the last admission.
+    fn saturate(quota: &Quota) -> (u64, u64, u64) {
+        let start = 1_700_000_000_000_000u64;
+        let (mut now, mut state, mut admitted, mut decisions) = (start, None, 0u64, 0u64);
+        let mut last_admitted = start;
+        // Stops at a denial, so the last window or burst is complete.
+        loop {
+            let (d, _) = decide(quota, &mut state, now, 1);
+            decisions += 1;
+            if d.allowed {
+                admitted += 1;
+                last_admitted = now;
+                continue;
+            }
+            if decisions >= 1_000_000 {
+                break;
+            }
+            let wait = d.retry_after.as_micros() as u64;
+            assert!(wait > 0, "{quota:?}: denied with no wait");
+            let early = decide(quota, &mut state.clone(), now + wait - 1, 1).0;
+            assert!(
+                !early.allowed,
+                "{quota:?}: admitted 1 µs before retry_after"
+            );
+            decisions += 1;
+            now += wait;
+        }
+        (admitted, start, last_admitted)
+    }
+
+    #[test]
+    fn saturated_limits_admit_the_theoretical_count_with_no_drift() {
+        for (capacity, rate) in [(1, "3/s"), (5, "7/min"), (1_000, "1000000/day")] {
+            for algorithm in [
+                Algorithm::TokenBucket,
+                Algorithm::Gcra,
+                Algorithm::LeakyBucket,
+            ] {
+                let quota = Quota::builder(algorithm)
+                    .capacity(capacity)
+                    .rate(rate.parse().unwrap())
+                    .build()
+                    .unwrap();
+                let (admitted, start, end) = saturate(&quota);
+                let r = quota.rate();
+                let theoretical = capacity + (end - start) * r.tokens() / r.period_us();
+                assert!(
+                    admitted.abs_diff(theoretical) <= 1,
+                    "{quota:?}: admitted {admitted}, theoretical {theoretical}"
+                );
+            }
+        }
+        for (limit, window) in [(3, "1s"), (7, "1m"), (1_000_000, "1d")] {
+            let window = Quota::parse_window(window).unwrap();
+            let w = window.as_micros() as u64;
+            for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+                let quota = Quota::builder(algorithm)
+                    .limit(limit)
+                    .window(window)
+                    .build()
+                    .unwrap();
+                let (admitted, start, end) = saturate(&quota);
+                let windows = match algorithm {
+                    // Every aligned window from the first to the last.
+                    Algorithm::FixedWindow => end / w - start / w + 1,
+                    // A full burst every window length from the first admission.
+                    _ => (end - start) / w + 1,
+                };
+                let theoretical = limit * windows;
+                assert!(
+                    admitted.abs_diff(theoretical) <= 1,
+                    "{quota:?}: admitted {admitted}, theoretical {theoretical}"
+                );
+            }
+            // The sliding window's estimate loses at most one admission per
+            // window to whole-millisecond weights, and never exceeds the limit
+            // per aligned window.
+            let quota = Quota::sliding_window(limit, window).unwrap();
+            let (admitted, start, end) = saturate(&quota);
+            let windows = end / w - start / w + 1;
+            assert!(
+                admitted <= limit * windows,
+                "{quota:?}: {admitted} over {windows} windows"
+            );
+            assert!(
+                admitted + windows >= limit * (windows - 1),
+                "{quota:?}: admitted {admitted} over {windows} windows"
+            );
+        }
+    }
+}
