@@ -6,6 +6,8 @@ use std::fmt::Display;
 
 pub use ratelimit_core::{KeyBuilder, Limiter, Quota, RateLimited};
 
+use ratelimit_core::Algorithm;
+
 /// One `#[rate_limit]` attribute, built in a `static` at compile time.
 #[derive(Debug)]
 pub struct Rule {
@@ -16,13 +18,43 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// A rule from parts the attribute checked at compile time.
-    pub const fn new(name: &'static str, capacity: u64, tokens: u64, period_us: u64) -> Self {
+    /// A rule from parts the attribute checked at compile time. `algorithm`
+    /// indexes `Algorithm::ALL` and must be the algorithm called
+    /// `algorithm_name`, which the build checks, as this runs in a `static`.
+    pub const fn new(
+        name: &'static str,
+        algorithm: usize,
+        algorithm_name: &'static str,
+        capacity: u64,
+        tokens: u64,
+        period_us: u64,
+        window_us: u64,
+    ) -> Self {
+        assert!(
+            same(Algorithm::ALL[algorithm].name(), algorithm_name),
+            "the `#[rate_limit]` attribute and the `ratelimit` runtime disagree on algorithms; \
+             use the same version of `ratelimit` and `ratelimit-macros`"
+        );
         Self {
             name,
-            quota: Quota::__checked(capacity, tokens, period_us),
+            quota: Quota::__checked(algorithm, capacity, tokens, period_us, window_us),
         }
     }
+}
+
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// The limiter used when the attribute names none.
@@ -99,7 +131,14 @@ pub async fn acquire(
     cost: u64,
 ) -> Result<(), RateLimited> {
     match limiter.acquire(&rule.quota, key, cost).await {
-        Ok(_) => Ok(()),
+        Ok(decision) => {
+            // The leaky bucket admits a call for later: its turn comes after
+            // `delay`, so the body runs at the bucket's pace.
+            if !decision.delay.is_zero() {
+                tokio::time::sleep(decision.delay).await;
+            }
+            Ok(())
+        }
         Err(denied) => Err(denied.with_rule(rule.name)),
     }
 }

@@ -441,7 +441,7 @@ impl Quota {
         assert!(capacity > 0 && tokens > 0 && period_us > 0);
         assert!(tokens <= MAX_EXACT && period_us <= MAX_EXACT);
         if algorithm.is_windowed() {
-            assert!(window_us > 0 && window_us % 1_000 == 0 && window_us <= MAX_EXACT);
+            assert!(window_us > 0 && window_us.is_multiple_of(1_000) && window_us <= MAX_EXACT);
             assert!(capacity <= MAX_EXACT / (window_us / 1_000));
         } else {
             assert!(window_us == 0);

@@ -89,8 +89,8 @@ fn retry_at(
 ) -> u64 {
     // In this window: previous * (window_ms - e) <= (limit - current - cost) * window_ms.
     if let Some(room) = limit.checked_sub(current + cost) {
-        if previous > 0 {
-            let e = window_ms - (room * window_ms / previous).min(window_ms);
+        if let Some(share) = (room * window_ms).checked_div(previous) {
+            let e = window_ms - share.min(window_ms);
             if e < window_ms {
                 return start + e * 1_000;
             }
@@ -99,11 +99,9 @@ fn retry_at(
     // In the next window, where this window's count becomes the previous one:
     // current * (window_ms - e) <= (limit - cost) * window_ms.
     let room = limit - cost;
-    let e = if current == 0 {
-        0
-    } else {
-        window_ms - (room * window_ms / current).min(window_ms)
-    };
+    let e = (room * window_ms)
+        .checked_div(current)
+        .map_or(0, |share| window_ms - share.min(window_ms));
     end + e * 1_000
 }
 

@@ -1,0 +1,277 @@
+//! Load generator: keeps `--concurrency` decisions in flight against Redis for
+//! `--seconds` and prints one JSON line with the figures.
+//!
+//!     cargo run --release --example loadgen -- --workload w2 --capacity 10 --rate 2 \
+//!         --keys 100000 --concurrency 64 --seconds 10 --redis redis://127.0.0.1:7379
+//!
+//! Flags (unknown ones are ignored): `--workload`, `--capacity`, `--rate`,
+//! `--keys` (1 = one hot key, otherwise keys drawn uniformly from 0..keys),
+//! `--concurrency`, `--seconds`, `--redis`, `--threads` (Tokio workers,
+//! default 1), `--algorithm` (default `token_bucket`; window algorithms get
+//! `capacity` per `capacity / rate` seconds), and `--stats` (adds Redis's own
+//! figures: commands per decision, CPU, and memory per key).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelimit::{Algorithm, Limiter, Quota, Rate};
+
+struct Args {
+    workload: String,
+    capacity: u64,
+    rate: f64,
+    keys: u64,
+    concurrency: usize,
+    seconds: f64,
+    redis: String,
+    threads: usize,
+    algorithm: Algorithm,
+    stats: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        workload: "w1".into(),
+        capacity: 1_000,
+        rate: 500.0,
+        keys: 1,
+        concurrency: 64,
+        seconds: 10.0,
+        redis: "redis://127.0.0.1:6379".into(),
+        threads: 1,
+        algorithm: Algorithm::TokenBucket,
+        stats: false,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let flag = argv[i].as_str();
+        if flag == "--stats" {
+            a.stats = true;
+            i += 1;
+            continue;
+        }
+        let Some(value) = argv.get(i + 1) else {
+            eprintln!("ignoring {flag}: no value");
+            break;
+        };
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+        match flag {
+            "--workload" => a.workload = value.clone(),
+            "--capacity" => a.capacity = value.parse().map_err(|e| bad(&e))?,
+            "--rate" => a.rate = value.parse().map_err(|e| bad(&e))?,
+            "--keys" => a.keys = value.parse().map_err(|e| bad(&e))?,
+            "--concurrency" => a.concurrency = value.parse().map_err(|e| bad(&e))?,
+            "--seconds" => a.seconds = value.parse().map_err(|e| bad(&e))?,
+            "--redis" => a.redis = value.clone(),
+            "--threads" => a.threads = value.parse().map_err(|e| bad(&e))?,
+            "--algorithm" => a.algorithm = value.parse().map_err(|e| bad(&e))?,
+            other => eprintln!("ignoring unknown flag {other}"),
+        }
+        i += 2;
+    }
+    Ok(a)
+}
+
+fn quota(a: &Args) -> Result<Quota, Box<dyn std::error::Error>> {
+    // Rates such as 2.5 become exact fractions through the string form.
+    let rate: Rate = format!("{}/s", a.rate).parse()?;
+    Ok(if a.algorithm.is_windowed() {
+        let window = Duration::from_secs_f64(a.capacity as f64 / a.rate);
+        let window = Duration::from_millis(window.as_millis().max(1) as u64);
+        Quota::builder(a.algorithm)
+            .limit(a.capacity)
+            .window(window)
+            .build()?
+    } else {
+        Quota::builder(a.algorithm)
+            .capacity(a.capacity)
+            .rate(rate)
+            .build()?
+    })
+}
+
+struct TaskResult {
+    latencies_ns: Vec<u32>,
+    decisions: u64,
+    admitted: u64,
+    errors: u64,
+    /// Requests per key, for the token-bucket bound.
+    per_key: Vec<(u64, u32)>,
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[index.clamp(1, sorted.len()) - 1] as f64 / 1_000.0
+}
+
+async fn info(redis: &mut redis::aio::MultiplexedConnection, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(redis)
+        .await
+        .unwrap_or_default()
+}
+
+fn field(info: &str, name: &str) -> f64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn total_calls(commandstats: &str) -> f64 {
+    commandstats
+        .lines()
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|v| v.split(',').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let quota = quota(&a)?;
+    let limiter = Limiter::builder()
+        .redis(&a.redis)
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..a.keys)
+            .map(|i| format!("lg:{}:{i}", a.workload))
+            .collect(),
+    );
+    let mut inspect = redis::Client::open(a.redis.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+
+    // Open the connection and load the script before the clock starts.
+    for i in 0..8 {
+        limiter.decide(&quota, &format!("warm-up:{i}"), 1).await?;
+    }
+    let _: () = redis::cmd("DEL")
+        .arg("rl:warm-up:0")
+        .query_async(&mut inspect)
+        .await
+        .unwrap_or(());
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut inspect)
+        .await?;
+    let memory_before = field(&info(&mut inspect, "memory").await, "used_memory");
+    let cpu_before = info(&mut inspect, "cpu").await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for task in 0..a.concurrency {
+        let (limiter, keys, stop) = (limiter.clone(), keys.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut out = TaskResult {
+                latencies_ns: Vec::with_capacity(1 << 16),
+                decisions: 0,
+                admitted: 0,
+                errors: 0,
+                per_key: Vec::new(),
+            };
+            let mut counts = std::collections::HashMap::<u64, u32>::new();
+            let mut seed =
+                0x2545_F491_4F6C_DD1Du64 ^ (task as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            while !stop.load(Ordering::Relaxed) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let index = seed % keys.len() as u64;
+                let began = Instant::now();
+                match limiter.decide(&quota, &keys[index as usize], 1).await {
+                    Ok(d) => {
+                        out.decisions += 1;
+                        out.admitted += u64::from(d.allowed);
+                        *counts.entry(index).or_default() += 1;
+                        out.latencies_ns
+                            .push(began.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                    }
+                    Err(_) => out.errors += 1,
+                }
+            }
+            out.per_key = counts.into_iter().collect();
+            out
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(a.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await?);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+
+    let mut latencies: Vec<u32> = results
+        .iter()
+        .flat_map(|r| r.latencies_ns.iter().copied())
+        .collect();
+    latencies.sort_unstable();
+    let decisions: u64 = results.iter().map(|r| r.decisions).sum();
+    let admitted: u64 = results.iter().map(|r| r.admitted).sum();
+    let errors: u64 = results.iter().map(|r| r.errors).sum();
+    let mut per_key = std::collections::HashMap::<u64, u64>::new();
+    for (key, n) in results.iter().flat_map(|r| r.per_key.iter()) {
+        *per_key.entry(*key).or_default() += u64::from(*n);
+    }
+    let per_key_bound = match quota.window() {
+        None => a.capacity as f64 + a.rate * elapsed,
+        Some(window) => a.capacity as f64 * (elapsed / window.as_secs_f64()).ceil().max(1.0),
+    };
+    let max_admissible: f64 = per_key
+        .values()
+        .map(|&n| (n as f64).min(per_key_bound))
+        .sum();
+
+    let mut json = format!(
+        "{{\"decisions\": {decisions}, \"admitted\": {admitted}, \"elapsed_s\": {elapsed:.4}, \
+         \"p50_us\": {:.1}, \"p99_us\": {:.1}, \"errors\": {errors}, \"max_admissible\": {max_admissible:.1}, \
+         \"version\": \"ratelimit {} (redis-rs 1)\", \"algorithm\": \"{} {}\"",
+        percentile(&latencies, 50.0),
+        percentile(&latencies, 99.0),
+        env!("CARGO_PKG_VERSION"),
+        quota.algorithm(),
+        quota,
+    );
+    if a.stats {
+        let commandstats = info(&mut inspect, "commandstats").await;
+        let cpu_after = info(&mut inspect, "cpu").await;
+        let cpu = |i: &str| field(i, "used_cpu_sys") + field(i, "used_cpu_user");
+        let redis_cpu = cpu(&cpu_after) - cpu(&cpu_before);
+        let memory_after = field(&info(&mut inspect, "memory").await, "used_memory");
+        let dbsize: f64 = redis::cmd("DBSIZE").query_async(&mut inspect).await?;
+        json.push_str(&format!(
+            ", \"redis_cmds_per_decision\": {:.2}, \"redis_busy\": {:.3}, \"redis_keys\": {dbsize}, \
+             \"redis_bytes_per_key\": {:.1}",
+            // The INFO, CONFIG, DBSIZE calls of this report are a handful
+            // against millions of decisions.
+            total_calls(&commandstats) / decisions.max(1) as f64,
+            redis_cpu / elapsed,
+            (memory_after - memory_before) / dbsize.max(1.0),
+        ));
+    }
+    json.push('}');
+    println!("{json}");
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a = parse_args()?;
+    let runtime = if a.threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(a.threads)
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(run(a))
+}

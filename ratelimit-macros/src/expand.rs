@@ -1,0 +1,365 @@
+//! Writes the checks into the function.
+
+use proc_macro2::{Group, Literal, Span, TokenStream, TokenTree};
+use quote::{quote, quote_spanned, ToTokens as _};
+use syn::ext::IdentExt as _;
+use syn::spanned::Spanned as _;
+use syn::{Attribute, Expr, ItemFn, Stmt, TraitItemFn};
+
+use crate::attr::Args;
+use crate::valid::{self, Check, Cost, Function, Key, KeyPart};
+
+/// The whole expansion: on success the function with its checks, on error
+/// the error and the function as written (less any stacked `#[rate_limit]`,
+/// which would only repeat the error), so the user sees one error.
+pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut function = match syn::parse2::<ItemFn>(item.clone()) {
+        Ok(function) => function,
+        Err(err) => return not_a_function(item, err),
+    };
+    let stacked = take_stacked(&mut function.attrs);
+    match checks(args, &stacked, &function) {
+        Ok(block) => {
+            function
+                .block
+                .stmts
+                .insert(0, Stmt::Expr(Expr::Verbatim(block), None));
+            function.into_token_stream()
+        }
+        Err(err) => {
+            let mut tokens = err.to_compile_error();
+            function.to_tokens(&mut tokens);
+            tokens
+        }
+    }
+}
+
+/// The item is not a function with a body, or uses syntax this macro does
+/// not know: either way it must not compile without its limit.
+fn not_a_function(item: TokenStream, parse_error: syn::Error) -> TokenStream {
+    let err = if let Ok(method) = syn::parse2::<TraitItemFn>(item.clone()) {
+        let at = method
+            .semi_token
+            .map_or_else(|| method.sig.span(), |semi| semi.span);
+        syn::Error::new(
+            at,
+            "`#[rate_limit]` needs the function's body; put it on the method in the `impl` block",
+        )
+    } else if syn::parse2::<syn::Item>(item.clone()).is_ok() {
+        syn::Error::new(
+            Span::call_site(),
+            "`#[rate_limit]` applies to an `async fn`; put it on the function to limit",
+        )
+    } else {
+        parse_error
+    };
+    let mut tokens = err.to_compile_error();
+    tokens.extend(item);
+    tokens
+}
+
+/// Removes the other `#[rate_limit]` attributes of the item: this expansion
+/// writes them all, in the order they are written, so that every one applies
+/// before the body and none sees another's generated code.
+fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<Attribute> {
+    let is_rate_limit = |attr: &Attribute| {
+        attr.path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "rate_limit")
+    };
+    let (stacked, others) = std::mem::take(attrs).into_iter().partition(is_rate_limit);
+    *attrs = others;
+    stacked
+}
+
+/// Parses and checks every attribute, then writes one block holding every
+/// check in the order written.
+///
+/// Input:
+///
+/// ```text
+/// #[rate_limit(key = "a:<user_id>", capacity = 10, rate = 2)]
+/// #[rate_limit(key = "b", capacity = 100, rate = "100/min")]
+/// async fn submit_order(user_id: u64) -> Result<(), AppError> { body }
+/// ```
+///
+/// Output:
+///
+/// ```text
+/// async fn submit_order(user_id: u64) -> Result<(), AppError> {
+///     {
+///         { /* the check of `a:<user_id>` */ }
+///         { /* the check of `b` */ }
+///     }
+///     body
+/// }
+/// ```
+fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::Result<TokenStream> {
+    let mut all = vec![syn::parse2::<Args>(args)?];
+    for attr in stacked {
+        all.push(Args::from_attribute(attr)?);
+    }
+    let signature = valid::function(&function.sig)?;
+    let checks = all
+        .into_iter()
+        .map(|args| signature.check(args))
+        .collect::<syn::Result<Vec<_>>>()?;
+    let checks = checks.iter().map(|check| expand_check(&signature, check));
+    Ok(quote!({ #(#checks)* }))
+}
+
+/// One attribute's check.
+///
+/// Input:
+///
+/// ```text
+/// #[rate_limit(key = "order:submit:<user_id>", capacity = 10, rate = 2)]
+/// async fn submit_order(user_id: u64) -> Result<Order, AppError>
+/// ```
+///
+/// Output:
+///
+/// ```text
+/// {
+///     static __RATELIMIT_RULE: ::ratelimit::__private::Rule = ::ratelimit::__private::Rule::new(
+///         ::core::concat!(::core::module_path!(), "::", "submit_order"),
+///         0, "token_bucket", 10, 1, 500000, 0);
+///     let __ratelimit_limiter: &::ratelimit::__private::Limiter =
+///         ::ratelimit::__private::global_limiter();
+///     let __ratelimit_key: ::std::string::String = { /* see `expand_key` */ };
+///     let __ratelimit_cost: u64 = 1;
+///     if let ::core::result::Result::Err(__ratelimit_denied) = ::ratelimit::__private::acquire(
+///         __ratelimit_limiter, &__RATELIMIT_RULE, &__ratelimit_key, __ratelimit_cost).await
+///     {
+///         #[allow(clippy::useless_conversion)]
+///         let __ratelimit_error = ::core::convert::From::from(__ratelimit_denied);
+///         return ::core::result::Result::Err(__ratelimit_error);
+///     }
+/// }
+/// ```
+fn expand_check(function: &Function, check: &Check) -> TokenStream {
+    let krate = &check.krate;
+    let private = quote!(#krate::__private);
+    let name = function.name.unraw().to_string();
+    let algorithm = Literal::usize_unsuffixed(check.algorithm.0);
+    let algorithm_name = check.algorithm.name();
+    let window_us = Literal::u64_unsuffixed(check.window_us);
+    let capacity = Literal::u64_unsuffixed(check.capacity);
+    let tokens = Literal::u64_unsuffixed(check.rate.tokens);
+    let period_us = Literal::u64_unsuffixed(check.rate.period_us);
+    let limiter = match &check.limiter {
+        None => quote!(
+            let __ratelimit_limiter: &#private::Limiter = #private::global_limiter();
+        ),
+        // `let x = &(expr);` keeps a temporary such as `Arc::clone(&l)` alive
+        // for the whole check.
+        Some(expr) => {
+            let span = expr.span();
+            let private = respan(&private, span);
+            let borrow =
+                quote_spanned!(span=> #private::borrow_limiter(__ratelimit_limiter_source));
+            quote!(
+                let __ratelimit_limiter_source = &(#expr);
+                let __ratelimit_limiter: &#private::Limiter = #borrow;
+            )
+        }
+    };
+    let key = expand_key(&private, &check.key);
+    let cost = match &check.cost {
+        Cost::Fixed(cost) => Literal::u64_unsuffixed(*cost).into_token_stream(),
+        Cost::Expr(expr) => {
+            let span = expr.span();
+            let private = respan(&private, span);
+            quote_spanned!(span=> #private::IntoCost::into_cost(#expr))
+        }
+    };
+    // With the span of the error type, a missing `From<RateLimited>` is
+    // reported at the user's type.
+    let from = quote_spanned!(function.error_type_span=>
+        ::core::convert::From::from(__ratelimit_denied)
+    );
+    quote! {
+        {
+            static __RATELIMIT_RULE: #private::Rule = #private::Rule::new(
+                ::core::concat!(::core::module_path!(), "::", #name),
+                #algorithm,
+                #algorithm_name,
+                #capacity,
+                #tokens,
+                #period_us,
+                #window_us,
+            );
+            #limiter
+            let __ratelimit_key: ::std::string::String = #key;
+            let __ratelimit_cost: u64 = #cost;
+            if let ::core::result::Result::Err(__ratelimit_denied) = #private::acquire(
+                __ratelimit_limiter,
+                &__RATELIMIT_RULE,
+                &__ratelimit_key,
+                __ratelimit_cost,
+            )
+            .await
+            {
+                // `From` may be the identity when the function returns
+                // `Result<T, RateLimited>`.
+                #[allow(clippy::useless_conversion)]
+                let __ratelimit_error = #from;
+                return ::core::result::Result::Err(__ratelimit_error);
+            }
+        }
+    }
+}
+
+/// The key, built from references to the arguments so that none is moved.
+///
+/// Input: `key = "order:submit:<user.id>"`
+///
+/// Output:
+///
+/// ```text
+/// {
+///     let mut __ratelimit_key_builder = ::ratelimit::__private::KeyBuilder::new();
+///     ::ratelimit::__private::KeyBuilder::push_literal(&mut __ratelimit_key_builder, "order:submit:");
+///     ::ratelimit::__private::KeyPart::push_to(&(user.id), &mut __ratelimit_key_builder);
+///     ::ratelimit::__private::KeyBuilder::finish(__ratelimit_key_builder)
+/// }
+/// ```
+///
+/// `key = <expression>` pushes `&(expression)` with `KeyPart::push_whole_to`.
+fn expand_key(private: &TokenStream, key: &Key) -> TokenStream {
+    let pushes = match key {
+        Key::Template { parts, span } => parts
+            .iter()
+            .map(|part| match part {
+                KeyPart::Literal(text) => quote! {
+                    #private::KeyBuilder::push_literal(&mut __ratelimit_key_builder, #text);
+                },
+                // The literal's span: a placeholder that is not `Display`
+                // is reported at the template.
+                KeyPart::Value(value) => {
+                    let private = respan(private, *span);
+                    quote_spanned! {*span=>
+                        #private::KeyPart::push_to(&(#value), &mut __ratelimit_key_builder);
+                    }
+                }
+            })
+            .collect(),
+        Key::Expr(expr) => {
+            let span = expr.span();
+            let private = respan(private, span);
+            quote_spanned! {span=>
+                #private::KeyPart::push_whole_to(&(#expr), &mut __ratelimit_key_builder);
+            }
+        }
+    };
+    quote! {
+        {
+            let mut __ratelimit_key_builder = #private::KeyBuilder::new();
+            #pushes
+            #private::KeyBuilder::finish(__ratelimit_key_builder)
+        }
+    }
+}
+
+/// `tokens` with every span set to `span`. A path such as
+/// `::ratelimit::__private` in a call made for the user's expression then
+/// shares its span, so the compiler underlines that expression only, not the
+/// whole attribute.
+fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|token| match token {
+            TokenTree::Group(group) => {
+                let mut respanned = Group::new(group.delimiter(), respan(&group.stream(), span));
+                respanned.set_span(span);
+                TokenTree::Group(respanned)
+            }
+            mut token => {
+                token.set_span(span);
+                token
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand(args: &str, item: &str) -> String {
+        rate_limit(args.parse().unwrap(), item.parse().unwrap()).to_string()
+    }
+
+    #[test]
+    fn stacked_attributes_become_one_block_checked_in_written_order() {
+        let out = expand(
+            r#"key = "first", capacity = 1, rate = 1"#,
+            r#"
+            #[inline]
+            #[rate_limit(key = "second", capacity = 1, rate = 1)]
+            #[ratelimit::rate_limit(key = "third", capacity = 1, rate = 1)]
+            async fn f() -> Result<(), E> { body(); Ok(()) }
+            "#,
+        );
+        assert!(
+            !out.contains("rate_limit ("),
+            "stacked attributes are removed: {out}"
+        );
+        assert!(out.contains("# [inline]"), "other attributes stay: {out}");
+        let at = |needle: &str| {
+            out.find(needle)
+                .unwrap_or_else(|| panic!("{needle} in {out}"))
+        };
+        assert!(at("\"first\"") < at("\"second\""), "{out}");
+        assert!(at("\"second\"") < at("\"third\""), "{out}");
+        assert!(
+            at("\"third\"") < at("body ()"),
+            "every check precedes the body: {out}"
+        );
+        assert_eq!(out.matches("static __RATELIMIT_RULE").count(), 3, "{out}");
+    }
+
+    #[test]
+    fn an_error_keeps_the_function_as_written_without_its_attributes() {
+        let out = expand(
+            r#"key = "k", capacity = 0, rate = 1"#,
+            r#"
+            #[rate_limit(key = "other", capacity = 1, rate = 1)]
+            async fn f() -> Result<(), E> { Ok(()) }
+            "#,
+        );
+        assert!(out.starts_with(":: core :: compile_error !"), "{out}");
+        assert_eq!(out.matches("compile_error").count(), 1, "one error: {out}");
+        assert!(
+            out.contains("async fn f () -> Result < () , E > { Ok (()) }"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("rate_limit (") && !out.contains("__ratelimit"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn placeholders_are_borrowed_and_the_crate_path_is_used() {
+        let out = expand(
+            r#"key = "a:<user.id>", capacity = 2, rate = "1/min", cost = n, crate = rl"#,
+            "async fn f(user: User, n: u8) -> Result<(), E> { Ok(()) }",
+        );
+        assert!(
+            out.contains("rl :: __private :: KeyPart :: push_to (& (user . id)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("rl :: __private :: IntoCost :: into_cost (n)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("2 , 1 , 60000000"),
+            "capacity, tokens, period_us: {out}"
+        );
+        assert!(!out.contains(":: ratelimit ::"), "{out}");
+    }
+}

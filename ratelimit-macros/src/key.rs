@@ -1,0 +1,283 @@
+//! Key templates: `"order:submit:<user_id>"` split into literal text and
+//! placeholders, with the separator rule that keeps keys injective.
+
+use std::fmt;
+
+/// A template as written in `key = "..."`, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Template {
+    pub segments: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Segment {
+    /// Text copied into every key as written.
+    Literal(String),
+    Placeholder(Placeholder),
+}
+
+/// `<root.field.path>`: a parameter (or `self`), then fields of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Placeholder {
+    pub root: String,
+    /// Named fields or tuple indices, as written.
+    pub fields: Vec<String>,
+}
+
+impl fmt::Display for Placeholder {
+    /// Formats as written in the template, for messages: `<user.id>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<{}", self.root)?;
+        for field in &self.fields {
+            write!(f, ".{field}")?;
+        }
+        f.write_str(">")
+    }
+}
+
+/// Why a template does not parse. Each variant carries the offending text as
+/// written, so the message can quote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TemplateError {
+    Empty,
+    EmptyPlaceholder,
+    Unclosed(String),
+    InvalidPlaceholder(String),
+    NoSeparator(Placeholder, Placeholder),
+}
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateError::Empty => f.write_str(
+                "`key` must not be empty; name the bucket, such as `key = \"login:<user_id>\"`",
+            ),
+            TemplateError::EmptyPlaceholder => f.write_str(
+                "empty placeholder `<>`; name a parameter inside it, such as `<user_id>`",
+            ),
+            TemplateError::Unclosed(text) => write!(
+                f,
+                "unclosed placeholder `{text}`; add `>` after the parameter name"
+            ),
+            TemplateError::InvalidPlaceholder(text) => write!(
+                f,
+                "invalid placeholder `{text}`; expected a parameter name, optionally followed \
+                 by fields, such as `<user_id>` or `<user.id>`"
+            ),
+            TemplateError::NoSeparator(a, b) => write!(
+                f,
+                "placeholders `{a}` and `{b}` need a separator between them, such as `:`; \
+                 otherwise two different values could build the same key"
+            ),
+        }
+    }
+}
+
+/// Whether `c` can appear in an escaped value. Mirrors
+/// `ratelimit_core::key::is_value_char`, plus `%` which starts escapes and
+/// digests: a separator must be none of these.
+fn can_appear_in_value(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '%')
+}
+
+impl Template {
+    /// Parses the value of a `key = "..."` literal.
+    pub(crate) fn parse(text: &str) -> Result<Self, TemplateError> {
+        if text.is_empty() {
+            return Err(TemplateError::Empty);
+        }
+        let mut segments = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('<') {
+            if open > 0 {
+                segments.push(Segment::Literal(rest[..open].to_owned()));
+            }
+            let after = &rest[open + 1..];
+            let close = after.find('>');
+            let reopen = after.find('<');
+            let close = match (close, reopen) {
+                (Some(close), Some(reopen)) if reopen < close => None,
+                (close, _) => close,
+            };
+            let Some(close) = close else {
+                let end = reopen.unwrap_or(after.len());
+                return Err(TemplateError::Unclosed(format!("<{}", &after[..end])));
+            };
+            let inner = &after[..close];
+            if inner.is_empty() {
+                return Err(TemplateError::EmptyPlaceholder);
+            }
+            let placeholder = parse_placeholder(inner)
+                .ok_or_else(|| TemplateError::InvalidPlaceholder(format!("<{inner}>")))?;
+            segments.push(Segment::Placeholder(placeholder));
+            rest = &after[close + 1..];
+        }
+        if !rest.is_empty() {
+            segments.push(Segment::Literal(rest.to_owned()));
+        }
+        let template = Template { segments };
+        template.check_separators()?;
+        Ok(template)
+    }
+
+    /// Escaped values only contain `[A-Za-z0-9_.-%]`, so a character outside
+    /// that set between two placeholders tells where one value ends. Without
+    /// one, `<a>-<b>` builds `x-y-z` from both ("x-y", "z") and ("x", "y-z").
+    fn check_separators(&self) -> Result<(), TemplateError> {
+        let mut previous: Option<&Placeholder> = None;
+        let mut separated = true;
+        for segment in &self.segments {
+            match segment {
+                Segment::Literal(text) => {
+                    separated |= text.chars().any(|c| !can_appear_in_value(c));
+                }
+                Segment::Placeholder(placeholder) => {
+                    if let (Some(previous), false) = (previous, separated) {
+                        return Err(TemplateError::NoSeparator(
+                            previous.clone(),
+                            placeholder.clone(),
+                        ));
+                    }
+                    previous = Some(placeholder);
+                    separated = false;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `user.id` or `pair.0` -> root and fields; `None` if not of that form.
+fn parse_placeholder(inner: &str) -> Option<Placeholder> {
+    let mut parts = inner.split('.');
+    let root = parts.next().filter(|root| is_identifier(root))?;
+    let fields = parts
+        .map(|field| {
+            let is_index = !field.is_empty() && field.bytes().all(|b| b.is_ascii_digit());
+            (is_index || is_identifier(field)).then(|| field.to_owned())
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Placeholder {
+        root: root.to_owned(),
+        fields,
+    })
+}
+
+fn is_identifier(text: &str) -> bool {
+    let mut chars = text.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placeholder(root: &str, fields: &[&str]) -> Segment {
+        Segment::Placeholder(Placeholder {
+            root: root.to_owned(),
+            fields: fields.iter().map(|f| (*f).to_owned()).collect(),
+        })
+    }
+
+    fn literal(text: &str) -> Segment {
+        Segment::Literal(text.to_owned())
+    }
+
+    #[test]
+    fn templates_split_into_literals_and_placeholders() {
+        let template = Template::parse("order:submit:<user_id>").unwrap();
+        assert_eq!(
+            template.segments,
+            [literal("order:submit:"), placeholder("user_id", &[])]
+        );
+        let template = Template::parse("<self.tenant.id>/{hot}/<pair.0>:end").unwrap();
+        assert_eq!(
+            template.segments,
+            [
+                placeholder("self", &["tenant", "id"]),
+                literal("/{hot}/"),
+                placeholder("pair", &["0"]),
+                literal(":end"),
+            ]
+        );
+    }
+
+    #[test]
+    fn templates_without_placeholders_are_one_literal() {
+        let template = Template::parse("login>attempts").unwrap();
+        assert_eq!(template.segments, [literal("login>attempts")]);
+    }
+
+    #[test]
+    fn placeholders_format_as_written() {
+        let template = Template::parse("<a.b.0>").unwrap();
+        let Segment::Placeholder(placeholder) = &template.segments[0] else {
+            panic!("a placeholder: {template:?}")
+        };
+        assert_eq!(placeholder.to_string(), "<a.b.0>");
+    }
+
+    #[test]
+    fn malformed_placeholders_are_rejected_with_their_text() {
+        let cases = [
+            ("", TemplateError::Empty),
+            ("a:<>", TemplateError::EmptyPlaceholder),
+            ("a:<user_id", TemplateError::Unclosed("<user_id".into())),
+            ("<a:<b>", TemplateError::Unclosed("<a:".into())),
+            (
+                "<user id>",
+                TemplateError::InvalidPlaceholder("<user id>".into()),
+            ),
+            (
+                "<1user>",
+                TemplateError::InvalidPlaceholder("<1user>".into()),
+            ),
+            (
+                "<user.>",
+                TemplateError::InvalidPlaceholder("<user.>".into()),
+            ),
+            (
+                "<user..id>",
+                TemplateError::InvalidPlaceholder("<user..id>".into()),
+            ),
+            (
+                "< user >",
+                TemplateError::InvalidPlaceholder("< user >".into()),
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(Template::parse(text), Err(expected), "template {text:?}");
+        }
+    }
+
+    #[test]
+    fn adjacent_placeholders_need_a_separator_outside_the_value_alphabet() {
+        for text in ["<a><b>", "<a>-<b>", "x:<a>_.%9<b>:y", "<a>:<b><c>"] {
+            assert!(
+                matches!(Template::parse(text), Err(TemplateError::NoSeparator(..))),
+                "{text:?} must be rejected"
+            );
+        }
+        for text in [
+            "<a>:<b>",
+            "<a>/<b>",
+            "<a>-x:y-<b>",
+            "<a> <b>",
+            "<a>{<b>}",
+            "<a>é<b>",
+        ] {
+            assert!(Template::parse(text).is_ok(), "{text:?} must be accepted");
+        }
+    }
+
+    #[test]
+    fn separator_error_names_both_placeholders() {
+        let err = Template::parse("<a.x>-<b>").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "placeholders `<a.x>` and `<b>` need a separator between them, such as `:`; \
+             otherwise two different values could build the same key"
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! The `#[rate_limit]` attribute of the `ratelimit` crate.
+//!
+//! Use it through `ratelimit::rate_limit`: the code it writes calls into
+//! `ratelimit`, which this crate cannot name on its own. Its documentation is
+//! on [`macro@rate_limit`].
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod attr;
+mod expand;
+mod key;
+mod valid;
+
+use proc_macro::TokenStream;
+
+/// Limits how often an `async fn` runs, per key.
+///
+/// ```ignore
+/// use ratelimit::{rate_limit, RateLimited};
+///
+/// #[rate_limit(key = "order:submit:<user_id>", capacity = 10, rate = "2/s")]
+/// async fn submit_order(user_id: u64, item: Item) -> Result<Order, AppError> {
+///     // runs only when `user_id` has a token left
+/// }
+///
+/// impl From<RateLimited> for AppError {
+///     fn from(denied: RateLimited) -> Self {
+///         AppError::TooManyRequests { retry_after: denied.retry_after }
+///     }
+/// }
+/// ```
+///
+/// (The examples here are not compiled as doctests: this crate cannot depend
+/// on `ratelimit`, which re-exports it. The `ratelimit` crate's documentation
+/// and its tests run them.)
+///
+/// Before the body runs, each call builds its key from the arguments and asks
+/// the limiter for tokens from that key's quota: by default a token bucket
+/// holding at most `capacity` tokens, refilled at `rate` (see
+/// [Algorithms](#algorithms) for the others). When the quota is spent, the
+/// body does not run and the function returns `Err(From::from(denied))`, where
+/// `denied` is a `ratelimit::RateLimited` carrying the key, the rule (the
+/// function's path) and `retry_after`.
+///
+/// # Requirements
+///
+/// - An `async fn` with a body: a free function, an inherent method or a
+///   trait-impl method (`self`, `&self`, `&mut self`), generic or not.
+/// - A return type `Result<T, E>` (or an alias of `Result`) where
+///   `E: From<ratelimit::RateLimited>`.
+///
+/// The body is left as written: `return`, `?`, borrows and lifetimes behave as
+/// without the attribute, and the future is `Send` whenever it was. The key
+/// and the cost are computed from references to the arguments before the body
+/// runs, so no argument is moved.
+///
+/// # Options
+///
+/// | option | value | default |
+/// | --- | --- | --- |
+/// | `key` | a template such as `"order:submit:<user_id>"`, or any expression whose value is `Display` | required |
+/// | `capacity` | an integer literal greater than 0: the largest burst (bucket algorithms) | required |
+/// | `rate` | tokens per second as an integer (`2`) or decimal (`2.5`) literal, or a string such as `"100/min"` (bucket algorithms) | required |
+/// | `algorithm` | `token_bucket`, `gcra`, `leaky_bucket`, `fixed_window`, `sliding_log` or `sliding_window` | `token_bucket` |
+/// | `limit` | an integer literal greater than 0: calls per window (window algorithms) | required |
+/// | `window` | a string such as `"1s"`, `"1m"`, `"1h"`, `"1d"` or `"500ms"`, whole milliseconds (window algorithms) | required |
+/// | `cost` | tokens one call takes: an integer literal, or an expression over the arguments of any unsigned integer type | `1` |
+/// | `limiter` | an expression giving a `Limiter`, `&Limiter`, `Arc<Limiter>` or anything that is `Borrow<Limiter>` | the limiter installed with `ratelimit::install` |
+/// | `crate` | the path of the `ratelimit` crate, when it is renamed | `::ratelimit` |
+///
+/// Quotas are checked at compile time: a zero or negative capacity or rate,
+/// a malformed rate and a literal `cost` above `capacity` are errors at the
+/// offending token, as is a quota the runtime could not compute exactly
+/// (`capacity` times the rate's period, in microseconds, must stay under
+/// 2^52).
+///
+/// # Algorithms
+///
+/// | `algorithm =` | takes | admits | Redis state per key |
+/// | --- | --- | --- | --- |
+/// | `token_bucket` | `capacity`, `rate` | bursts up to `capacity`, refilled continuously at `rate` | one string: level and last refill |
+/// | `gcra` | `capacity`, `rate` | exactly what the token bucket admits | one number: when the bucket is full again |
+/// | `leaky_bucket` | `capacity`, `rate` | a queue of `capacity` drained at `rate`: a call waits its turn, then runs | one number |
+/// | `fixed_window` | `limit`, `window` | `limit` per window aligned to the epoch; up to twice the limit across a boundary | one string |
+/// | `sliding_log` | `limit`, `window` | exactly `limit` in any window of length `window` | a sorted set of up to `limit` members |
+/// | `sliding_window` | `limit`, `window` | the previous window's count weighted by its overlap, plus the current one's: at most `limit` plus the previous window's count times the share of the current window elapsed | one string |
+///
+/// ```ignore
+/// #[rate_limit(key = "report:<user>", algorithm = sliding_log, limit = 3, window = "1h")]
+/// async fn report(user: u64) -> Result<Report, AppError> { ... }
+///
+/// // Calls reach the partner API at a steady 5 per second; up to 20 wait in line.
+/// #[rate_limit(key = "partner", algorithm = leaky_bucket, capacity = 20, rate = 5)]
+/// async fn call_partner(req: Request) -> Result<Response, AppError> { ... }
+/// ```
+///
+/// With `leaky_bucket`, an admitted call sleeps until its turn before the body
+/// runs; dropping the future cancels the wait (the slot stays taken).
+/// An option of the other family (`window` with `gcra`, `capacity` with
+/// `fixed_window`) is a compile error.
+///
+/// # Rates
+///
+/// A number is tokens per second: `rate = 2`, `rate = 0.5`. A string is
+/// `"<amount>/<period>"`, where the amount may be a decimal and the period is
+/// a unit with an optional integer multiple:
+///
+/// | unit | written |
+/// | --- | --- |
+/// | microsecond | `us`, `µs` |
+/// | millisecond | `ms` |
+/// | second | `s`, `sec`, `second`, `seconds` |
+/// | minute | `m`, `min`, `minute`, `minutes` |
+/// | hour | `h`, `hr`, `hour`, `hours` |
+/// | day (86,400 s) | `d`, `day`, `days` |
+///
+/// For example `"5/s"`, `"100/min"`, `"3600/h"`, `"1000/d"`, `"10/30s"`,
+/// `"1/500ms"` or `"2.5/s"`. Rates are kept as exact fractions: `"100/min"`
+/// is one token every 600,000 µs, and `2.5` is 25 tokens every 10 s, with no
+/// rounding drift.
+///
+/// # Keys
+///
+/// A template is literal text with placeholders. `<param>` is the value of a
+/// parameter; `<param.field.path>` a field of it (`<pair.0>` for a tuple);
+/// `<self>` and `<self.field>` work in methods. A placeholder's value must
+/// implement `Display`. Every key is built the same way, so the literal text
+/// can name the operation and keep rules apart: `"order:submit:<user_id>"`.
+///
+/// Values are escaped, so that no value can forge another key:
+///
+/// - characters in `[A-Za-z0-9_.-]` stand for themselves; any other byte
+///   becomes `%XX` (so `alice:{admin}` becomes `alice%3A%7Badmin%7D`);
+/// - a value whose escaped form is longer than 64 bytes is replaced by `%_`
+///   and 32 hex digits of its SHA-256, so keys stay short whatever the input;
+/// - literal text is kept as written, including a Redis Cluster hash tag
+///   such as `"{tenant:7}:<user_id>"`: no value can add or change one.
+///
+/// Two placeholders must be separated by at least one literal character that
+/// is not in `[A-Za-z0-9_.-%]`, such as `:` or `/`: otherwise two different
+/// pairs of values could build the same key (`<a>-<b>` gives `x-y-z` for both
+/// `("x-y", "z")` and `("x", "y-z")`), and the template is rejected. `<` always
+/// opens a placeholder, and a template cannot be empty.
+///
+/// `key = <expression>` (anything but a string literal) uses the expression's
+/// `Display` value as the whole key, for keys a template cannot express. It is
+/// taken as written except that `%`, `{` and `}` are escaped (a value cannot
+/// choose a hash tag) and a value longer than 256 bytes is replaced by its
+/// digest.
+///
+/// # Cost
+///
+/// Each call takes `cost` tokens: `cost = 5`, or an expression over the
+/// arguments such as `cost = items.len()` (`u8`, `u16`, `u32`, `u64`, `usize`,
+/// or a reference to one). A call whose cost exceeds `capacity` is always
+/// denied, with `retry_after` of `Duration::MAX`; a literal cost above the
+/// capacity does not compile.
+///
+/// # Limiter
+///
+/// By default the checks go to the limiter installed with
+/// `ratelimit::install` (the memory backend until one is). `limiter = expr`
+/// names another, evaluated at each call:
+///
+/// ```ignore
+/// static LIMITER: LazyLock<Limiter> = LazyLock::new(Limiter::memory);
+///
+/// #[rate_limit(key = "export:<self.tenant>", capacity = 1, rate = "1/h", limiter = &*LIMITER)]
+/// async fn export(&self) -> Result<Report, AppError> { ... }
+///
+/// #[rate_limit(key = "search:<user>", capacity = 20, rate = 5, limiter = self.limiter)]
+/// async fn search(&self, user: &str) -> Result<Hits, AppError> { ... }
+/// ```
+///
+/// # Several limits
+///
+/// Stack attributes to enforce several quotas; every one must admit the call,
+/// and they are checked in the order written, the first denial returning:
+///
+/// ```ignore
+/// #[rate_limit(key = "login:<user>", capacity = 5, rate = "5/min")]
+/// #[rate_limit(key = "login", capacity = 1000, rate = "1000/min")]
+/// async fn login(user: &str, password: &str) -> Result<Session, AuthError> { ... }
+/// ```
+///
+/// Tokens taken by an earlier attribute stay taken when a later one denies.
+///
+/// # A renamed crate
+///
+/// ```ignore
+/// extern crate ratelimit as rl;
+///
+/// #[rl::rate_limit(key = "k", capacity = 1, rate = 1, crate = rl)]
+/// async fn f() -> Result<(), Error> { Ok(()) }
+/// ```
+#[proc_macro_attribute]
+pub fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::rate_limit(args.into(), item.into()).into()
+}

@@ -1,0 +1,1004 @@
+//! Checks the function and each attribute's options, and turns them into the
+//! facts `expand` writes out: a quota in exact integers, key parts bound to
+//! parameters, a cost.
+//!
+//! Every check that can be made at compile time is made here, so the generated
+//! `Rule::new` never fails and a mistake is reported at its token.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens as _};
+use syn::ext::IdentExt as _;
+use syn::spanned::Spanned as _;
+use syn::{
+    Expr, ExprLit, ExprUnary, FnArg, GenericArgument, Ident, Lit, LitInt, LitStr, Member, Pat,
+    PathArguments, ReturnType, Type, UnOp,
+};
+
+use crate::attr::{closest, Args, KeyArg};
+use crate::key::{Placeholder, Segment, Template, TemplateError};
+
+/// The largest bucket depth the runtime computes exactly (integers in Redis
+/// Lua are exact up to 2^53; one bit is headroom). Mirrors
+/// `ratelimit_core::quota::MAX_EXACT`.
+const MAX_EXACT: u128 = 1 << 52;
+
+const MICROS_PER_SECOND: u128 = 1_000_000;
+
+const TOO_LARGE: &str = "quota too large to compute exactly: capacity times the rate's period \
+                         must stay under 2^52 microseconds; lower the capacity or state the rate \
+                         over a shorter period";
+
+/// What the attribute needs to know about the function it is on.
+pub(crate) struct Function<'a> {
+    pub name: &'a Ident,
+    params: Vec<Param<'a>>,
+    /// Where a missing `From<RateLimited>` for the error type is reported.
+    pub error_type_span: Span,
+}
+
+enum Param<'a> {
+    /// `self`, `&self`, `&mut self`, `self: Arc<Self>`...
+    Receiver,
+    /// `user_id: u64`, `mut user_id: u64`
+    Named(&'a Ident),
+    /// `(a, b): (u64, u64)`: its bindings cannot be named by a key.
+    Pattern(&'a Pat),
+}
+
+/// One attribute, checked.
+pub(crate) struct Check {
+    pub krate: TokenStream,
+    pub algorithm: Algorithm,
+    /// The bucket size, or the window's limit.
+    pub capacity: u64,
+    /// The refill rate, or the limit per window.
+    pub rate: Rate,
+    /// Zero for bucket algorithms.
+    pub window_us: u64,
+    pub key: Key,
+    pub cost: Cost,
+    pub limiter: Option<Expr>,
+}
+
+pub(crate) enum Key {
+    /// `key = "..."`: parts in order; `span` is the literal's.
+    Template { parts: Vec<KeyPart>, span: Span },
+    /// `key = <expression>`
+    Expr(Expr),
+}
+
+pub(crate) enum KeyPart {
+    Literal(String),
+    /// The expression a placeholder stands for, such as `self.tenant.id`.
+    Value(TokenStream),
+}
+
+pub(crate) enum Cost {
+    Fixed(u64),
+    Expr(Expr),
+}
+
+/// `algorithm = ...`: the names and order of `ratelimit_core::Algorithm::ALL`
+/// (the generated code passes the index and the name, and the runtime checks
+/// at compile time that they agree).
+pub(crate) const ALGORITHMS: [&str; 6] = [
+    "token_bucket",
+    "gcra",
+    "fixed_window",
+    "sliding_log",
+    "sliding_window",
+    "leaky_bucket",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Algorithm(pub usize);
+
+impl Algorithm {
+    pub(crate) fn name(self) -> &'static str {
+        ALGORITHMS[self.0]
+    }
+
+    /// Window algorithms take `limit` and `window`; the others `capacity` and `rate`.
+    pub(crate) fn is_windowed(self) -> bool {
+        matches!(
+            self.name(),
+            "fixed_window" | "sliding_log" | "sliding_window"
+        )
+    }
+
+    fn expected(self) -> &'static str {
+        if self.is_windowed() {
+            "`limit` and `window`"
+        } else {
+            "`capacity` and `rate`"
+        }
+    }
+
+    fn parse(ident: &Ident) -> syn::Result<Self> {
+        let written = ident.unraw().to_string();
+        if let Some(index) = ALGORITHMS.iter().position(|a| *a == written) {
+            return Ok(Algorithm(index));
+        }
+        let expected = ALGORITHMS
+            .iter()
+            .map(|a| format!("`{a}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut message = format!("unknown algorithm `{written}`; expected one of {expected}");
+        if let Some(closest) = closest(&written, ALGORITHMS.iter().copied()) {
+            message.push_str(&format!("; did you mean `{closest}`?"));
+        }
+        Err(syn::Error::new(ident.span(), message))
+    }
+}
+
+/// A refill rate as an exact reduced fraction: `tokens` every `period_us`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rate {
+    pub tokens: u64,
+    pub period_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateError {
+    Invalid,
+    Zero,
+    TooLarge,
+}
+
+impl Rate {
+    /// `mantissa / scale` tokens per second, from `rate = 2` or `rate = 2.5`.
+    pub(crate) fn per_second(mantissa: u128, scale: u128) -> Result<Self, RateError> {
+        let period = scale
+            .checked_mul(MICROS_PER_SECOND)
+            .ok_or(RateError::TooLarge)?;
+        Self::from_parts(mantissa, period)
+    }
+
+    /// Parses `"100/min"` and the other forms, exactly as the runtime's
+    /// `impl FromStr for ratelimit_core::Rate` does.
+    pub(crate) fn parse(text: &str) -> Result<Self, RateError> {
+        let (amount, per) = text.split_once('/').ok_or(RateError::Invalid)?;
+        let (mantissa, scale) = parse_decimal(amount.trim()).ok_or(RateError::Invalid)?;
+        let per = per.trim();
+        let digits_end = per.find(|c: char| !c.is_ascii_digit()).unwrap_or(per.len());
+        let multiple: u128 = if digits_end == 0 {
+            1
+        } else {
+            per[..digits_end].parse().map_err(|_| RateError::Invalid)?
+        };
+        let unit_us = unit_micros(per[digits_end..].trim()).ok_or(RateError::Invalid)?;
+        let period = multiple
+            .checked_mul(unit_us)
+            .and_then(|p| p.checked_mul(scale))
+            .ok_or(RateError::TooLarge)?;
+        if mantissa == 0 || multiple == 0 {
+            return Err(RateError::Zero);
+        }
+        Self::from_parts(mantissa, period)
+    }
+
+    fn from_parts(tokens: u128, period_us: u128) -> Result<Self, RateError> {
+        if tokens == 0 || period_us == 0 {
+            return Err(RateError::Zero);
+        }
+        let g = gcd(tokens, period_us);
+        let (tokens, period_us) = (tokens / g, period_us / g);
+        if tokens > MAX_EXACT || period_us > MAX_EXACT {
+            return Err(RateError::TooLarge);
+        }
+        Ok(Rate {
+            tokens: tokens as u64,
+            period_us: period_us as u64,
+        })
+    }
+}
+
+/// `"2.50"` -> (250, 100): the value is `mantissa / scale`.
+fn parse_decimal(text: &str) -> Option<(u128, u128)> {
+    let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+    if int.is_empty() && frac.is_empty() {
+        return None;
+    }
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(int) || !all_digits(frac) || frac.len() > 18 {
+        return None;
+    }
+    let mantissa = format!("{int}{frac}").parse::<u128>().ok()?;
+    Some((mantissa, 10u128.pow(frac.len() as u32)))
+}
+
+fn unit_micros(unit: &str) -> Option<u128> {
+    Some(match unit {
+        "us" | "µs" | "micro" | "micros" => 1,
+        "ms" | "milli" | "millis" => 1_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => MICROS_PER_SECOND,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60 * MICROS_PER_SECOND,
+        "h" | "hr" | "hrs" | "hour" | "hours" => 3_600 * MICROS_PER_SECOND,
+        "d" | "day" | "days" => 86_400 * MICROS_PER_SECOND,
+        _ => return None,
+    })
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Whether a bucket of `capacity` tokens at `rate` stays exact at runtime.
+fn fits(capacity: u64, rate: Rate) -> bool {
+    u128::from(capacity) * u128::from(rate.period_us) <= MAX_EXACT
+}
+
+/// Checks that the attribute can apply to this function: an `async fn`
+/// returning a `Result`.
+pub(crate) fn function(sig: &syn::Signature) -> syn::Result<Function<'_>> {
+    if let Some(constness) = &sig.constness {
+        return Err(syn::Error::new(
+            constness.span,
+            "`#[rate_limit]` cannot apply to a `const fn`; remove `const` and make the function \
+             `async`",
+        ));
+    }
+    if sig.asyncness.is_none() {
+        return Err(syn::Error::new(
+            sig.fn_token.span,
+            "`#[rate_limit]` requires an `async fn`; add `async` before `fn`",
+        ));
+    }
+    let error_type_span = match &sig.output {
+        ReturnType::Default => {
+            return Err(syn::Error::new(
+                sig.ident.span(),
+                "`#[rate_limit]` requires a function returning `Result<T, E>` where \
+                 `E: From<RateLimited>`; add a return type, such as `-> Result<(), MyError>`",
+            ))
+        }
+        ReturnType::Type(_, ty) => result_error_type(ty).ok_or_else(|| {
+            syn::Error::new_spanned(
+                ty,
+                "`#[rate_limit]` requires a return type of `Result<T, E>` where \
+                 `E: From<RateLimited>`, so that a denied call can return `Err`; change the \
+                 return type to a `Result`",
+            )
+        })?,
+    };
+    let params = sig
+        .inputs
+        .iter()
+        .map(|input| match input {
+            FnArg::Receiver(_) => Param::Receiver,
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(binding) if binding.subpat.is_none() => Param::Named(&binding.ident),
+                pat => Param::Pattern(pat),
+            },
+        })
+        .collect();
+    Ok(Function {
+        name: &sig.ident,
+        params,
+        error_type_span,
+    })
+}
+
+/// For `Result<T, E>` (any path ending in `Result`, such as an alias), the
+/// span of `E`, or of the whole type when the alias hides it.
+fn result_error_type(ty: &Type) -> Option<Span> {
+    let ty = match ty {
+        Type::Paren(paren) => &paren.elem,
+        Type::Group(group) => &group.elem,
+        ty => ty,
+    };
+    let Type::Path(path) = ty else { return None };
+    if path.qself.is_some() {
+        return None;
+    }
+    let last = path.path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let error_type = match &last.arguments {
+        PathArguments::AngleBracketed(args) => args
+            .args
+            .iter()
+            .filter_map(|arg| match arg {
+                GenericArgument::Type(ty) => Some(ty),
+                _ => None,
+            })
+            .nth(1),
+        _ => None,
+    };
+    Some(match error_type {
+        // The type's name, rather than its first token, for `my::Error`.
+        Some(Type::Path(error)) if error.qself.is_none() => error
+            .path
+            .segments
+            .last()
+            .map_or_else(|| error.span(), |s| s.ident.span()),
+        Some(error) => error.span(),
+        None => last.ident.span(),
+    })
+}
+
+impl Function<'_> {
+    /// Checks one attribute's options against this function.
+    pub(crate) fn check(&self, args: Args) -> syn::Result<Check> {
+        let missing = |option: &str, fix: &str| {
+            args.error_at_attribute(&format!("`#[rate_limit]` needs a `{option}`; add {fix}"))
+        };
+        let key = match &args.key {
+            Some(key) => key,
+            None => {
+                return Err(missing(
+                    "key",
+                    "`key = \"name:<param>\"`, which says whose bucket a call takes from",
+                ))
+            }
+        };
+        let algorithm = match &args.algorithm {
+            Some(ident) => Algorithm::parse(ident)?,
+            None => Algorithm(0),
+        };
+        // An option the algorithm does not take is an error at its value.
+        let (unwanted, wanted) = if algorithm.is_windowed() {
+            (
+                [("capacity", &args.capacity), ("rate", &args.rate)],
+                ["limit", "window"],
+            )
+        } else {
+            (
+                [("limit", &args.limit), ("window", &args.window)],
+                ["capacity", "rate"],
+            )
+        };
+        for (option, value) in unwanted {
+            if let Some(value) = value {
+                return Err(syn::Error::new_spanned(
+                    value,
+                    format!(
+                        "`{}` takes {}, not `{option}`; write `{} = ...` and `{} = ...`",
+                        algorithm.name(),
+                        algorithm.expected(),
+                        wanted[0],
+                        wanted[1]
+                    ),
+                ));
+            }
+        }
+        let (capacity_value, rate, window_us) =
+            if algorithm.is_windowed() {
+                let needs = |option: &str, fix: &str| {
+                    args.error_at_attribute(&format!(
+                        "`algorithm = {}` needs a `{option}`; add {fix}",
+                        algorithm.name()
+                    ))
+                };
+                let limit = args.limit.as_ref().ok_or_else(|| {
+                    needs("limit", "`limit = N`, the most calls admitted per window")
+                })?;
+                let window = args.window.as_ref().ok_or_else(|| {
+                    needs(
+                        "window",
+                        "`window = \"1m\"` (or \"1s\", \"1h\", \"1d\", \"10s\"...)",
+                    )
+                })?;
+                let limit_value = positive_integer(limit, "limit")?;
+                let window_us = window_value(window)?;
+                let rate = Rate::from_parts(u128::from(limit_value), u128::from(window_us))
+                    .map_err(|_| syn::Error::new_spanned(limit, TOO_LARGE))?;
+                if u128::from(limit_value) * u128::from(window_us / 1_000) > MAX_EXACT {
+                    return Err(syn::Error::new_spanned(limit, TOO_LARGE));
+                }
+                (limit_value, rate, window_us)
+            } else {
+                let capacity = match &args.capacity {
+                    Some(capacity) => capacity,
+                    None => {
+                        return Err(missing(
+                            "capacity",
+                            "`capacity = N`, the largest burst of calls admitted",
+                        ))
+                    }
+                };
+                let rate = match &args.rate {
+                    Some(rate) => rate,
+                    None => return Err(missing(
+                        "rate",
+                        "`rate = \"N/s\"` (or `\"N/min\"`, `\"N/h\"`...), how fast spent tokens \
+                         come back",
+                    )),
+                };
+                let capacity_value = positive_integer(capacity, "capacity")?;
+                let rate = rate_value(rate)?;
+                if !fits(capacity_value, rate) {
+                    return Err(syn::Error::new_spanned(capacity, TOO_LARGE));
+                }
+                (capacity_value, rate, 0)
+            };
+        let capacity_name = if algorithm.is_windowed() {
+            "limit"
+        } else {
+            "capacity"
+        };
+        let key = match key {
+            KeyArg::Template(lit) => self.key_template(lit)?,
+            KeyArg::Expr(expr) => Key::Expr(expr.clone()),
+        };
+        let cost = match &args.cost {
+            None => Cost::Fixed(1),
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Int(lit), ..
+            })) => {
+                let cost = lit.base10_parse::<u64>()?;
+                if cost > capacity_value {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "`cost = {cost}` is greater than `{capacity_name} = {capacity_value}`, \
+                             so no call could ever be admitted; lower the cost or raise the \
+                             {capacity_name}"
+                        ),
+                    ));
+                }
+                Cost::Fixed(cost)
+            }
+            Some(expr) => Cost::Expr(expr.clone()),
+        };
+        Ok(Check {
+            krate: match &args.krate {
+                Some(path) => path.to_token_stream(),
+                None => quote!(::ratelimit),
+            },
+            algorithm,
+            capacity: capacity_value,
+            rate,
+            window_us,
+            key,
+            cost,
+            limiter: args.limiter.clone(),
+        })
+    }
+
+    fn key_template(&self, lit: &LitStr) -> syn::Result<Key> {
+        let template = Template::parse(&lit.value())
+            .map_err(|err: TemplateError| syn::Error::new(lit.span(), err))?;
+        let mut parts = Vec::with_capacity(template.segments.len());
+        for segment in template.segments {
+            match segment {
+                Segment::Literal(text) => parts.push(KeyPart::Literal(text)),
+                Segment::Placeholder(placeholder) => {
+                    // Tokens take the literal's span, so the compiler's errors
+                    // about a placeholder (no such field, not `Display`)
+                    // point at the template.
+                    let root = self.placeholder_root(&placeholder, lit)?;
+                    let fields = placeholder
+                        .fields
+                        .iter()
+                        .map(|field| member(field, lit.span()));
+                    parts.push(KeyPart::Value(quote!(#root #(. #fields)*)));
+                }
+            }
+        }
+        Ok(Key::Template {
+            parts,
+            span: lit.span(),
+        })
+    }
+
+    /// The parameter a placeholder names, with the literal's span.
+    fn placeholder_root(
+        &self,
+        placeholder: &Placeholder,
+        lit: &LitStr,
+    ) -> syn::Result<TokenStream> {
+        let root = placeholder.root.as_str();
+        let function = self.name.unraw();
+        let fail = |message: String| Err(syn::Error::new(lit.span(), message));
+        if root == "self" {
+            if self.params.iter().any(|p| matches!(p, Param::Receiver)) {
+                return Ok(quote_spanned!(lit.span()=> self));
+            }
+            let mut message =
+                format!("`{placeholder}` needs a `self` parameter, and `{function}` has none");
+            if let Some(expected) = self.expected() {
+                message.push_str(&format!("; expected one of {expected}"));
+            }
+            return fail(message);
+        }
+        for param in &self.params {
+            match param {
+                Param::Named(ident) if ident.unraw() == root => {
+                    let mut ident = (*ident).clone();
+                    ident.set_span(lit.span());
+                    return Ok(ident.into_token_stream());
+                }
+                Param::Pattern(pat) => {
+                    if let Some(path) = binding_path(pat, root) {
+                        let example = match path {
+                            Some(path) => {
+                                let rest: String =
+                                    placeholder.fields.iter().map(|f| format!(".{f}")).collect();
+                                format!(", such as `<arg{path}{rest}>`")
+                            }
+                            None => String::new(),
+                        };
+                        return fail(format!(
+                            "`{placeholder}` is bound inside a pattern, which a key cannot refer \
+                             to; bind the parameter to a name and use a field of it{example}"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut message = format!("`{placeholder}` is not a parameter of `{function}`");
+        match self.expected() {
+            Some(expected) => message.push_str(&format!("; expected one of {expected}")),
+            None => message.push_str("; it takes no parameters, so use a literal key"),
+        }
+        let names = self.names();
+        if let Some(closest) = closest(root, names.iter().map(String::as_str)) {
+            message.push_str(&format!("; did you mean `{closest}`?"));
+        }
+        fail(message)
+    }
+
+    /// The names a placeholder can start with, in declaration order.
+    fn names(&self) -> Vec<String> {
+        self.params
+            .iter()
+            .filter_map(|param| match param {
+                Param::Receiver => Some("self".to_owned()),
+                Param::Named(ident) => Some(ident.unraw().to_string()),
+                Param::Pattern(_) => None,
+            })
+            .collect()
+    }
+
+    fn expected(&self) -> Option<String> {
+        let names = self.names();
+        let listed = names.iter().map(|name| format!("`{name}`"));
+        (!names.is_empty()).then(|| listed.collect::<Vec<_>>().join(", "))
+    }
+}
+
+/// `.field` or `.0` of a placeholder, as a member expression.
+fn member(field: &str, span: Span) -> Member {
+    if let Ok(index) = field.parse::<u32>() {
+        return Member::Unnamed(syn::Index { index, span });
+    }
+    // A field named like a keyword (`<x.type>`) needs the raw form; the few
+    // that cannot be raw are left for the compiler to reject.
+    const NEVER_RAW: [&str; 5] = ["_", "self", "Self", "super", "crate"];
+    Member::Named(
+        if NEVER_RAW.contains(&field) || syn::parse_str::<Ident>(field).is_ok() {
+            Ident::new(field, span)
+        } else {
+            Ident::new_raw(field, span)
+        },
+    )
+}
+
+/// Where `name` is bound inside `pat`: `Some(Some(".0.x"))` when the field
+/// path to it is known, `Some(None)` when it is bound some other way.
+fn binding_path(pat: &Pat, name: &str) -> Option<Option<String>> {
+    let prefixed = |prefix: String, found: Option<String>| found.map(|rest| prefix + &rest);
+    match pat {
+        Pat::Ident(binding) if binding.ident.unraw() == name => Some(Some(String::new())),
+        Pat::Ident(binding) => binding
+            .subpat
+            .as_ref()
+            .and_then(|(_, sub)| binding_path(sub, name)),
+        Pat::Reference(reference) => binding_path(&reference.pat, name),
+        Pat::Paren(paren) => binding_path(&paren.pat, name),
+        Pat::Type(typed) => binding_path(&typed.pat, name),
+        Pat::Tuple(tuple) => elements_path(tuple.elems.iter(), name, prefixed),
+        Pat::TupleStruct(tuple) => elements_path(tuple.elems.iter(), name, prefixed),
+        Pat::Struct(structure) => structure.fields.iter().find_map(|field| {
+            let found = binding_path(&field.pat, name)?;
+            let member = match &field.member {
+                Member::Named(ident) => ident.unraw().to_string(),
+                Member::Unnamed(index) => index.index.to_string(),
+            };
+            Some(prefixed(format!(".{member}"), found))
+        }),
+        Pat::Slice(slice) => slice
+            .elems
+            .iter()
+            .find_map(|elem| binding_path(elem, name).map(|_| None)),
+        Pat::Or(or) => or
+            .cases
+            .iter()
+            .find_map(|case| binding_path(case, name).map(|_| None)),
+        _ => None,
+    }
+}
+
+fn elements_path<'a>(
+    elems: impl Iterator<Item = &'a Pat>,
+    name: &str,
+    prefixed: impl Fn(String, Option<String>) -> Option<String>,
+) -> Option<Option<String>> {
+    let mut after_rest = false;
+    for (index, elem) in elems.enumerate() {
+        after_rest |= matches!(elem, Pat::Rest(_));
+        if let Some(found) = binding_path(elem, name) {
+            // Past `..` the index of an element is not known from the pattern.
+            return Some(if after_rest {
+                None
+            } else {
+                prefixed(format!(".{index}"), found)
+            });
+        }
+    }
+    None
+}
+
+/// `capacity = 10`: an integer literal greater than 0.
+fn positive_integer(expr: &Expr, option: &str) -> syn::Result<u64> {
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(lit), ..
+        }) => {
+            let value = parse_u64(lit)?;
+            if value == 0 {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!("`{option}` must be greater than 0"),
+                ));
+            }
+            Ok(value)
+        }
+        Expr::Unary(ExprUnary {
+            op: UnOp::Neg(_), ..
+        }) => Err(syn::Error::new_spanned(
+            expr,
+            format!("`{option}` must be greater than 0"),
+        )),
+        _ => Err(syn::Error::new_spanned(
+            expr,
+            format!(
+                "`{option}` must be an integer literal, such as `{option} = 10`, so that the \
+                 quota is checked at compile time"
+            ),
+        )),
+    }
+}
+
+/// `window = "1m"`: a whole, non-zero number of milliseconds.
+fn window_value(expr: &Expr) -> syn::Result<u64> {
+    let invalid = |shown: &str| {
+        syn::Error::new_spanned(
+            expr,
+            format!(
+                "invalid window {shown}; expected a whole number of milliseconds such as \"1s\", \
+                 \"1m\", \"1h\", \"1d\" or \"500ms\""
+            ),
+        )
+    };
+    let Expr::Lit(ExprLit {
+        lit: Lit::Str(text),
+        ..
+    }) = expr
+    else {
+        return Err(invalid(&format!("`{}`", expr.to_token_stream())));
+    };
+    let value = text.value();
+    let trimmed = value.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let count: u128 = if digits_end == 0 {
+        1
+    } else {
+        trimmed[..digits_end]
+            .parse()
+            .map_err(|_| invalid(&format!("`{value:?}`")))?
+    };
+    let micros = unit_micros(trimmed[digits_end..].trim())
+        .and_then(|unit| unit.checked_mul(count))
+        .filter(|&us| us > 0 && us % 1_000 == 0)
+        .ok_or_else(|| invalid(&format!("`{value:?}`")))?;
+    if micros > MAX_EXACT {
+        return Err(syn::Error::new_spanned(expr, TOO_LARGE));
+    }
+    Ok(micros as u64)
+}
+
+fn parse_u64(lit: &LitInt) -> syn::Result<u64> {
+    lit.base10_parse::<u64>()
+        .map_err(|_| syn::Error::new(lit.span(), TOO_LARGE))
+}
+
+/// `rate = 2`, `rate = 2.5` (tokens per second) or `rate = "100/min"`.
+fn rate_value(expr: &Expr) -> syn::Result<Rate> {
+    let expected = "`rate` must be tokens per second, such as `rate = 2` or `rate = 2.5`, or a \
+                    string such as `rate = \"100/min\"`";
+    let (lit, rate) = match expr {
+        Expr::Lit(ExprLit { lit, .. }) => {
+            let rate = match lit {
+                Lit::Int(int) => match int.base10_digits().parse::<u128>() {
+                    Ok(tokens) => Rate::per_second(tokens, 1),
+                    Err(_) => Err(RateError::TooLarge),
+                },
+                Lit::Float(float) => match parse_decimal(float.base10_digits()) {
+                    Some((mantissa, scale)) => Rate::per_second(mantissa, scale),
+                    None => Err(RateError::Invalid),
+                },
+                Lit::Str(text) => Rate::parse(&text.value()),
+                _ => return Err(syn::Error::new_spanned(expr, expected)),
+            };
+            (lit, rate)
+        }
+        Expr::Unary(ExprUnary {
+            op: UnOp::Neg(_), ..
+        }) => {
+            return Err(syn::Error::new_spanned(
+                expr,
+                "`rate` must be greater than 0",
+            ))
+        }
+        _ => return Err(syn::Error::new_spanned(expr, expected)),
+    };
+    rate.map_err(|err| {
+        let message = match err {
+            RateError::Zero => "`rate` must be greater than 0".to_owned(),
+            RateError::TooLarge => TOO_LARGE.to_owned(),
+            RateError::Invalid if matches!(lit, Lit::Str(_)) => format!(
+                "invalid rate `{}`; expected a form such as \"5/s\", \"100/min\", \"3600/h\", \
+                 \"1000/d\", \"10/30s\" or \"2.5/s\"",
+                lit.to_token_stream()
+            ),
+            RateError::Invalid => format!(
+                "invalid rate `{}`; write tokens per second as a decimal number, such as `2.5`, \
+                 or a string such as \"100/min\"",
+                lit.to_token_stream()
+            ),
+        };
+        syn::Error::new(lit.span(), message)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fraction(rate: Result<Rate, RateError>) -> Result<(u64, u64), RateError> {
+        rate.map(|rate| (rate.tokens, rate.period_us))
+    }
+
+    #[test]
+    fn rate_strings_reduce_to_exact_fractions() {
+        let cases = [
+            ("5/s", (1, 200_000)),
+            ("100/min", (1, 600_000)),
+            ("3600/h", (1, 1_000_000)),
+            ("1000/d", (1, 86_400_000)),
+            ("1000000/day", (1, 86_400)),
+            ("7/m", (7, 60_000_000)),
+            ("2.5/s", (1, 400_000)),
+            ("10/30s", (1, 3_000_000)),
+            ("1/500ms", (1, 500_000)),
+            (" 1 / 500ms ", (1, 500_000)),
+            ("3/2 hours", (1, 2_400_000_000)),
+            ("4/µs", (4, 1)),
+            (".5/sec", (1, 2_000_000)),
+            ("5./minute", (1, 12_000_000)),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(fraction(Rate::parse(text)), Ok(expected), "rate {text:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_rate_strings_are_rejected_like_the_runtime_does() {
+        for text in [
+            "",
+            "5",
+            "5/",
+            "/s",
+            "5/fortnight",
+            "-5/s",
+            "a/s",
+            "1.2.3/s",
+            "./s",
+            "5/ s2",
+            "1e3/s",
+            "5/-1s",
+        ] {
+            assert_eq!(Rate::parse(text), Err(RateError::Invalid), "rate {text:?}");
+        }
+        for text in ["0/s", "0.0/min", "5/0s"] {
+            assert_eq!(Rate::parse(text), Err(RateError::Zero), "rate {text:?}");
+        }
+        for text in ["1/100000000000d", "9007199254740993/s"] {
+            assert_eq!(Rate::parse(text), Err(RateError::TooLarge), "rate {text:?}");
+        }
+    }
+
+    #[test]
+    fn numeric_rates_are_tokens_per_second() {
+        assert_eq!(
+            fraction(Rate::per_second(2, 1)),
+            Ok((1, 500_000)),
+            "rate = 2"
+        );
+        assert_eq!(
+            fraction(Rate::per_second(5, 10)),
+            Ok((1, 2_000_000)),
+            "rate = 0.5"
+        );
+        assert_eq!(
+            fraction(Rate::per_second(25, 10)),
+            Ok((1, 400_000)),
+            "rate = 2.5"
+        );
+        assert_eq!(
+            fraction(Rate::per_second(3, 1)),
+            Ok((3, 1_000_000)),
+            "rate = 3"
+        );
+        assert_eq!(Rate::per_second(0, 1), Err(RateError::Zero), "rate = 0");
+    }
+
+    fn check(attr: &str, item: &str) -> syn::Result<Check> {
+        let item: syn::ItemFn = syn::parse_str(item).unwrap();
+        let args: Args = syn::parse_str(attr).unwrap();
+        function(&item.sig)?.check(args)
+    }
+
+    fn error(attr: &str, item: &str) -> String {
+        match check(attr, item) {
+            Ok(_) => panic!("`{attr}` on `{item}` was accepted"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    const SUBMIT: &str =
+        "async fn submit_order(user_id: u64, item: Item) -> Result<(), AppError> { Ok(()) }";
+
+    #[test]
+    fn numeric_rate_literals_are_checked() {
+        let rate = |attr| {
+            check(attr, SUBMIT)
+                .map(|c| (c.rate.tokens, c.rate.period_us))
+                .ok()
+        };
+        assert_eq!(
+            rate("key = \"k\", capacity = 1, rate = 2"),
+            Some((1, 500_000))
+        );
+        assert_eq!(
+            rate("key = \"k\", capacity = 1, rate = 0.5"),
+            Some((1, 2_000_000))
+        );
+        assert_eq!(
+            rate("key = \"k\", capacity = 1, rate = 2.5"),
+            Some((1, 400_000))
+        );
+        assert_eq!(
+            error("key = \"k\", capacity = 1, rate = 1e3", SUBMIT),
+            "invalid rate `1e3`; write tokens per second as a decimal number, such as `2.5`, \
+             or a string such as \"100/min\""
+        );
+    }
+
+    #[test]
+    fn quotas_that_cannot_be_exact_are_rejected() {
+        assert_eq!(
+            error("key = \"k\", capacity = 1000000000, rate = \"1/h\"", SUBMIT),
+            TOO_LARGE
+        );
+        assert!(check(
+            "key = \"k\", capacity = 1000000, rate = \"1000000/d\"",
+            SUBMIT
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn placeholders_must_name_a_parameter() {
+        assert_eq!(
+            error("key = \"o:<user>\", capacity = 1, rate = 1", SUBMIT),
+            "`<user>` is not a parameter of `submit_order`; expected one of `user_id`, `item`; \
+             did you mean `user_id`?"
+        );
+        assert_eq!(
+            error("key = \"o:<zzz.id>\", capacity = 1, rate = 1", SUBMIT),
+            "`<zzz.id>` is not a parameter of `submit_order`; expected one of `user_id`, `item`"
+        );
+        assert_eq!(
+            error(
+                "key = \"o:<a>\", capacity = 1, rate = 1",
+                "async fn f() -> Result<(), E> { Ok(()) }"
+            ),
+            "`<a>` is not a parameter of `f`; it takes no parameters, so use a literal key"
+        );
+        assert_eq!(
+            error("key = \"o:<self.tenant>\", capacity = 1, rate = 1", SUBMIT),
+            "`<self.tenant>` needs a `self` parameter, and `submit_order` has none; expected one \
+             of `user_id`, `item`"
+        );
+    }
+
+    #[test]
+    fn placeholders_bound_by_a_pattern_suggest_a_field_path() {
+        let item = "async fn f(x: u8, (a, Point { y, .. }): (u64, Point), [s, ..]: [u8; 2], \
+                    (.., z): (u8, u8)) -> Result<(), E> { Ok(()) }";
+        let cases = [
+            (
+                "a",
+                "`<a>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it, such as `<arg.0>`",
+            ),
+            (
+                "a.id",
+                "`<a.id>` is bound inside a pattern, which a key cannot refer to; bind \
+                      the parameter to a name and use a field of it, such as `<arg.0.id>`",
+            ),
+            (
+                "y",
+                "`<y>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it, such as `<arg.1.y>`",
+            ),
+            // Elements of a slice, or after `..`, have no field path to suggest.
+            (
+                "s",
+                "`<s>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it",
+            ),
+            (
+                "z",
+                "`<z>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it",
+            ),
+        ];
+        for (placeholder, expected) in cases {
+            let attr = format!("key = \"<{placeholder}>\", capacity = 1, rate = 1");
+            assert_eq!(error(&attr, item), expected, "placeholder <{placeholder}>");
+        }
+    }
+
+    #[test]
+    fn placeholders_become_field_accesses_on_the_parameter() {
+        let check = check(
+            "key = \"<self.a.0>:<type>:<mut_id>\", capacity = 1, rate = 1",
+            "async fn f(&self, r#type: u8, mut mut_id: u8) -> Result<(), E> { Ok(()) }",
+        )
+        .unwrap();
+        let Key::Template { parts, .. } = check.key else {
+            panic!("a template")
+        };
+        let values: Vec<String> = parts
+            .iter()
+            .filter_map(|part| match part {
+                KeyPart::Value(tokens) => Some(tokens.to_string()),
+                KeyPart::Literal(_) => None,
+            })
+            .collect();
+        assert_eq!(values, ["self . a . 0", "r#type", "mut_id"]);
+    }
+
+    #[test]
+    fn a_fixed_cost_cannot_exceed_the_capacity() {
+        assert!(check("key = \"k\", capacity = 5, rate = 1, cost = 5", SUBMIT).is_ok());
+        assert_eq!(
+            error("key = \"k\", capacity = 5, rate = 1, cost = 6", SUBMIT),
+            "`cost = 6` is greater than `capacity = 5`, so no call could ever be admitted; \
+             lower the cost or raise the capacity"
+        );
+    }
+
+    #[test]
+    fn the_function_must_be_async_and_return_a_result() {
+        let attr = "key = \"k\", capacity = 1, rate = 1";
+        assert!(
+            error(attr, "fn f() -> Result<(), E> { Ok(()) }").contains("requires an `async fn`")
+        );
+        assert!(error(attr, "async fn f() -> Option<()> { None }").contains("`Result<T, E>`"));
+        assert!(error(attr, "async fn f() {}").contains("add a return type"));
+        assert!(check(attr, "async fn f() -> io::Result<()> { Ok(()) }").is_ok());
+    }
+}

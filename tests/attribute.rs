@@ -1,0 +1,252 @@
+//! `#[rate_limit]` end to end on the memory backend: what runs, what is
+//! denied, and what the caller gets.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ratelimit::{rate_limit, DenialCause, Limiter, ManualClock, RateLimited};
+
+#[derive(Debug, PartialEq)]
+enum AppError {
+    Limited(RateLimited),
+    NotFound,
+}
+
+impl From<RateLimited> for AppError {
+    fn from(denied: RateLimited) -> Self {
+        AppError::Limited(denied)
+    }
+}
+
+fn limited(result: Result<impl std::fmt::Debug, AppError>) -> RateLimited {
+    match result {
+        Err(AppError::Limited(denied)) => denied,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn manual_limiter() -> (Limiter, ManualClock) {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limiter = Limiter::builder()
+        .memory()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (limiter, clock)
+}
+
+static BODY_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[rate_limit(key = "order:submit:<user_id>", capacity = 2, rate = "1/s", limiter = limiter)]
+async fn submit_order(limiter: &Limiter, user_id: u64, quantity: u32) -> Result<u32, AppError> {
+    BODY_RUNS.fetch_add(1, Ordering::SeqCst);
+    if quantity == 0 {
+        return Err(AppError::NotFound);
+    }
+    Ok(quantity)
+}
+
+#[tokio::test]
+async fn a_denial_returns_rate_limited_without_running_the_body() {
+    let (limiter, clock) = manual_limiter();
+    let before = BODY_RUNS.load(Ordering::SeqCst);
+    assert_eq!(submit_order(&limiter, 7, 1).await, Ok(1));
+    assert_eq!(submit_order(&limiter, 7, 0).await, Err(AppError::NotFound));
+    let denied = limited(submit_order(&limiter, 7, 1).await);
+    assert_eq!(
+        BODY_RUNS.load(Ordering::SeqCst) - before,
+        2,
+        "the denied call ran its body"
+    );
+    assert_eq!(denied.key, "order:submit:7");
+    assert_eq!(denied.limit, 2);
+    assert_eq!(denied.remaining, 0);
+    assert_eq!(denied.retry_after, Duration::from_secs(1));
+    assert_eq!(denied.cause, DenialCause::Quota);
+    assert!(
+        denied.rule.unwrap().ends_with("submit_order"),
+        "{:?}",
+        denied.rule
+    );
+    assert_eq!(
+        denied.to_string(),
+        "rate limited on `order:submit:7`; retry after 1s"
+    );
+    // Another user has a bucket of their own.
+    assert_eq!(submit_order(&limiter, 8, 3).await, Ok(3));
+    // After retry_after, the same user is admitted again.
+    clock.advance(denied.retry_after);
+    assert_eq!(submit_order(&limiter, 7, 5).await, Ok(5));
+}
+
+struct Tenant {
+    name: String,
+    limiter: Limiter,
+}
+
+impl Tenant {
+    #[rate_limit(key = "report:<self.name>:<kind>", capacity = 1, rate = "1/min", limiter = &self.limiter)]
+    async fn report(&self, kind: &str) -> Result<String, AppError> {
+        Ok(format!("{} {kind}", self.name))
+    }
+}
+
+#[tokio::test]
+async fn methods_key_on_fields_of_self_and_values_are_escaped() {
+    let (limiter, _) = manual_limiter();
+    let acme = Tenant {
+        name: "acme:{eu}".into(),
+        limiter,
+    };
+    assert_eq!(acme.report("daily").await, Ok("acme:{eu} daily".into()));
+    let denied = limited(acme.report("daily").await);
+    assert_eq!(denied.key, "report:acme%3A%7Beu%7D:daily");
+    assert!(acme.report("weekly").await.is_ok());
+}
+
+#[rate_limit(key = "import:<user>", capacity = 10, rate = "10/s", cost = rows.len(), limiter = limiter)]
+async fn import(limiter: &Limiter, user: &str, rows: Vec<u32>) -> Result<usize, AppError> {
+    Ok(rows.len())
+}
+
+#[tokio::test]
+async fn cost_comes_from_the_arguments_and_too_large_a_cost_is_never() {
+    let (limiter, _) = manual_limiter();
+    assert_eq!(import(&limiter, "ann", vec![1; 7]).await, Ok(7));
+    let denied = limited(import(&limiter, "ann", vec![1; 4]).await);
+    assert_eq!(denied.remaining, 3);
+    assert_eq!(import(&limiter, "ann", vec![1; 3]).await, Ok(3));
+    let never = limited(import(&limiter, "bob", vec![1; 11]).await);
+    assert_eq!(never.cause, DenialCause::CostExceedsCapacity { cost: 11 });
+    assert_eq!(never.retry_after, Duration::MAX);
+    assert!(!never.is_retryable());
+}
+
+static STACK_BODY: AtomicU32 = AtomicU32::new(0);
+
+#[rate_limit(key = "stack:user:<user>", capacity = 3, rate = "1/min", limiter = limiter)]
+#[rate_limit(key = "stack:global", capacity = 4, rate = "1/min", limiter = limiter)]
+async fn stacked(limiter: &Limiter, user: u32) -> Result<(), AppError> {
+    STACK_BODY.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn stacked_attributes_must_all_pass_in_the_order_written() {
+    let (limiter, _) = manual_limiter();
+    for _ in 0..3 {
+        stacked(&limiter, 1).await.unwrap();
+    }
+    // The per-user limit (written first) denies before the global one is asked.
+    let denied = limited(stacked(&limiter, 1).await);
+    assert_eq!(denied.key, "stack:user:1");
+    stacked(&limiter, 2).await.unwrap();
+    // Four admitted globally: the global limit now denies user 3.
+    let denied = limited(stacked(&limiter, 3).await);
+    assert_eq!(denied.key, "stack:global");
+    assert_eq!(STACK_BODY.load(Ordering::SeqCst), 4);
+}
+
+#[rate_limit(key = "generic:<id>", capacity = 1, rate = 1, limiter = limiter)]
+async fn generic<T: std::fmt::Display + Send + Sync>(
+    limiter: &Limiter,
+    id: T,
+) -> Result<String, AppError> {
+    Ok(id.to_string())
+}
+
+#[tokio::test]
+async fn generic_functions_are_limited_per_value() {
+    let (limiter, _) = manual_limiter();
+    assert_eq!(generic(&limiter, "a").await, Ok("a".into()));
+    assert_eq!(generic(&limiter, 5u8).await, Ok("5".into()));
+    assert!(generic(&limiter, "a").await.is_err());
+}
+
+#[rate_limit(key = format!("{}/{}", region, user), capacity = 1, rate = 1, limiter = limiter)]
+async fn by_expression(limiter: &Limiter, region: &str, user: u64) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn key_expressions_are_used_whole_but_cannot_choose_a_hash_tag() {
+    let (limiter, _) = manual_limiter();
+    by_expression(&limiter, "eu", 1).await.unwrap();
+    let denied = limited(by_expression(&limiter, "eu", 1).await);
+    assert_eq!(denied.key, "eu/1");
+    by_expression(&limiter, "{x}", 1).await.unwrap();
+    let denied = limited(by_expression(&limiter, "{x}", 1).await);
+    assert_eq!(denied.key, "%7Bx%7D/1");
+}
+
+#[rate_limit(key = "moved:<name>", capacity = 5, rate = 1, limiter = limiter)]
+async fn takes_ownership(limiter: &Limiter, name: String) -> Result<String, AppError> {
+    // The key was built before the body; the body may move the argument.
+    let owned = name;
+    Ok(owned)
+}
+
+#[tokio::test]
+async fn the_body_may_move_arguments_and_the_future_is_send() {
+    let (limiter, _) = manual_limiter();
+    fn assert_send<T: Send>(t: T) -> T {
+        t
+    }
+    let out = assert_send(takes_ownership(&limiter, "zoe".to_string())).await;
+    assert_eq!(out, Ok("zoe".to_string()));
+    let handle = tokio::spawn(async move { takes_ownership(&limiter, "max".into()).await });
+    assert_eq!(handle.await.unwrap(), Ok("max".into()));
+}
+
+static LEAKY_STARTS: std::sync::Mutex<Vec<std::time::Instant>> = std::sync::Mutex::new(Vec::new());
+
+#[rate_limit(key = "paced", algorithm = leaky_bucket, capacity = 3, rate = "20/s", limiter = limiter)]
+async fn paced(limiter: &Limiter) -> Result<(), AppError> {
+    LEAKY_STARTS.lock().unwrap().push(std::time::Instant::now());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_leaky_bucket_runs_queued_bodies_at_its_pace() {
+    let limiter = Limiter::memory();
+    let calls: Vec<_> = (0..4).map(|_| paced(&limiter)).collect();
+    let results = futures::future::join_all(calls).await;
+    let admitted = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(admitted, 3, "the queue holds three: {results:?}");
+    let starts = LEAKY_STARTS.lock().unwrap().clone();
+    for pair in starts.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= Duration::from_millis(45),
+            "bodies {gap:?} apart at 20/s"
+        );
+    }
+}
+
+#[rate_limit(key = "daily:<user>", algorithm = fixed_window, limit = 2, window = "1d", limiter = limiter)]
+async fn daily(limiter: &Limiter, user: u32) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[rate_limit(key = "log:<user>", algorithm = sliding_log, limit = 1, window = "1m", limiter = limiter)]
+#[rate_limit(key = "sw:<user>", algorithm = sliding_window, limit = 5, window = "10s", limiter = limiter)]
+#[rate_limit(key = "gcra:<user>", algorithm = gcra, capacity = 5, rate = "1/min", limiter = limiter)]
+async fn windowed(limiter: &Limiter, user: u32) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn window_algorithms_take_a_limit_per_window() {
+    let (limiter, clock) = manual_limiter();
+    daily(&limiter, 1).await.unwrap();
+    daily(&limiter, 1).await.unwrap();
+    let denied = limited(daily(&limiter, 1).await);
+    assert_eq!(denied.limit, 2);
+    assert!(denied.retry_after <= Duration::from_secs(86_400));
+    windowed(&limiter, 1).await.unwrap();
+    let denied = limited(windowed(&limiter, 1).await);
+    assert_eq!(denied.key, "log:1");
+    assert_eq!(denied.retry_after, Duration::from_secs(60));
+    clock.advance(Duration::from_secs(60));
+    windowed(&limiter, 1).await.unwrap();
+}
