@@ -8,8 +8,10 @@
 //! `--keys` (1 = one hot key, otherwise keys drawn uniformly from 0..keys),
 //! `--concurrency`, `--seconds`, `--redis`, `--threads` (Tokio workers,
 //! default 1), `--algorithm` (default `token_bucket`; window algorithms get
-//! `capacity` per `capacity / rate` seconds), and `--stats` (adds Redis's own
-//! figures: commands per decision, CPU, and memory per key).
+//! `capacity` per `capacity / rate` seconds), `--stats` (adds Redis's own
+//! figures: commands per decision, CPU, and memory per key), and `--fill`
+//! (instead of a timed run, one decision for each of `--keys` keys named by
+//! ten digits, to measure memory per key).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,6 +30,7 @@ struct Args {
     threads: usize,
     algorithm: Algorithm,
     stats: bool,
+    fill: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -42,13 +45,15 @@ fn parse_args() -> Result<Args, String> {
         threads: 1,
         algorithm: Algorithm::TokenBucket,
         stats: false,
+        fill: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
         let flag = argv[i].as_str();
-        if flag == "--stats" {
-            a.stats = true;
+        if flag == "--stats" || flag == "--fill" {
+            a.stats |= flag == "--stats";
+            a.fill |= flag == "--fill";
             i += 1;
             continue;
         }
@@ -166,7 +171,10 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut tasks = Vec::new();
+    let next_key = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for task in 0..a.concurrency {
+        let next_key = next_key.clone();
+        let fill = a.fill;
         let (limiter, keys, stop) = (limiter.clone(), keys.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut out = TaskResult {
@@ -180,10 +188,18 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut seed =
                 0x2545_F491_4F6C_DD1Du64 ^ (task as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             while !stop.load(Ordering::Relaxed) {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                let index = seed % keys.len() as u64;
+                let index = if fill {
+                    let index = next_key.fetch_add(1, Ordering::Relaxed);
+                    if index >= keys.len() as u64 {
+                        break;
+                    }
+                    index
+                } else {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed % keys.len() as u64
+                };
                 let began = Instant::now();
                 match limiter.decide(&quota, &keys[index as usize], 1).await {
                     Ok(d) => {
@@ -200,8 +216,10 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             out
         }));
     }
-    tokio::time::sleep(Duration::from_secs_f64(a.seconds)).await;
-    stop.store(true, Ordering::Relaxed);
+    if !a.fill {
+        tokio::time::sleep(Duration::from_secs_f64(a.seconds)).await;
+        stop.store(true, Ordering::Relaxed);
+    }
     let mut results = Vec::new();
     for task in tasks {
         results.push(task.await?);
