@@ -4,9 +4,11 @@
 use std::borrow::Borrow;
 use std::fmt::Display;
 
-pub use ratelimit_core::{KeyBuilder, Limiter, Quota, RateLimited};
+pub use ratelimit_core::{FailurePolicy, KeyBuilder, Limiter, Quota, RateLimited};
 
-use ratelimit_core::Algorithm;
+use std::time::Duration;
+
+use ratelimit_core::{Algorithm, CallOptions, DenialCause};
 
 /// One `#[rate_limit]` attribute, built in a `static` at compile time.
 #[derive(Debug)]
@@ -15,6 +17,11 @@ pub struct Rule {
     pub name: &'static str,
     /// The attribute's quota.
     pub quota: Quota,
+    /// The rule's name, failure policy and mode, for the limiter.
+    pub options: CallOptions,
+    /// `on_limit = wait(max = ...)`: how long a denied call may wait for its
+    /// turn before it gives up.
+    pub wait: Option<Duration>,
 }
 
 impl Rule {
@@ -38,7 +45,27 @@ impl Rule {
         Self {
             name,
             quota: Quota::__checked(algorithm, capacity, tokens, period_us, window_us),
+            options: CallOptions::new(name),
+            wait: None,
         }
+    }
+
+    /// `on_error = open | closed | local`.
+    pub const fn on_error(mut self, policy: FailurePolicy) -> Self {
+        self.options = self.options.on_error(policy);
+        self
+    }
+
+    /// `mode = shadow`.
+    pub const fn shadow(mut self) -> Self {
+        self.options = self.options.shadow(true);
+        self
+    }
+
+    /// `on_limit = wait(max = ...)`, in microseconds.
+    pub const fn wait_micros(mut self, max: u64) -> Self {
+        self.wait = Some(Duration::from_micros(max));
+        self
     }
 }
 
@@ -124,21 +151,44 @@ impl<T: IntoCost + Copy> IntoCost for &T {
 }
 
 /// Takes `cost` tokens for `key` under `rule`; the denial names the rule.
+///
+/// With `on_limit = wait(max)`, a call denied by the quota sleeps for its
+/// `retry_after` and tries again while it can still be admitted within `max`
+/// of the first try; dropping the future cancels the wait.
 pub async fn acquire(
     limiter: &Limiter,
     rule: &'static Rule,
     key: &str,
     cost: u64,
 ) -> Result<(), RateLimited> {
-    match limiter.acquire(&rule.quota, key, cost).await {
-        Ok(decision) => {
-            // The leaky bucket admits a call for later: its turn comes after
-            // `delay`, so the body runs at the bucket's pace.
-            if !decision.delay.is_zero() {
-                tokio::time::sleep(decision.delay).await;
+    let deadline = rule.wait.map(|max| tokio::time::Instant::now() + max);
+    loop {
+        match limiter
+            .acquire_with(&rule.quota, key, cost, &rule.options)
+            .await
+        {
+            Ok(decision) => {
+                // The leaky bucket admits a call for later: its turn comes
+                // after `delay`, so the body runs at the bucket's pace.
+                if !decision.delay.is_zero() {
+                    tokio::time::sleep(decision.delay).await;
+                }
+                return Ok(());
             }
-            Ok(())
+            Err(denied) => {
+                let waitable = matches!(
+                    denied.cause,
+                    DenialCause::Quota | DenialCause::LocalFallback
+                );
+                if let (Some(deadline), true) = (deadline, waitable) {
+                    let wake = tokio::time::Instant::now() + denied.retry_after;
+                    if wake <= deadline {
+                        tokio::time::sleep_until(wake).await;
+                        continue;
+                    }
+                }
+                return Err(denied);
+            }
         }
-        Err(denied) => Err(denied.with_rule(rule.name)),
     }
 }

@@ -250,3 +250,52 @@ async fn window_algorithms_take_a_limit_per_window() {
     clock.advance(Duration::from_secs(60));
     windowed(&limiter, 1).await.unwrap();
 }
+
+#[rate_limit(key = "job:<tenant>", capacity = 1, rate = "20/s", on_limit = wait(max = "1s"), limiter = limiter)]
+async fn patient(limiter: &Limiter, tenant: u32) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[rate_limit(key = "job2:<tenant>", capacity = 1, rate = "1/min", on_limit = wait(max = "50ms"), limiter = limiter)]
+async fn impatient(limiter: &Limiter, tenant: u32) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn on_limit_wait_sleeps_for_retry_after_and_gives_up_past_max() {
+    let limiter = Limiter::memory();
+    // One token at 20/s: each of three calls waits ~50 ms for the next token.
+    for _ in 0..3 {
+        patient(&limiter, 1).await.unwrap();
+    }
+    assert_eq!(limiter.stats().allowed, 3);
+    assert!(
+        limiter.stats().denied >= 2,
+        "the waits came from denials: {:?}",
+        limiter.stats()
+    );
+    impatient(&limiter, 1).await.unwrap();
+    // The next token is a minute away, past the 50 ms the call may wait: it
+    // returns the denial at once rather than sleeping.
+    let denied = limited(impatient(&limiter, 1).await);
+    assert!(denied.retry_after > Duration::from_secs(50));
+}
+
+#[rate_limit(key = "shadow:<user>", capacity = 1, rate = "1/min", mode = shadow, limiter = limiter)]
+async fn shadowed(limiter: &Limiter, user: u32) -> Result<u32, AppError> {
+    Ok(user)
+}
+
+#[tokio::test]
+async fn shadow_mode_counts_denials_but_never_denies() {
+    let limiter = Limiter::memory();
+    for _ in 0..5 {
+        assert_eq!(shadowed(&limiter, 9).await, Ok(9));
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.allowed, stats.shadow_denied, stats.denied),
+        (1, 4, 0),
+        "{stats:?}"
+    );
+}

@@ -373,9 +373,8 @@ async fn redis_down_is_an_error_and_the_failure_policy_decides() {
     let closed = Limiter::builder()
         .redis(server.url())
         .timeout(timeout)
-        .failure_policy(FailurePolicy::Closed {
-            retry_after: Duration::from_secs(1),
-        })
+        .failure_policy(FailurePolicy::Closed)
+        .closed_retry_after(Duration::from_secs(1))
         .build()
         .unwrap();
     let quota = Quota::per_second(10).unwrap();

@@ -15,6 +15,10 @@ pub enum DenialCause {
     /// The backend failed and the failure policy is
     /// [`FailurePolicy::Closed`](crate::FailurePolicy::Closed).
     BackendUnavailable,
+    /// The backend failed and the local fallback limiter
+    /// ([`FailurePolicy::Local`](crate::FailurePolicy::Local)), with its share
+    /// of the quota, denied.
+    LocalFallback,
     /// The request costs more than the quota's capacity: it can never be
     /// admitted, however long the caller waits. `retry_after` is
     /// [`Duration::MAX`].
@@ -94,6 +98,11 @@ impl fmt::Display for RateLimited {
                 " (backend unavailable, failing closed); retry after {:?}",
                 self.retry_after
             ),
+            DenialCause::LocalFallback => write!(
+                f,
+                " by the local fallback limiter (backend unavailable); retry after {:?}",
+                self.retry_after
+            ),
             DenialCause::CostExceedsCapacity { cost } => write!(
                 f,
                 "; cost {cost} exceeds the capacity {} and can never be admitted",
@@ -124,6 +133,10 @@ pub enum Error {
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The circuit breaker is open: the backend failed repeatedly and is
+    /// skipped until a probe call succeeds.
+    #[error("the rate limit backend is failing; calls skip it until a probe succeeds")]
+    CircuitOpen,
     /// The backend answered something the limiter does not understand.
     #[error("unexpected reply from the rate limit backend: {0}")]
     UnexpectedReply(String),
@@ -146,7 +159,7 @@ impl Error {
     /// rather than from the request or the configuration.
     pub fn is_backend(&self) -> bool {
         match self {
-            Error::Timeout(_) | Error::UnexpectedReply(_) => true,
+            Error::Timeout(_) | Error::UnexpectedReply(_) | Error::CircuitOpen => true,
             #[cfg(feature = "redis")]
             Error::Redis(_) => true,
             _ => false,

@@ -9,18 +9,24 @@
 
 mod algorithm;
 mod backend;
+mod breaker;
 mod clock;
 mod decision;
 mod error;
 mod global;
 pub mod key;
 mod limiter;
+mod metrics;
 mod quota;
 
+pub use breaker::{BreakerConfig, CircuitState};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use decision::Decision;
 pub use error::{DenialCause, Error, RateLimited};
 pub use global::{global, install};
 pub use key::KeyBuilder;
-pub use limiter::{FailurePolicy, Limiter, LimiterBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
+pub use limiter::{
+    CallOptions, FailurePolicy, Limiter, LimiterBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+};
+pub use metrics::StatsSnapshot;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};

@@ -1,16 +1,21 @@
-//! The limiter: resolves a request to a backend decision and applies the
-//! failure policy when the backend fails.
+//! The limiter: sends a request to the backend through the circuit breaker,
+//! applies the failure policy when the backend fails, and reports what it
+//! did (metrics, tracing, counters).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tracing::Instrument as _;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::Backend;
+use crate::breaker::{Breaker, BreakerConfig, CircuitState, Permit};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{DenialCause, Error, RateLimited};
+use crate::metrics::{Outcome, Stats, StatsSnapshot};
 use crate::quota::Quota;
 
 /// The default key prefix, so limiter keys are easy to find and to keep apart
@@ -21,8 +26,10 @@ pub const DEFAULT_PREFIX: &str = "rl:";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// What [`Limiter::acquire`] (and so `#[rate_limit]`) does when the backend
-/// fails or times out. Backend errors are never reported as denials unless
-/// the policy says to deny, and then the denial says the backend was the cause.
+/// fails, times out, or its circuit breaker is open. A backend error is never
+/// reported as a denial by the quota: a denial under a failure policy says so
+/// in its [`DenialCause`], and an admission says so in
+/// [`Decision::fallback`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -31,17 +38,68 @@ pub enum FailurePolicy {
     /// down with it.
     #[default]
     Open,
-    /// Deny the call with [`DenialCause::BackendUnavailable`] and this
-    /// `retry_after`: for limits that protect something that must never be
-    /// flooded.
-    Closed {
-        /// What the denial tells the caller to wait.
-        retry_after: Duration,
-    },
+    /// Deny the call with [`DenialCause::BackendUnavailable`] and the
+    /// limiter's [`closed_retry_after`](LimiterBuilder::closed_retry_after):
+    /// for limits protecting something that must never be flooded.
+    Closed,
+    /// Decide in process with a [share](LimiterBuilder::local_share) of each
+    /// quota, on a bounded in-memory limiter: the limit holds roughly while
+    /// the backend is down, with no network call.
+    Local,
+}
+
+/// Per-call settings: the rule's name (for metrics, logs and denials), a
+/// failure policy overriding the limiter's, and shadow mode.
+///
+/// ```
+/// use ratelimit_core::{CallOptions, FailurePolicy};
+///
+/// const CHECKOUT: CallOptions = CallOptions::new("checkout").on_error(FailurePolicy::Closed);
+/// assert_eq!(CHECKOUT.rule, "checkout");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallOptions {
+    /// The rule's name: a metrics label, and named in denials.
+    pub rule: &'static str,
+    /// Overrides the limiter's failure policy for this call.
+    pub on_error: Option<FailurePolicy>,
+    /// Decide and record as usual, but never deny: a would-be denial returns
+    /// `Ok` with `allowed == false`, for rolling a new limit out.
+    pub shadow: bool,
+}
+
+impl CallOptions {
+    /// Options for the rule `rule`, with the limiter's failure policy.
+    pub const fn new(rule: &'static str) -> Self {
+        Self {
+            rule,
+            on_error: None,
+            shadow: false,
+        }
+    }
+
+    /// Uses `policy` when the backend fails.
+    pub const fn on_error(mut self, policy: FailurePolicy) -> Self {
+        self.on_error = Some(policy);
+        self
+    }
+
+    /// Shadow mode: never deny.
+    pub const fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        Self::new("")
+    }
 }
 
 /// A rate limiter: a backend plus how to use it. Cheap to clone; clones share
-/// the backend (and the Redis connection).
+/// the backend (and the Redis connection), the circuit breaker and the counters.
 ///
 /// ```
 /// use ratelimit_core::{Limiter, Quota};
@@ -53,6 +111,7 @@ pub enum FailurePolicy {
 /// assert!(limiter.acquire(&quota, "user:7", 1).await.is_ok());
 /// let denied = limiter.acquire(&quota, "user:7", 1).await.unwrap_err();
 /// assert!(denied.retry_after <= std::time::Duration::from_millis(500));
+/// assert_eq!(limiter.stats().denied, 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
@@ -64,6 +123,14 @@ pub struct Limiter {
 struct Inner {
     backend: Backend,
     failure_policy: FailurePolicy,
+    closed_retry_after: Duration,
+    local_share: f64,
+    /// The in-process limiter behind [`FailurePolicy::Local`].
+    local: MemoryBackend,
+    breaker: Breaker,
+    stats: Stats,
+    /// Log one denial in this many (0: none).
+    denial_log_every: u64,
     /// Second (since the epoch) of the last backend-failure warning, so an
     /// outage logs about once a second rather than once per call.
     last_warning: AtomicU64,
@@ -74,6 +141,7 @@ impl fmt::Debug for Limiter {
         f.debug_struct("Limiter")
             .field("backend", &self.inner.backend.name())
             .field("failure_policy", &self.inner.failure_policy)
+            .field("circuit", &self.inner.breaker.state())
             .finish()
     }
 }
@@ -87,10 +155,10 @@ impl Limiter {
     /// An in-process limiter with default settings. The limit holds within
     /// this process only.
     pub fn memory() -> Self {
-        Self::from_backend(
-            Backend::Memory(MemoryBackend::new(Arc::new(MonotonicClock::new()))),
-            FailurePolicy::default(),
-        )
+        Self::builder()
+            .memory()
+            .build()
+            .unwrap_or_else(|_| unreachable_config())
     }
 
     /// Redis at `REDIS_URL` when it is set, the memory backend otherwise.
@@ -101,44 +169,78 @@ impl Limiter {
         }
     }
 
-    fn from_backend(backend: Backend, failure_policy: FailurePolicy) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                backend,
-                failure_policy,
-                last_warning: AtomicU64::new(0),
-            }),
-        }
-    }
-
     /// The backend's name: `"memory"` or `"redis"`.
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.name()
     }
 
-    /// Asks the backend for `cost` tokens from `key`'s bucket, with no failure
-    /// policy: a backend fault is an `Err`, a denial is an `Ok` decision with
-    /// `allowed == false`.
+    /// The circuit breaker's state.
+    pub fn circuit_state(&self) -> CircuitState {
+        self.inner.breaker.state()
+    }
+
+    /// What this limiter (and its clones) decided so far.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// Asks the backend for `cost` tokens from `key`'s quota, with no failure
+    /// policy: a backend fault (or an open circuit breaker) is an `Err`, a
+    /// denial is an `Ok` decision with `allowed == false`.
     ///
     /// A cost above the capacity is [`Error::CostExceedsCapacity`]; a cost of
-    /// zero reads the bucket without consuming.
+    /// zero reads the state without consuming.
     pub async fn decide(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
+        let result = self.decide_quietly(quota, key, cost).await;
+        let outcome = match &result {
+            Ok(d) if d.allowed => Outcome::Allowed,
+            Ok(_) => Outcome::Denied,
+            Err(_) => Outcome::Error,
+        };
+        self.inner.stats.record("", outcome);
+        result
+    }
+
+    async fn decide_quietly(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
         if cost > quota.capacity() {
             return Err(Error::CostExceedsCapacity {
                 cost,
                 capacity: quota.capacity(),
             });
         }
-        self.inner.backend.decide(quota, key, cost).await
+        let backend = &self.inner.backend;
+        if !backend.can_fail() {
+            return backend.decide(quota, key, cost).await;
+        }
+        let breaker = &self.inner.breaker;
+        let permit = breaker.permit();
+        if permit == Permit::Skip {
+            return Err(Error::CircuitOpen);
+        }
+        let started = Instant::now();
+        let result = backend.decide(quota, key, cost).await;
+        crate::metrics::backend_latency(backend.name(), started.elapsed());
+        if let Some(state) = breaker.record(permit, result.is_ok()) {
+            crate::metrics::circuit_state(backend.name(), state);
+            match state {
+                CircuitState::Open => tracing::warn!(
+                    backend = backend.name(),
+                    "rate limit backend keeps failing; circuit open, calls skip it until a probe succeeds"
+                ),
+                _ => tracing::info!(backend = backend.name(), "rate limit backend answers again; circuit closed"),
+            }
+        }
+        result
     }
 
-    /// Takes `cost` tokens from `key`'s bucket, or says why not.
+    /// Takes `cost` tokens from `key`'s quota, or says why not.
     ///
     /// A denial by the quota is `Err(RateLimited)` with the exact `retry_after`.
     /// A backend fault is handled by the [`FailurePolicy`]: allowed (the
-    /// decision has `fallback == true`) or denied with
-    /// [`DenialCause::BackendUnavailable`]. A cost above the capacity is denied
-    /// with [`DenialCause::CostExceedsCapacity`] and `retry_after` of
+    /// decision has `fallback == true`), denied with
+    /// [`DenialCause::BackendUnavailable`], or decided by the local limiter.
+    /// A cost above the capacity is denied with
+    /// [`DenialCause::CostExceedsCapacity`] and `retry_after` of
     /// [`Duration::MAX`].
     pub async fn acquire(
         &self,
@@ -146,47 +248,149 @@ impl Limiter {
         key: &str,
         cost: u64,
     ) -> Result<Decision, RateLimited> {
-        match self.decide(quota, key, cost).await {
-            Ok(decision) if decision.allowed => Ok(decision),
-            Ok(decision) => Err(RateLimited::new(
-                key,
-                decision.limit,
-                decision.remaining,
-                decision.retry_after,
-            )),
-            Err(Error::CostExceedsCapacity { cost, capacity }) => {
+        self.acquire_with(quota, key, cost, &CallOptions::default())
+            .await
+    }
+
+    /// [`acquire`](Self::acquire) with a rule name, a failure policy and shadow
+    /// mode for this call.
+    pub async fn acquire_with(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        options: &CallOptions,
+    ) -> Result<Decision, RateLimited> {
+        let span = tracing::debug_span!(
+            "ratelimit.acquire",
+            rule = options.rule,
+            key,
+            cost,
+            backend = self.inner.backend.name()
+        );
+        let result = self.decide_quietly(quota, key, cost).instrument(span).await;
+        let (result, outcome) = match result {
+            Ok(decision) if decision.allowed => (Ok(decision), Outcome::Allowed),
+            Ok(decision) => (
+                Err(RateLimited::new(
+                    key,
+                    decision.limit,
+                    decision.remaining,
+                    decision.retry_after,
+                )),
+                Outcome::Denied,
+            ),
+            Err(Error::CostExceedsCapacity { cost, capacity }) => (
                 Err(RateLimited::new(key, capacity, 0, Duration::MAX)
-                    .with_cause(DenialCause::CostExceedsCapacity { cost }))
+                    .with_cause(DenialCause::CostExceedsCapacity { cost })),
+                Outcome::Denied,
+            ),
+            Err(error) => self.on_backend_error(quota, key, cost, error, options),
+        };
+        let denied = match result {
+            Ok(decision) => {
+                self.inner.stats.record(options.rule, outcome);
+                return Ok(decision);
             }
-            Err(error) => self.on_backend_error(quota, key, error),
+            Err(denied) => denied,
+        };
+        let denied = if options.rule.is_empty() {
+            denied
+        } else {
+            denied.with_rule(options.rule)
+        };
+        if options.shadow {
+            self.inner.stats.record(options.rule, Outcome::ShadowDenied);
+            self.log_denial(&denied, true);
+            return Ok(Decision {
+                allowed: false,
+                limit: denied.limit,
+                remaining: denied.remaining,
+                retry_after: denied.retry_after,
+                reset_after: Duration::ZERO,
+                delay: Duration::ZERO,
+                fallback: !matches!(
+                    denied.cause,
+                    DenialCause::Quota | DenialCause::CostExceedsCapacity { .. }
+                ),
+            });
         }
+        self.inner.stats.record(options.rule, outcome);
+        self.log_denial(&denied, false);
+        Err(denied)
     }
 
     fn on_backend_error(
         &self,
         quota: &Quota,
         key: &str,
+        cost: u64,
         error: Error,
-    ) -> Result<Decision, RateLimited> {
-        self.warn_throttled(key, &error);
-        match self.inner.failure_policy {
-            FailurePolicy::Open => Ok(Decision {
-                allowed: true,
-                limit: quota.capacity(),
-                remaining: 0,
-                retry_after: Duration::ZERO,
-                reset_after: Duration::ZERO,
-                delay: Duration::ZERO,
-                fallback: true,
-            }),
-            FailurePolicy::Closed { retry_after } => {
-                Err(RateLimited::new(key, quota.capacity(), 0, retry_after)
-                    .with_cause(DenialCause::BackendUnavailable))
+        options: &CallOptions,
+    ) -> (Result<Decision, RateLimited>, Outcome) {
+        let policy = options.on_error.unwrap_or(self.inner.failure_policy);
+        self.warn_throttled(key, &error, policy);
+        match policy {
+            FailurePolicy::Open => (
+                Ok(Decision {
+                    allowed: true,
+                    limit: quota.capacity(),
+                    remaining: 0,
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                    delay: Duration::ZERO,
+                    fallback: true,
+                }),
+                Outcome::FallbackAllowed,
+            ),
+            FailurePolicy::Closed => (
+                Err(
+                    RateLimited::new(key, quota.capacity(), 0, self.inner.closed_retry_after)
+                        .with_cause(DenialCause::BackendUnavailable),
+                ),
+                Outcome::FallbackDenied,
+            ),
+            FailurePolicy::Local => {
+                let local = quota.scaled(self.inner.local_share);
+                let mut decision = self.inner.local.decide(&local, key, cost);
+                decision.fallback = true;
+                if decision.allowed {
+                    (Ok(decision), Outcome::FallbackAllowed)
+                } else {
+                    (
+                        Err(RateLimited::new(
+                            key,
+                            decision.limit,
+                            decision.remaining,
+                            decision.retry_after,
+                        )
+                        .with_cause(DenialCause::LocalFallback)),
+                        Outcome::FallbackDenied,
+                    )
+                }
             }
         }
     }
 
-    fn warn_throttled(&self, key: &str, error: &Error) {
+    /// Logs one denial in `denial_log_every`: a flood of denials must not
+    /// flood the logs.
+    fn log_denial(&self, denied: &RateLimited, shadow: bool) {
+        let every = self.inner.denial_log_every;
+        if every == 0 || !self.inner.stats.denials_seen().is_multiple_of(every) {
+            return;
+        }
+        tracing::info!(
+            rule = denied.rule.unwrap_or(""),
+            key = %denied.key,
+            retry_after = ?denied.retry_after,
+            cause = ?denied.cause,
+            shadow,
+            sampled_one_in = every,
+            "rate limited"
+        );
+    }
+
+    fn warn_throttled(&self, key: &str, error: &Error, policy: FailurePolicy) {
         let second = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -201,10 +405,43 @@ impl Limiter {
             tracing::warn!(
                 backend = self.inner.backend.name(),
                 key,
-                policy = ?self.inner.failure_policy,
+                ?policy,
                 %error,
                 "rate limit backend failed; applying the failure policy (logged at most once a second)"
             );
+        }
+    }
+}
+
+/// The default configuration is valid; this is never reached.
+#[cold]
+fn unreachable_config() -> Limiter {
+    Limiter {
+        inner: Arc::new(Inner::new(
+            Backend::Memory(MemoryBackend::new(Arc::new(MonotonicClock::new()))),
+            &LimiterBuilder::default(),
+            Arc::new(MonotonicClock::new()),
+        )),
+    }
+}
+
+impl Inner {
+    fn new(backend: Backend, builder: &LimiterBuilder, clock: Arc<dyn Clock>) -> Self {
+        let denial_log_every = if builder.denial_log_sample <= 0.0 {
+            0
+        } else {
+            (1.0 / builder.denial_log_sample).round().max(1.0) as u64
+        };
+        Inner {
+            backend,
+            failure_policy: builder.failure_policy,
+            closed_retry_after: builder.closed_retry_after,
+            local_share: builder.local_share,
+            local: MemoryBackend::bounded(clock, builder.local_max_keys),
+            breaker: Breaker::new(builder.breaker),
+            stats: Stats::default(),
+            denial_log_every,
+            last_warning: AtomicU64::new(0),
         }
     }
 }
@@ -219,7 +456,8 @@ impl Limiter {
 ///     .redis("redis://127.0.0.1:6379")
 ///     .prefix("shop:rl:")
 ///     .timeout(Duration::from_millis(50))
-///     .failure_policy(FailurePolicy::Open)
+///     .failure_policy(FailurePolicy::Local)
+///     .local_share(0.25) // four instances share each quota while Redis is down
 ///     .build()?; // connects lazily, on the first decision
 /// assert_eq!(limiter.backend_name(), "redis");
 /// # Ok::<(), ratelimit_core::Error>(())
@@ -231,6 +469,11 @@ pub struct LimiterBuilder {
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     failure_policy: FailurePolicy,
+    closed_retry_after: Duration,
+    local_share: f64,
+    local_max_keys: usize,
+    breaker: BreakerConfig,
+    denial_log_sample: f64,
 }
 
 enum BackendChoice {
@@ -246,6 +489,11 @@ impl Default for LimiterBuilder {
             timeout: DEFAULT_TIMEOUT,
             clock: None,
             failure_policy: FailurePolicy::default(),
+            closed_retry_after: Duration::from_secs(1),
+            local_share: 1.0,
+            local_max_keys: 100_000,
+            breaker: BreakerConfig::default(),
+            denial_log_sample: 0.01,
         }
     }
 }
@@ -291,6 +539,40 @@ impl LimiterBuilder {
         self
     }
 
+    /// The `retry_after` of a denial under [`FailurePolicy::Closed`] (default 1 s).
+    pub fn closed_retry_after(mut self, retry_after: Duration) -> Self {
+        self.closed_retry_after = retry_after;
+        self
+    }
+
+    /// The share of each quota the local fallback limiter grants this
+    /// instance, in (0, 1] (default 1: each instance alone may use the whole
+    /// quota). With N instances, `1.0 / N` keeps the total near the quota.
+    pub fn local_share(mut self, share: f64) -> Self {
+        self.local_share = share;
+        self
+    }
+
+    /// The most keys the local fallback limiter keeps (default 100,000): under
+    /// more distinct keys it forgets those nearest to refilled.
+    pub fn local_max_keys(mut self, keys: usize) -> Self {
+        self.local_max_keys = keys;
+        self
+    }
+
+    /// The circuit breaker's settings.
+    pub fn breaker(mut self, breaker: BreakerConfig) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// The share of denials logged at `info` (default 0.01, one in a
+    /// hundred; 0 logs none). Every denial is counted regardless.
+    pub fn denial_log_sample(mut self, share: f64) -> Self {
+        self.denial_log_sample = share;
+        self
+    }
+
     /// Builds the limiter. Fails on an invalid configuration, never because
     /// Redis is unreachable: the connection is made on the first decision.
     pub fn build(self) -> Result<Limiter, Error> {
@@ -306,19 +588,35 @@ impl LimiterBuilder {
                 self.prefix
             )));
         }
-        let backend = match self.backend {
-            BackendChoice::Memory => {
-                let clock = self
-                    .clock
-                    .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
-                Backend::Memory(MemoryBackend::new(clock))
-            }
+        if !(self.local_share > 0.0 && self.local_share <= 1.0) {
+            return Err(Error::Config(format!(
+                "the local share must be in (0, 1], such as 0.25 for one of four instances; got {}",
+                self.local_share
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.denial_log_sample) {
+            return Err(Error::Config(format!(
+                "the denial log sample must be in [0, 1], such as 0.01; got {}",
+                self.denial_log_sample
+            )));
+        }
+        if self.local_max_keys == 0 {
+            return Err(Error::Config(
+                "the local limiter must keep at least one key".into(),
+            ));
+        }
+        let clock: Arc<dyn Clock> = self
+            .clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let backend = match &self.backend {
+            BackendChoice::Memory => Backend::Memory(MemoryBackend::new(clock.clone())),
             #[cfg(feature = "redis")]
             BackendChoice::Redis(url) => Backend::Redis(crate::backend::redis::RedisBackend::new(
-                &url,
-                self.prefix,
+                url,
+                self.prefix.clone(),
                 self.timeout,
-                self.clock,
+                self.clock.clone(),
             )?),
             #[cfg(not(feature = "redis"))]
             BackendChoice::Redis(_) => {
@@ -328,6 +626,13 @@ impl LimiterBuilder {
                 ))
             }
         };
-        Ok(Limiter::from_backend(backend, self.failure_policy))
+        // The local fallback runs on this process's clock, whatever the backend's.
+        let local_clock: Arc<dyn Clock> = match &self.clock {
+            Some(clock) => clock.clone(),
+            None => Arc::new(MonotonicClock::new()),
+        };
+        Ok(Limiter {
+            inner: Arc::new(Inner::new(backend, &self, local_clock)),
+        })
     }
 }

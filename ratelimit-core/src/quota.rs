@@ -488,6 +488,39 @@ impl Quota {
         Duration::from_micros(self.depth().div_ceil(self.rate.tokens))
     }
 
+    /// The same quota cut to `share` (in (0, 1]) for one instance's local
+    /// fallback: capacity or limit scaled down (at least 1), the rate scaled
+    /// down, the window kept. Falls back to coarser precision for the share
+    /// when the exact fraction does not fit, and to the whole quota when none
+    /// does.
+    pub(crate) fn scaled(&self, share: f64) -> Quota {
+        if !(share > 0.0 && share < 1.0) {
+            return *self;
+        }
+        for scale in [1_000_000u64, 1_000, 100] {
+            let parts = (share * scale as f64).round().max(1.0) as u64;
+            let capacity =
+                (u128::from(self.capacity) * u128::from(parts) / u128::from(scale)).max(1) as u64;
+            let quota = if self.algorithm.is_windowed() {
+                Quota::windowed(
+                    self.algorithm,
+                    capacity,
+                    Duration::from_micros(self.window_us),
+                )
+            } else {
+                Rate::from_parts(
+                    u128::from(self.rate.tokens) * u128::from(parts),
+                    u128::from(self.rate.period_us) * u128::from(scale),
+                )
+                .and_then(|rate| Quota::bucket(self.algorithm, capacity, rate))
+            };
+            if let Ok(quota) = quota {
+                return quota;
+            }
+        }
+        *self
+    }
+
     /// The bucket depth in the algorithm's unit (1/tokens of a microsecond).
     pub(crate) fn depth(&self) -> u64 {
         self.capacity * self.rate.period_us
@@ -711,6 +744,29 @@ mod tests {
             Quota::fixed_window(5, Duration::from_micros(1_500)),
             Err(QuotaError::InvalidWindow(_))
         ));
+    }
+
+    #[test]
+    fn a_share_of_a_quota_scales_capacity_and_rate() {
+        let quota = Quota::new(100, "10/s".parse().unwrap()).unwrap();
+        let quarter = quota.scaled(0.25);
+        assert_eq!(quarter.capacity(), 25);
+        assert_eq!(quarter.rate(), "2.5/s".parse().unwrap());
+        assert_eq!(quota.scaled(1.0), quota);
+        assert_eq!(
+            Quota::new(1, "1/s".parse().unwrap())
+                .unwrap()
+                .scaled(0.1)
+                .capacity(),
+            1
+        );
+        let window = Quota::fixed_window(10, Duration::from_secs(60))
+            .unwrap()
+            .scaled(0.5);
+        assert_eq!(
+            (window.capacity(), window.window()),
+            (5, Some(Duration::from_secs(60)))
+        );
     }
 
     #[test]

@@ -18,10 +18,14 @@ mod kw {
     syn::custom_keyword!(algorithm);
     syn::custom_keyword!(limit);
     syn::custom_keyword!(window);
+    syn::custom_keyword!(on_error);
+    syn::custom_keyword!(on_limit);
+    syn::custom_keyword!(mode);
+    syn::custom_keyword!(max);
 }
 
 /// Every option, in the order the documentation lists them.
-pub(crate) const OPTIONS: [&str; 9] = [
+pub(crate) const OPTIONS: [&str; 12] = [
     "key",
     "capacity",
     "rate",
@@ -29,6 +33,9 @@ pub(crate) const OPTIONS: [&str; 9] = [
     "limit",
     "window",
     "cost",
+    "on_error",
+    "on_limit",
+    "mode",
     "limiter",
     "crate",
 ];
@@ -45,8 +52,20 @@ pub(crate) struct Args {
     pub limit: Option<Expr>,
     pub window: Option<Expr>,
     pub cost: Option<Expr>,
+    pub on_error: Option<Ident>,
+    pub on_limit: Option<OnLimitArg>,
+    pub mode: Option<Ident>,
     pub limiter: Option<Expr>,
     pub krate: Option<Path>,
+}
+
+/// `on_limit = deny` or `on_limit = wait(max = "2s")`.
+pub(crate) struct OnLimitArg {
+    pub behaviour: Ident,
+    /// The `max = "..."` literal of `wait(...)`, and the parentheses' span
+    /// when they are there without it.
+    pub max: Option<LitStr>,
+    pub parens: Option<Span>,
 }
 
 pub(crate) enum KeyArg {
@@ -84,6 +103,9 @@ impl Args {
             limit: None,
             window: None,
             cost: None,
+            on_error: None,
+            on_limit: None,
+            mode: None,
             limiter: None,
             krate: None,
         }
@@ -135,6 +157,37 @@ impl Parse for Args {
             } else if lookahead.peek(kw::window) {
                 let name = input.parse::<kw::window>()?;
                 set_once(&mut args.window, parse_value(input)?, name.span, "window")?;
+            } else if lookahead.peek(kw::on_error) {
+                let name = input.parse::<kw::on_error>()?;
+                input.parse::<Token![=]>()?;
+                let value = input.call(Ident::parse_any)?;
+                set_once(&mut args.on_error, value, name.span, "on_error")?;
+            } else if lookahead.peek(kw::mode) {
+                let name = input.parse::<kw::mode>()?;
+                input.parse::<Token![=]>()?;
+                let value = input.call(Ident::parse_any)?;
+                set_once(&mut args.mode, value, name.span, "mode")?;
+            } else if lookahead.peek(kw::on_limit) {
+                let name = input.parse::<kw::on_limit>()?;
+                input.parse::<Token![=]>()?;
+                let behaviour = input.call(Ident::parse_any)?;
+                let (mut max, mut parens) = (None, None);
+                if input.peek(syn::token::Paren) {
+                    let content;
+                    let group = syn::parenthesized!(content in input);
+                    parens = Some(group.span.join());
+                    if !content.is_empty() {
+                        content.parse::<kw::max>()?;
+                        content.parse::<Token![=]>()?;
+                        max = Some(content.parse::<LitStr>()?);
+                    }
+                }
+                let value = OnLimitArg {
+                    behaviour,
+                    max,
+                    parens,
+                };
+                set_once(&mut args.on_limit, value, name.span, "on_limit")?;
             } else if lookahead.peek(kw::cost) {
                 let name = input.parse::<kw::cost>()?;
                 set_once(&mut args.cost, parse_value(input)?, name.span, "cost")?;
@@ -244,12 +297,13 @@ mod tests {
         assert_eq!(
             message("capacty = 1"),
             "unknown option `capacty`; expected one of `key`, `capacity`, `rate`, `algorithm`, \
-             `limit`, `window`, `cost`, `limiter`, `crate`; did you mean `capacity`?"
+             `limit`, `window`, `cost`, `on_error`, `on_limit`, `mode`, `limiter`, `crate`; did \
+             you mean `capacity`?"
         );
         assert_eq!(
             message("burst = 1"),
             "unknown option `burst`; expected one of `key`, `capacity`, `rate`, `algorithm`, \
-             `limit`, `window`, `cost`, `limiter`, `crate`"
+             `limit`, `window`, `cost`, `on_error`, `on_limit`, `mode`, `limiter`, `crate`"
         );
     }
 }

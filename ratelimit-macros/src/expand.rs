@@ -166,6 +166,18 @@ fn expand_check(function: &Function, check: &Check) -> TokenStream {
         }
     };
     let key = expand_key(&private, &check.key);
+    let mut rule_options = TokenStream::new();
+    if let Some(policy) = check.on_error {
+        let policy = proc_macro2::Ident::new(policy, Span::call_site());
+        rule_options.extend(quote!(.on_error(#private::FailurePolicy::#policy)));
+    }
+    if check.shadow {
+        rule_options.extend(quote!(.shadow()));
+    }
+    if let Some(wait_us) = check.wait_us {
+        let wait_us = Literal::u64_unsuffixed(wait_us);
+        rule_options.extend(quote!(.wait_micros(#wait_us)));
+    }
     let cost = match &check.cost {
         Cost::Fixed(cost) => Literal::u64_unsuffixed(*cost).into_token_stream(),
         Cost::Expr(expr) => {
@@ -189,7 +201,7 @@ fn expand_check(function: &Function, check: &Check) -> TokenStream {
                 #tokens,
                 #period_us,
                 #window_us,
-            );
+            )#rule_options;
             #limiter
             let __ratelimit_key: ::std::string::String = #key;
             let __ratelimit_cost: u64 = #cost;

@@ -65,6 +65,9 @@ use proc_macro::TokenStream;
 /// | `limit` | an integer literal greater than 0: calls per window (window algorithms) | required |
 /// | `window` | a string such as `"1s"`, `"1m"`, `"1h"`, `"1d"` or `"500ms"`, whole milliseconds (window algorithms) | required |
 /// | `cost` | tokens one call takes: an integer literal, or an expression over the arguments of any unsigned integer type | `1` |
+/// | `on_error` | `open`, `closed` or `local`: what to do when the backend fails (see `ratelimit::FailurePolicy`) | the limiter's policy (`open` unless configured) |
+/// | `on_limit` | `deny`, or `wait(max = "2s")`: sleep for `retry_after` and try again while the call can still be admitted within `max` | `deny` |
+/// | `mode` | `enforce`, or `shadow`: decide and record as usual, but never deny | `enforce` |
 /// | `limiter` | an expression giving a `Limiter`, `&Limiter`, `Arc<Limiter>` or anything that is `Borrow<Limiter>` | the limiter installed with `ratelimit::install` |
 /// | `crate` | the path of the `ratelimit` crate, when it is renamed | `::ratelimit` |
 ///
@@ -98,6 +101,26 @@ use proc_macro::TokenStream;
 /// runs; dropping the future cancels the wait (the slot stays taken).
 /// An option of the other family (`window` with `gcra`, `capacity` with
 /// `fixed_window`) is a compile error.
+///
+/// # Failures, waiting and shadow mode
+///
+/// ```ignore
+/// // Never flood the payment provider, even while Redis is down.
+/// #[rate_limit(key = "pay:<merchant>", capacity = 50, rate = 10, on_error = closed)]
+/// async fn charge(merchant: u64, amount: u64) -> Result<Receipt, AppError> { ... }
+///
+/// // A background job may wait up to 2 s for a token rather than fail.
+/// #[rate_limit(key = "sync:<tenant>", capacity = 5, rate = 1, on_limit = wait(max = "2s"))]
+/// async fn sync(tenant: u64) -> Result<(), AppError> { ... }
+///
+/// // Roll a new limit out: count and log would-be denials, deny nothing.
+/// #[rate_limit(key = "search:<user>", capacity = 20, rate = 5, mode = shadow)]
+/// async fn search(user: u64, q: &str) -> Result<Hits, AppError> { ... }
+/// ```
+///
+/// A waiting call gives up (returning the denial) as soon as its next chance
+/// would come after `max`; dropping its future cancels the wait. Only a denial
+/// by the quota waits: a denial because the backend failed returns at once.
 ///
 /// # Rates
 ///

@@ -58,6 +58,12 @@ pub(crate) struct Check {
     pub key: Key,
     pub cost: Cost,
     pub limiter: Option<Expr>,
+    /// `on_error = ...`: the `FailurePolicy` variant.
+    pub on_error: Option<&'static str>,
+    /// `mode = shadow`.
+    pub shadow: bool,
+    /// `on_limit = wait(max = ...)`, in microseconds.
+    pub wait_us: Option<u64>,
 }
 
 pub(crate) enum Key {
@@ -458,6 +464,19 @@ impl Function<'_> {
             key,
             cost,
             limiter: args.limiter.clone(),
+            on_error: args.on_error.as_ref().map(failure_policy).transpose()?,
+            shadow: args
+                .mode
+                .as_ref()
+                .map(shadow_mode)
+                .transpose()?
+                .unwrap_or(false),
+            wait_us: args
+                .on_limit
+                .as_ref()
+                .map(wait_limit)
+                .transpose()?
+                .flatten(),
         })
     }
 
@@ -664,6 +683,81 @@ fn positive_integer(expr: &Expr, option: &str) -> syn::Result<u64> {
                  quota is checked at compile time"
             ),
         )),
+    }
+}
+
+/// One of `choices` (by name), or an error listing them.
+fn one_of(ident: &Ident, option: &str, choices: &[&'static str]) -> syn::Result<&'static str> {
+    let written = ident.unraw().to_string();
+    if let Some(choice) = choices.iter().find(|c| **c == written) {
+        return Ok(choice);
+    }
+    let expected = choices
+        .iter()
+        .map(|c| format!("`{c}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut message = format!("unknown `{option}` value `{written}`; expected one of {expected}");
+    if let Some(closest) = closest(&written, choices.iter().copied()) {
+        message.push_str(&format!("; did you mean `{closest}`?"));
+    }
+    Err(syn::Error::new(ident.span(), message))
+}
+
+/// `on_error = open | closed | local`: the `FailurePolicy` variant's name.
+fn failure_policy(ident: &Ident) -> syn::Result<&'static str> {
+    Ok(
+        match one_of(ident, "on_error", &["open", "closed", "local"])? {
+            "open" => "Open",
+            "closed" => "Closed",
+            _ => "Local",
+        },
+    )
+}
+
+/// `mode = enforce | shadow`: whether in shadow mode.
+fn shadow_mode(ident: &Ident) -> syn::Result<bool> {
+    Ok(one_of(ident, "mode", &["enforce", "shadow"])? == "shadow")
+}
+
+/// `on_limit = deny | wait(max = "2s")`: the longest wait, in microseconds.
+fn wait_limit(arg: &crate::attr::OnLimitArg) -> syn::Result<Option<u64>> {
+    match one_of(&arg.behaviour, "on_limit", &["deny", "wait"])? {
+        "deny" => match arg.parens {
+            Some(span) => Err(syn::Error::new(
+                span,
+                "`on_limit = deny` takes no arguments",
+            )),
+            None => Ok(None),
+        },
+        _ => {
+            let Some(max) = &arg.max else {
+                return Err(syn::Error::new(
+                    arg.parens.unwrap_or_else(|| arg.behaviour.span()),
+                    "`on_limit = wait` needs the longest wait; write `on_limit = wait(max = \"2s\")`",
+                ));
+            };
+            let value = max.value();
+            let trimmed = value.trim();
+            let digits_end = trimmed
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(trimmed.len());
+            trimmed[..digits_end]
+                .parse::<u128>()
+                .ok()
+                .zip(unit_micros(trimmed[digits_end..].trim()))
+                .and_then(|(count, unit)| count.checked_mul(unit))
+                .filter(|&us| us > 0 && us <= u128::from(u64::MAX))
+                .map(|us| Some(us as u64))
+                .ok_or_else(|| {
+                    syn::Error::new(
+                        max.span(),
+                        format!(
+                            "invalid wait `{value:?}`; expected a duration such as \"500ms\", \"2s\" or \"1m\""
+                        ),
+                    )
+                })
+        }
     }
 }
 

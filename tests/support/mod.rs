@@ -37,6 +37,8 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    binary: PathBuf,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -53,32 +55,75 @@ impl RedisServer {
         // server's bind; a few attempts make that harmless.
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
-            let port = free_port();
             let mut server = RedisServer {
                 child: None,
-                port,
+                port: free_port(),
                 dir,
+                binary: binary.clone(),
+                extra: extra.iter().map(|s| s.to_string()).collect(),
             };
-            let child = Command::new(&binary)
-                .arg("--port")
-                .arg(port.to_string())
-                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(server.dir.path())
-                .arg("--logfile")
-                .arg(server.log_path())
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn {}: {e}; {INSTALL_HINT}", binary.display()));
-            server.child = Some(child);
-            if server.wait_ready(Duration::from_secs(10)) {
+            if server.spawn() {
                 return server;
             }
             last_log = server.log();
         }
         panic!("redis-server did not start; its last log:\n{last_log}");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let child = Command::new(&self.binary)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}; {INSTALL_HINT}", self.binary.display()));
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(10))
+    }
+
+    /// Kills the server and starts a new one on the same port: every key is
+    /// lost, as after a crash.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            // The old socket may linger a moment.
+            self.kill();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "redis-server did not restart on port {}:\n{}",
+            self.port,
+            self.log()
+        );
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a frozen server (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("a running redis-server").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
     }
 
     fn wait_ready(&mut self, within: Duration) -> bool {
@@ -139,6 +184,10 @@ impl RedisServer {
     /// Kills the server (connections are refused from now on).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A frozen server must be thawed to die promptly on some systems.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -19,6 +19,11 @@ const MIN_SWEEP: usize = 256;
 
 pub(crate) struct MemoryBackend {
     shards: Box<[Mutex<Shard>]>,
+    /// The most keys a shard keeps; beyond it, the keys nearest to expiry
+    /// are dropped. Unbounded for the primary memory backend (exact); set for
+    /// the local fallback limiter, which must stay small under any number of
+    /// distinct keys and may forget a nearly refilled key.
+    max_per_shard: usize,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
 }
@@ -31,6 +36,11 @@ struct Shard {
 
 impl MemoryBackend {
     pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::bounded(clock, usize::MAX)
+    }
+
+    /// A backend holding at most about `max_keys` keys.
+    pub(crate) fn bounded(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
@@ -41,6 +51,7 @@ impl MemoryBackend {
             .collect();
         Self {
             shards,
+            max_per_shard: (max_keys / SHARDS).max(1),
             hasher: RandomState::new(),
             clock,
         }
@@ -81,7 +92,7 @@ impl MemoryBackend {
                 if let (true, Some(state)) = (wrote, fresh) {
                     let expires_at = now + decision.reset_after.as_micros() as u64;
                     shard.buckets.insert(key.into(), (state, expires_at));
-                    shard.sweep_if_due(now);
+                    shard.sweep_if_due(now, self.max_per_shard);
                 }
                 decision
             }
@@ -106,11 +117,20 @@ impl MemoryBackend {
 impl Shard {
     /// Drops buckets that are full again, as Redis expires them. Amortised
     /// O(1) per insert, and memory stays within twice the live keys.
-    fn sweep_if_due(&mut self, now: u64) {
-        if self.buckets.len() < self.sweep_at {
+    fn sweep_if_due(&mut self, now: u64, max: usize) {
+        if self.buckets.len() < self.sweep_at.min(max.saturating_add(1)) {
             return;
         }
         self.buckets.retain(|_, (_, expires_at)| *expires_at > now);
+        if self.buckets.len() > max {
+            // Over the bound: keep the half of `max` furthest from expiry.
+            let mut expiries: Vec<u64> = self.buckets.values().map(|(_, e)| *e).collect();
+            let keep = max / 2;
+            let cut_index = expiries.len() - keep.max(1);
+            let (_, cut, _) = expiries.select_nth_unstable(cut_index);
+            let cut = *cut;
+            self.buckets.retain(|_, (_, expires_at)| *expires_at > cut);
+        }
         self.sweep_at = (self.buckets.len() * 2).max(MIN_SWEEP);
         if self.buckets.capacity() > self.sweep_at * 2 {
             self.buckets.shrink_to(self.sweep_at);
@@ -143,6 +163,29 @@ mod tests {
             peak < 3 * 10_000 + SHARDS * MIN_SWEEP,
             "a million distinct keys, 10,000 live at a time, peaked at {peak} held keys"
         );
+    }
+
+    #[test]
+    fn a_bounded_backend_stays_bounded_when_every_key_stays_live() {
+        let clock = ManualClock::new(1_000_000);
+        let backend = MemoryBackend::bounded(Arc::new(clock.clone()), 6_400);
+        // One token per hour: no bucket refills during the test.
+        let quota = Quota::new(5, Rate::per_hour(1).unwrap()).unwrap();
+        let mut peak = 0;
+        for i in 0..200_000u64 {
+            backend.decide(&quota, &format!("ip:{i}"), 1);
+            clock.advance(Duration::from_micros(1));
+            peak = peak.max(backend.len());
+        }
+        assert!(
+            peak <= 6_400 + SHARDS,
+            "200,000 live keys held at most {peak}"
+        );
+        // Recent keys are kept exactly.
+        for _ in 0..4 {
+            backend.decide(&quota, "ip:199999", 1);
+        }
+        assert!(!backend.decide(&quota, "ip:199999", 1).allowed);
     }
 
     #[test]

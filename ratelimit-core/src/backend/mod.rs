@@ -30,6 +30,11 @@ impl Backend {
         }
     }
 
+    /// Whether calls can fail (and so go through the circuit breaker).
+    pub(crate) fn can_fail(&self) -> bool {
+        !matches!(self, Backend::Memory(_))
+    }
+
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Backend::Memory(_) => "memory",

@@ -1,0 +1,107 @@
+//! What the limiter reports: counters it keeps itself ([`StatsSnapshot`]),
+//! and the same events through the `metrics` facade, for whichever exporter
+//! the application installs.
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `ratelimit_decisions_total` | counter | `rule`, `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` |
+//! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
+//! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend` |
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::breaker::CircuitState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Denied,
+    FallbackAllowed,
+    FallbackDenied,
+    ShadowDenied,
+    Error,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::FallbackAllowed => "fallback_allowed",
+            Outcome::FallbackDenied => "fallback_denied",
+            Outcome::ShadowDenied => "shadow_denied",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Counts of what a [`Limiter`](crate::Limiter) decided, across its clones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StatsSnapshot {
+    /// Admitted by the backend.
+    pub allowed: u64,
+    /// Denied by the quota (or for a cost above the capacity).
+    pub denied: u64,
+    /// Admitted by the failure policy while the backend failed.
+    pub fallback_allowed: u64,
+    /// Denied by the failure policy while the backend failed.
+    pub fallback_denied: u64,
+    /// Would have been denied, in shadow mode.
+    pub shadow_denied: u64,
+    /// Backend errors returned to a caller of [`decide`](crate::Limiter::decide).
+    pub errors: u64,
+}
+
+impl StatsSnapshot {
+    /// Every call the failure policy answered.
+    pub fn fallbacks(&self) -> u64 {
+        self.fallback_allowed + self.fallback_denied
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    counts: [AtomicU64; 6],
+}
+
+impl Stats {
+    pub(crate) fn record(&self, rule: &'static str, outcome: Outcome) {
+        self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("ratelimit_decisions_total", "rule" => rule, "outcome" => outcome.label()).increment(1);
+    }
+
+    /// Denials so far, of any kind, for sampling their logs.
+    pub(crate) fn denials_seen(&self) -> u64 {
+        [
+            Outcome::Denied,
+            Outcome::FallbackDenied,
+            Outcome::ShadowDenied,
+        ]
+        .iter()
+        .map(|o| self.counts[*o as usize].load(Ordering::Relaxed))
+        .sum()
+    }
+
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let get = |o: Outcome| self.counts[o as usize].load(Ordering::Relaxed);
+        StatsSnapshot {
+            allowed: get(Outcome::Allowed),
+            denied: get(Outcome::Denied),
+            fallback_allowed: get(Outcome::FallbackAllowed),
+            fallback_denied: get(Outcome::FallbackDenied),
+            shadow_denied: get(Outcome::ShadowDenied),
+            errors: get(Outcome::Error),
+        }
+    }
+}
+
+pub(crate) fn backend_latency(backend: &'static str, elapsed: Duration) {
+    metrics::histogram!("ratelimit_backend_latency_seconds", "backend" => backend)
+        .record(elapsed.as_secs_f64());
+}
+
+pub(crate) fn circuit_state(backend: &'static str, state: CircuitState) {
+    metrics::gauge!("ratelimit_circuit_state", "backend" => backend).set(state as u8 as f64);
+}

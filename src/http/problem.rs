@@ -1,0 +1,377 @@
+//! `429 Too Many Requests` problem responses, and the request id in them.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+use tower::{Layer, Service};
+
+use super::fields;
+use crate::{DenialCause, RateLimited};
+
+/// The header a request id is read from unless configured otherwise.
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The longest request id copied into a body; longer ones are left out.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The `Retry-After` value for a wait: whole seconds, rounded up, so a client
+/// that waits as told never comes back early.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit::http::retry_after_secs;
+///
+/// assert_eq!(retry_after_secs(Duration::from_millis(480)), 1);
+/// assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
+/// assert_eq!(retry_after_secs(Duration::from_millis(1_200)), 2);
+/// assert_eq!(retry_after_secs(Duration::ZERO), 0);
+/// ```
+pub fn retry_after_secs(retry_after: Duration) -> u64 {
+    fields::ceil_secs(retry_after)
+}
+
+/// A [`RateLimited`] denial as an HTTP response: `429 Too Many Requests` with
+/// a JSON problem body ([RFC 9457]) and the rate limit header fields.
+///
+/// `RateLimited` comes from the runtime crate, and `IntoResponse` from axum,
+/// so neither can be implemented for the other here; this wrapper is the
+/// response. Convert a denial with `TooManyRequests::from(denied)`, or use
+/// `TooManyRequests` itself as the error type of a `#[rate_limit]` function
+/// (it implements `From<RateLimited>`).
+///
+/// The response:
+///
+/// | cause | `code` | `Retry-After` and `retryAfter` |
+/// |---|---|---|
+/// | [`DenialCause::Quota`] | `"rate_limited"` | the wait in whole seconds, rounded up |
+/// | [`DenialCause::BackendUnavailable`] (the limiter's backend failed and its failure policy is closed) | `"rate_limiter_unavailable"` | the policy's `retry_after`, rounded up |
+/// | [`DenialCause::CostExceedsCapacity`] | `"cost_exceeds_capacity"` | absent: the request costs more than the quota's capacity, so waiting never helps, and no header invites a retry |
+///
+/// The body, served as `application/problem+json`, has `type`
+/// (`"about:blank"`), `title` (`"Too Many Requests"`), `status` (429),
+/// `code`, `message` (the denial's `Display`, also as the RFC 9457 `detail`),
+/// `retryAfter` (seconds, as in the header, when retrying can help) and
+/// `requestId` (the request's `X-Request-Id`, added by
+/// [`RateLimitLayer`](super::RateLimitLayer) or [`ProblemRequestIdLayer`]).
+///
+/// The response also carries `RateLimit-Policy: "<policy>";q=<limit>` and
+/// `RateLimit: "<policy>";r=0;t=<Retry-After>` (no `t` when retrying never
+/// helps). The policy name is the denying function's name for a
+/// `#[rate_limit]` denial, `default` otherwise, or what
+/// [`policy_name`](Self::policy_name) sets.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use axum::response::IntoResponse;
+/// use ratelimit::http::TooManyRequests;
+/// use ratelimit::RateLimited;
+///
+/// let denied = RateLimited::new("user:42", 10, 0, Duration::from_millis(1_200));
+/// let response = TooManyRequests::from(denied).into_response();
+/// assert_eq!(response.status(), 429);
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert_eq!(response.headers()["ratelimit"], r#""default";r=0;t=2"#);
+/// ```
+///
+/// In a handler, through the application's error type:
+///
+/// ```
+/// use axum::response::{IntoResponse, Response};
+/// use ratelimit::http::TooManyRequests;
+/// use ratelimit::{rate_limit, RateLimited};
+///
+/// enum ApiError {
+///     Limited(RateLimited),
+/// }
+///
+/// impl From<RateLimited> for ApiError {
+///     fn from(denied: RateLimited) -> Self {
+///         ApiError::Limited(denied)
+///     }
+/// }
+///
+/// impl IntoResponse for ApiError {
+///     fn into_response(self) -> Response {
+///         match self {
+///             ApiError::Limited(denied) => TooManyRequests::from(denied).into_response(),
+///         }
+///     }
+/// }
+///
+/// #[rate_limit(key = "report:<user_id>", capacity = 1, rate = "1/h")]
+/// async fn build_report(user_id: u64) -> Result<String, ApiError> {
+///     Ok(format!("report for {user_id}"))
+/// }
+///
+/// async fn report(user_id: u64) -> Result<String, ApiError> {
+///     build_report(user_id).await
+/// }
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// assert!(report(7).await.is_ok());
+/// let response = report(7).await.into_response();
+/// assert_eq!(response.status(), 429);
+/// assert_eq!(response.headers()["ratelimit-policy"], r#""build_report";q=1"#);
+/// # });
+/// ```
+///
+/// [RFC 9457]: https://www.rfc-editor.org/rfc/rfc9457
+#[derive(Debug, Clone)]
+pub struct TooManyRequests {
+    denied: RateLimited,
+    policy: Option<String>,
+    window_secs: Option<u64>,
+}
+
+impl TooManyRequests {
+    /// The response for `denied`.
+    pub fn new(denied: RateLimited) -> Self {
+        Self {
+            denied,
+            policy: None,
+            window_secs: None,
+        }
+    }
+
+    /// Names the policy in the `RateLimit-Policy` and `RateLimit` fields.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is empty or not printable ASCII, which the fields cannot carry.
+    #[must_use]
+    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        fields::check_policy_name(&name);
+        self.policy = Some(name);
+        self
+    }
+
+    /// A checked policy name and the quota's window, from a layer.
+    pub(crate) fn with_policy(mut self, name: &str, window_secs: u64) -> Self {
+        self.policy = Some(name.to_owned());
+        self.window_secs = Some(window_secs);
+        self
+    }
+
+    /// The denial.
+    pub fn denied(&self) -> &RateLimited {
+        &self.denied
+    }
+
+    /// The denial, unwrapped.
+    pub fn into_inner(self) -> RateLimited {
+        self.denied
+    }
+
+    /// The body's `code`: `"rate_limited"`, `"rate_limiter_unavailable"` or
+    /// `"cost_exceeds_capacity"`.
+    pub fn code(&self) -> &'static str {
+        match self.denied.cause {
+            DenialCause::BackendUnavailable => "rate_limiter_unavailable",
+            DenialCause::CostExceedsCapacity { .. } => "cost_exceeds_capacity",
+            _ => "rate_limited",
+        }
+    }
+
+    /// The `Retry-After` value, or `None` when retrying never helps.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.denied
+            .is_retryable()
+            .then(|| retry_after_secs(self.denied.retry_after))
+    }
+
+    fn policy(&self) -> &str {
+        if let Some(name) = &self.policy {
+            return name;
+        }
+        // A `#[rate_limit]` rule is the function's path; its last segment
+        // names the policy without exposing the module layout.
+        self.denied
+            .rule
+            .and_then(|rule| rule.rsplit("::").next())
+            .filter(|name| fields::is_valid_policy_name(name))
+            .unwrap_or("default")
+    }
+}
+
+impl From<RateLimited> for TooManyRequests {
+    fn from(denied: RateLimited) -> Self {
+        Self::new(denied)
+    }
+}
+
+impl fmt::Display for TooManyRequests {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.denied, f)
+    }
+}
+
+impl std::error::Error for TooManyRequests {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.denied)
+    }
+}
+
+/// The problem body of a [`TooManyRequests`] response, kept as a response
+/// extension so that middleware that sees the request can add its id.
+#[derive(Debug, Clone)]
+struct Problem(Map<String, Value>);
+
+impl IntoResponse for TooManyRequests {
+    fn into_response(self) -> Response {
+        let retry_after = self.retry_after_secs();
+        let message = self.denied.to_string();
+        let mut body = Map::new();
+        body.insert("type".into(), "about:blank".into());
+        body.insert("title".into(), "Too Many Requests".into());
+        body.insert("status".into(), 429.into());
+        body.insert("detail".into(), message.clone().into());
+        body.insert("code".into(), self.code().into());
+        body.insert("message".into(), message.into());
+        if let Some(secs) = retry_after {
+            body.insert("retryAfter".into(), secs.into());
+        }
+
+        let mut response = Response::new(Body::from(Value::Object(body.clone()).to_string()));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        let policy = self.policy();
+        headers.append(
+            fields::ratelimit_policy(),
+            fields::policy_value(policy, self.denied.limit, self.window_secs),
+        );
+        headers.append(
+            fields::ratelimit(),
+            fields::ratelimit_value(policy, 0, retry_after),
+        );
+        response.extensions_mut().insert(Problem(body));
+        response
+    }
+}
+
+/// The request id to copy into problem bodies: the header's value when it is
+/// printable and at most 128 bytes long.
+pub(crate) fn request_id(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    let id = headers.get(name)?.to_str().ok()?.trim();
+    (!id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN).then(|| id.to_owned())
+}
+
+/// Adds `requestId` to the body of a [`TooManyRequests`] response that has
+/// none yet. Other responses are left alone, as is one whose status was
+/// changed after it was built.
+pub(crate) fn attach_request_id(response: &mut Response, id: &str) {
+    if response.status() != StatusCode::TOO_MANY_REQUESTS {
+        return;
+    }
+    let Some(Problem(body)) = response.extensions_mut().get_mut::<Problem>() else {
+        return;
+    };
+    if body.contains_key("requestId") {
+        return;
+    }
+    body.insert("requestId".into(), id.into());
+    let text = Value::Object(body.clone()).to_string();
+    response.headers_mut().remove(CONTENT_LENGTH);
+    *response.body_mut() = Body::from(text);
+}
+
+/// Copies the request's `X-Request-Id` into the body of every
+/// [`TooManyRequests`] response of the services it wraps, as `requestId`.
+///
+/// [`RateLimitLayer`](super::RateLimitLayer) already does this for its own
+/// denials and for the handlers under it; this layer is for routes with no
+/// `RateLimitLayer`, whose handlers call `#[rate_limit]` functions. Put it
+/// inside (after) any middleware that assigns request ids.
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use ratelimit::http::ProblemRequestIdLayer;
+///
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(ProblemRequestIdLayer::new());
+/// ```
+#[derive(Debug, Clone)]
+pub struct ProblemRequestIdLayer {
+    header: HeaderName,
+}
+
+impl ProblemRequestIdLayer {
+    /// Reads the id from `X-Request-Id`.
+    pub fn new() -> Self {
+        Self { header: REQUEST_ID }
+    }
+
+    /// Reads the id from `header` instead.
+    #[must_use]
+    pub fn header(mut self, header: HeaderName) -> Self {
+        self.header = header;
+        self
+    }
+}
+
+impl Default for ProblemRequestIdLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for ProblemRequestIdLayer {
+    type Service = ProblemRequestIdService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ProblemRequestIdService {
+            inner,
+            header: self.header.clone(),
+        }
+    }
+}
+
+/// The service of [`ProblemRequestIdLayer`].
+#[derive(Debug, Clone)]
+pub struct ProblemRequestIdService<S> {
+    inner: S,
+    header: HeaderName,
+}
+
+impl<S, B> Service<Request<B>> for ProblemRequestIdService<S>
+where
+    S: Service<Request<B>, Response = Response>,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, S::Error>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let id = request_id(request.headers(), &self.header);
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = future.await?;
+            if let Some(id) = id {
+                attach_request_id(&mut response, &id);
+            }
+            Ok(response)
+        })
+    }
+}

@@ -1,0 +1,302 @@
+//! Fault injection: under concurrent load, Redis is killed, frozen, restarted,
+//! flushed of its scripts, disconnected and made to answer errors. For every
+//! failure policy: nothing panics, no call waits much longer than the
+//! timeout, every fallback is counted, and limiting returns to Redis by itself.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelimit::{DenialCause, FailurePolicy, Limiter, Quota};
+use support::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// A hang would be unbounded; this bound only absorbs a loaded machine's
+/// scheduling delays on top of the timeout.
+const NO_HANG: Duration = Duration::from_secs(1);
+const POLICIES: [FailurePolicy; 3] = [
+    FailurePolicy::Open,
+    FailurePolicy::Closed,
+    FailurePolicy::Local,
+];
+
+fn limiter(server: &RedisServer, policy: FailurePolicy) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .failure_policy(policy)
+        .local_share(0.5)
+        .build()
+        .unwrap()
+}
+
+fn quota() -> Quota {
+    Quota::new(1_000_000, "1000000/s".parse().unwrap()).unwrap()
+}
+
+/// Concurrent callers of `acquire`, counting what they saw.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    seen: Arc<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    calls: AtomicU64,
+    from_redis: AtomicU64,
+    fallbacks: AtomicU64,
+    slowest_us: AtomicU64,
+}
+
+impl Load {
+    fn start(limiter: &Limiter, tasks: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Seen::default());
+        let quota = quota();
+        let tasks = (0..tasks)
+            .map(|task| {
+                let (limiter, stop, seen) = (limiter.clone(), stop.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let key = format!("load:{task}");
+                    while !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        let result = limiter.acquire(&quota, &key, 1).await;
+                        let took = started.elapsed().as_micros() as u64;
+                        seen.slowest_us.fetch_max(took, Ordering::Relaxed);
+                        seen.calls.fetch_add(1, Ordering::Relaxed);
+                        let fallback = match &result {
+                            Ok(decision) => decision.fallback,
+                            Err(denied) => {
+                                assert!(
+                                    matches!(
+                                        denied.cause,
+                                        DenialCause::BackendUnavailable
+                                            | DenialCause::LocalFallback
+                                    ),
+                                    "a quota this large never denies: {denied:?}"
+                                );
+                                true
+                            }
+                        };
+                        let counter = if fallback {
+                            &seen.fallbacks
+                        } else {
+                            &seen.from_redis
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        // Pace the load so a failing backend is not spun on.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+            })
+            .collect();
+        Load { stop, tasks, seen }
+    }
+
+    fn decided_by_redis(&self) -> u64 {
+        self.seen.from_redis.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `count` more calls were decided by Redis; returns how long.
+    async fn until_redis_decides(&self, count: u64, within: Duration) -> Duration {
+        let started = Instant::now();
+        let target = self.decided_by_redis() + count;
+        while self.decided_by_redis() < target {
+            assert!(
+                started.elapsed() < within,
+                "Redis did not decide again within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        started.elapsed()
+    }
+
+    /// Stops the load; checks that no task panicked and no call hung, and
+    /// that the limiter counted every fallback the callers saw.
+    async fn finish(self, limiter: &Limiter, context: &str) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await
+                .unwrap_or_else(|e| panic!("{context}: a caller panicked: {e}"));
+        }
+        let slowest = Duration::from_micros(self.seen.slowest_us.load(Ordering::Relaxed));
+        assert!(
+            slowest < NO_HANG,
+            "{context}: a call took {slowest:?} with a {TIMEOUT:?} timeout"
+        );
+        let fallbacks = self.seen.fallbacks.load(Ordering::Relaxed);
+        assert_eq!(
+            limiter.stats().fallbacks(),
+            fallbacks,
+            "{context}: every fallback counted ({:?})",
+            limiter.stats()
+        );
+        fallbacks
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_is_answered_by_the_policy_and_nothing_hangs() {
+    for policy in POLICIES {
+        let mut server = RedisServer::start();
+        let limiter = limiter(&server, policy);
+        let load = Load::start(&limiter, 16);
+        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        server.kill();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let fallbacks = load
+            .finish(&limiter, &format!("{policy:?}, server killed"))
+            .await;
+        assert!(
+            fallbacks > 0,
+            "{policy:?}: the killed server caused no fallback"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_times_out_then_the_breaker_answers_until_it_thaws() {
+    for policy in POLICIES {
+        let server = RedisServer::start();
+        let limiter = limiter(&server, policy);
+        let load = Load::start(&limiter, 16);
+        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        server.freeze();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_ne!(
+            limiter.circuit_state(),
+            ratelimit::CircuitState::Closed,
+            "{policy:?}: timeouts must open the breaker"
+        );
+        server.thaw();
+        load.until_redis_decides(50, Duration::from_secs(3)).await;
+        let fallbacks = load
+            .finish(&limiter, &format!("{policy:?}, server frozen"))
+            .await;
+        assert!(
+            fallbacks > 0,
+            "{policy:?}: the frozen server caused no fallback"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_is_used_again_within_a_second_of_its_return() {
+    for policy in POLICIES {
+        let mut server = RedisServer::start();
+        let limiter = limiter(&server, policy);
+        let load = Load::start(&limiter, 16);
+        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        server.kill();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.restart();
+        let back = load.until_redis_decides(1, Duration::from_secs(5)).await;
+        assert!(
+            back < Duration::from_secs(1),
+            "{policy:?}: back on Redis {back:?} after its return"
+        );
+        load.finish(&limiter, &format!("{policy:?}, server restarted"))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_under_load_reaches_no_caller() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Closed);
+    let load = Load::start(&limiter, 16);
+    let mut redis = server.connection().await;
+    for _ in 0..20 {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        load.until_redis_decides(20, Duration::from_secs(5)).await;
+    }
+    let fallbacks = load.finish(&limiter, "SCRIPT FLUSH").await;
+    assert_eq!(
+        fallbacks, 0,
+        "NOSCRIPT must be reloaded, never reach the failure policy"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_reconnects_by_itself() {
+    for policy in POLICIES {
+        let server = RedisServer::start();
+        let limiter = limiter(&server, policy);
+        let load = Load::start(&limiter, 16);
+        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        let mut redis = server.connection().await;
+        for _ in 0..3 {
+            let killed: i64 = redis::cmd("CLIENT")
+                .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            assert!(killed >= 1, "our connection was there to kill");
+            load.until_redis_decides(50, Duration::from_secs(3)).await;
+        }
+        load.finish(&limiter, &format!("{policy:?}, CLIENT KILL"))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_answering_errors_is_a_backend_failure_not_a_denial() {
+    for policy in POLICIES {
+        let server = RedisServer::start();
+        let limiter = limiter(&server, policy);
+        let load = Load::start(&limiter, 16);
+        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        let mut redis = server.connection().await;
+        // Writes now fail with OOM errors.
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "maxmemory-policy", "noeviction"])
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "maxmemory", "1"])
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let quota = quota();
+        let err = limiter.decide(&quota, "fresh-key", 1).await.unwrap_err();
+        assert!(err.is_backend(), "{policy:?}: {err}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "maxmemory", "0"])
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        load.until_redis_decides(50, Duration::from_secs(3)).await;
+        let fallbacks = load
+            .finish(&limiter, &format!("{policy:?}, OOM errors"))
+            .await;
+        assert!(fallbacks > 0, "{policy:?}: the errors caused no fallback");
+    }
+}
+
+#[tokio::test]
+async fn the_local_policy_limits_with_its_share_of_the_quota() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Local);
+    server.kill();
+    let quota = Quota::new(10, "1/min".parse().unwrap()).unwrap();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        match limiter.acquire(&quota, "user:1", 1).await {
+            Ok(decision) => {
+                assert!(decision.fallback);
+                admitted += 1;
+            }
+            Err(denied) => assert_eq!(denied.cause, DenialCause::LocalFallback),
+        }
+    }
+    assert_eq!(admitted, 5, "a share of 0.5 of a capacity of 10");
+}

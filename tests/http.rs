@@ -1,0 +1,711 @@
+//! `ratelimit::http` end to end: real servers on ephemeral loopback ports,
+//! driven by a real HTTP client.
+//!
+//! Limiters run on a stopped clock (`ManualClock`), so no bucket refills
+//! while a test runs and every number asserted is exact.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderName;
+use axum::routing::get;
+use axum::Router;
+use futures::future::join_all;
+use ratelimit::http::{
+    ForwardedHeader, MissingKey, ProblemRequestIdLayer, RateLimitLayer, TooManyRequests,
+    TrustedProxies,
+};
+use ratelimit::{rate_limit, FailurePolicy, Limiter, ManualClock, Quota, Rate};
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+
+/// Serves `app` on 127.0.0.1 at a free port, recording peer addresses as
+/// `axum::serve` does in production; returns the base URL.
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind an ephemeral loopback port");
+    let addr = listener.local_addr().expect("the listener's address");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve the test app");
+    });
+    format!("http://{addr}")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("build the HTTP client")
+}
+
+/// A memory limiter whose clock never moves: buckets never refill.
+fn stopped_limiter() -> Limiter {
+    Limiter::builder()
+        .clock(ManualClock::new(1_000_000_000_000))
+        .build()
+        .expect("a memory limiter")
+}
+
+/// A token bucket of `capacity` that refills one token an hour.
+fn hourly(capacity: u64) -> Quota {
+    Quota::new(capacity, Rate::per_hour(1).unwrap()).unwrap()
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+struct Reply {
+    status: u16,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("a printable header"))
+    }
+
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().expect("a printable header"))
+            .collect()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+    }
+}
+
+async fn fetch_with(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut request = client.get(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.expect("send the request");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.text().await.expect("read the body");
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+async fn fetch(client: &reqwest::Client, url: &str) -> Reply {
+    fetch_with(client, url, &[]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_clients_get_exactly_the_capacity() {
+    let app = Router::new()
+        .route("/", get(ok))
+        .layer(RateLimitLayer::new(stopped_limiter(), hourly(10)).name("per-ip"));
+    let base = serve(app).await;
+    let client = client();
+
+    let replies = join_all((0..50).map(|_| fetch(&client, &base))).await;
+    let admitted = replies.iter().filter(|r| r.status == 200).count();
+    let limited = replies.iter().filter(|r| r.status == 429).count();
+    assert_eq!(admitted, 10, "exactly the capacity is admitted");
+    assert_eq!(limited, 40, "every other request is a 429");
+    for reply in replies.iter().filter(|r| r.status == 200) {
+        assert_eq!(reply.body, "ok", "admitted requests reach the handler");
+    }
+    for reply in replies.iter().filter(|r| r.status == 429) {
+        assert_eq!(reply.json()["code"], "rate_limited", "{}", reply.body);
+    }
+}
+
+#[tokio::test]
+async fn retry_after_is_whole_seconds_rounded_up() {
+    let limiter = stopped_limiter();
+    let every = |millis: u64, name: &str| {
+        let rate = Rate::new(1, Duration::from_millis(millis)).unwrap();
+        RateLimitLayer::new(limiter.clone(), Quota::new(1, rate).unwrap()).name(name)
+    };
+    let app = Router::new()
+        .route("/480ms", get(ok).route_layer(every(480, "a")))
+        .route("/1s", get(ok).route_layer(every(1_000, "b")))
+        .route("/1200ms", get(ok).route_layer(every(1_200, "c")));
+    let base = serve(app).await;
+    let client = client();
+
+    for (path, expected) in [("480ms", 1), ("1s", 1), ("1200ms", 2)] {
+        let url = format!("{base}/{path}");
+        assert_eq!(fetch(&client, &url).await.status, 200, "{path}: first request");
+        let denied = fetch(&client, &url).await;
+        assert_eq!(denied.status, 429, "{path}: second request");
+        assert_eq!(
+            denied.header("retry-after"),
+            Some(expected.to_string().as_str()),
+            "{path}: a wait of {path} is {expected} s, never earlier"
+        );
+        assert_eq!(denied.json()["retryAfter"], expected, "{path}: body");
+    }
+}
+
+#[tokio::test]
+async fn a_denial_is_a_problem_document_with_the_request_id() {
+    let app = Router::new()
+        .route("/", get(ok))
+        .layer(RateLimitLayer::new(stopped_limiter(), hourly(1)).name("per-ip"));
+    let base = serve(app).await;
+    let client = client();
+
+    assert_eq!(fetch(&client, &base).await.status, 200);
+    let denied = fetch_with(&client, &base, &[("x-request-id", "req-7f3a")]).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/problem+json")
+    );
+    let body = denied.json();
+    assert_eq!(body["type"], "about:blank", "{body}");
+    assert_eq!(body["title"], "Too Many Requests", "{body}");
+    assert_eq!(body["status"], 429, "{body}");
+    assert_eq!(body["code"], "rate_limited", "{body}");
+    let message = body["message"].as_str().expect("a message");
+    assert!(
+        message.starts_with("rate limited on `http:per-ip:ip:127.0.0.1`"),
+        "{message}"
+    );
+    assert_eq!(body["detail"], body["message"], "{body}");
+    assert_eq!(body["retryAfter"], 3600, "{body}");
+    assert_eq!(denied.header("retry-after"), Some("3600"));
+    assert_eq!(body["requestId"], "req-7f3a", "{body}");
+
+    let anonymous = fetch(&client, &base).await;
+    assert_eq!(anonymous.status, 429);
+    assert!(
+        anonymous.json().get("requestId").is_none(),
+        "no id is invented: {}",
+        anonymous.body
+    );
+    let oversized = "x".repeat(129);
+    let oversized = fetch_with(&client, &base, &[("x-request-id", &oversized)]).await;
+    assert!(
+        oversized.json().get("requestId").is_none(),
+        "ids over 128 bytes are not echoed"
+    );
+}
+
+#[tokio::test]
+async fn every_response_carries_the_ietf_fields() {
+    // 3 a minute: one token every 20 s, a full bucket in 60 s.
+    let app = Router::new()
+        .route("/", get(ok))
+        .layer(RateLimitLayer::new(stopped_limiter(), Quota::per_minute(3).unwrap()).name("per-ip"));
+    let base = serve(app).await;
+    let client = client();
+
+    for (remaining, reset) in [(2, 20), (1, 40), (0, 60)] {
+        let reply = fetch(&client, &base).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.all("ratelimit-policy"),
+            [r#""per-ip";q=3;w=60"#],
+            "the policy is the same on every response"
+        );
+        assert_eq!(
+            reply.all("ratelimit"),
+            [format!(r#""per-ip";r={remaining};t={reset}"#)],
+            "r is what is left, t the seconds until the quota is whole again"
+        );
+        assert!(
+            reply.header("x-ratelimit-limit").is_none(),
+            "legacy fields are off by default"
+        );
+    }
+    let denied = fetch(&client, &base).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.all("ratelimit-policy"), [r#""per-ip";q=3;w=60"#]);
+    assert_eq!(
+        denied.all("ratelimit"),
+        [r#""per-ip";r=0;t=20"#],
+        "on a denial t is the Retry-After"
+    );
+    assert_eq!(denied.header("retry-after"), Some("20"));
+}
+
+#[tokio::test]
+async fn legacy_fields_when_enabled() {
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(stopped_limiter(), Quota::per_minute(3).unwrap())
+            .name("per-ip")
+            .legacy_headers(true),
+    );
+    let base = serve(app).await;
+    let client = client();
+
+    for (remaining, reset) in [("2", "20"), ("1", "40"), ("0", "60")] {
+        let reply = fetch(&client, &base).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("3"));
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(reply.header("x-ratelimit-reset"), Some(reset));
+    }
+    let denied = fetch(&client, &base).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("x-ratelimit-reset"), Some("20"));
+}
+
+#[tokio::test]
+async fn nested_layers_list_every_policy_and_the_tightest_legacy_limit() {
+    let limiter = stopped_limiter();
+    let app = Router::new()
+        .route("/", get(ok))
+        .layer(
+            RateLimitLayer::new(limiter.clone(), hourly(5))
+                .name("per-ip")
+                .legacy_headers(true),
+        )
+        .layer(
+            RateLimitLayer::new(limiter, hourly(2))
+                .name("all")
+                .global()
+                .legacy_headers(true),
+        );
+    let base = serve(app).await;
+    let client = client();
+
+    let reply = fetch(&client, &base).await;
+    assert_eq!(reply.status, 200);
+    let mut policies = reply.all("ratelimit-policy");
+    policies.sort_unstable();
+    assert_eq!(
+        policies,
+        [r#""all";q=2;w=7200"#, r#""per-ip";q=5;w=18000"#]
+    );
+    let mut limits = reply.all("ratelimit");
+    limits.sort_unstable();
+    assert_eq!(limits, [r#""all";r=1;t=3600"#, r#""per-ip";r=4;t=3600"#]);
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("2"), "the tighter limit");
+    assert_eq!(reply.header("x-ratelimit-remaining"), Some("1"));
+}
+
+#[tokio::test]
+async fn forwarded_for_counts_only_from_a_trusted_proxy() {
+    let limiter = stopped_limiter();
+    let behind_proxy = |trusted: &[&str], name: &str| {
+        RateLimitLayer::new(limiter.clone(), hourly(1))
+            .name(name)
+            .by_client_ip(TrustedProxies::new(trusted).unwrap())
+    };
+    let app = Router::new()
+        // The test client (127.0.0.1) plays the trusted proxy:
+        .route("/trusted", get(ok).route_layer(behind_proxy(&["127.0.0.1"], "trusted")))
+        // ... and here a client talking directly:
+        .route("/direct", get(ok).route_layer(behind_proxy(&["10.0.0.0/8"], "direct")));
+    let base = serve(app).await;
+    let client = client();
+    let trusted = format!("{base}/trusted");
+    let direct = format!("{base}/direct");
+    let xff = |value| [("x-forwarded-for", value)];
+
+    // Through the trusted proxy each forwarded client has its own bucket.
+    assert_eq!(fetch_with(&client, &trusted, &xff("203.0.113.7")).await.status, 200);
+    let denied = fetch_with(&client, &trusted, &xff("203.0.113.7")).await;
+    assert_eq!(denied.status, 429);
+    assert!(
+        denied.body.contains("http:trusted:ip:203.0.113.7"),
+        "keyed by the forwarded client: {}",
+        denied.body
+    );
+    assert_eq!(fetch_with(&client, &trusted, &xff("203.0.113.8")).await.status, 200);
+    // A client that prepends a forged address is still keyed by the address
+    // the proxy appended.
+    let forged = fetch_with(&client, &trusted, &xff("198.51.100.1, 203.0.113.7")).await;
+    assert_eq!(forged.status, 429, "a forged hop gives no fresh bucket");
+    assert!(forged.body.contains("203.0.113.7"), "{}", forged.body);
+
+    // From an untrusted peer the header is ignored: new addresses in it buy
+    // nothing.
+    assert_eq!(fetch_with(&client, &direct, &xff("203.0.113.7")).await.status, 200);
+    let spoofed = fetch_with(&client, &direct, &xff("203.0.113.8")).await;
+    assert_eq!(spoofed.status, 429, "a spoofed header gives no fresh bucket");
+    assert!(
+        spoofed.body.contains("http:direct:ip:127.0.0.1"),
+        "keyed by the peer: {}",
+        spoofed.body
+    );
+}
+
+#[tokio::test]
+async fn rfc_7239_forwarded_when_the_proxy_sets_it() {
+    let layer = RateLimitLayer::new(stopped_limiter(), hourly(1))
+        .name("fwd")
+        .by_client_ip(
+            TrustedProxies::new(["127.0.0.0/8"])
+                .unwrap()
+                .header(ForwardedHeader::Forwarded),
+        );
+    let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
+    let client = client();
+    let fwd = |value| [("forwarded", value)];
+
+    let first = fetch_with(&client, &base, &fwd(r#"for="[2001:db8::1]:4711";proto=http"#)).await;
+    assert_eq!(first.status, 200);
+    // Another address of the same /64 is the same client.
+    let same_net = fetch_with(&client, &base, &fwd(r#"for="[2001:db8::2]""#)).await;
+    assert_eq!(same_net.status, 429);
+    assert!(
+        same_net.body.contains("http:fwd:ip:2001%3Adb8%3A%3A%2F64"),
+        "keyed by the /64, escaped: {}",
+        same_net.body
+    );
+    assert_eq!(
+        fetch_with(&client, &base, &fwd("for=192.0.2.60")).await.status,
+        200
+    );
+    // X-Forwarded-For is not read when the proxy sets Forwarded.
+    let xff = [("x-forwarded-for", "198.51.100.1")];
+    assert_eq!(fetch_with(&client, &base, &xff).await.status, 200);
+    let xff = [("x-forwarded-for", "198.51.100.2")];
+    let ignored = fetch_with(&client, &base, &xff).await;
+    assert_eq!(ignored.status, 429);
+    assert!(ignored.body.contains("ip:127.0.0.1"), "{}", ignored.body);
+}
+
+#[tokio::test]
+async fn each_route_has_its_own_quota() {
+    let limiter = stopped_limiter();
+    let app = Router::new()
+        .route("/search", get(ok))
+        // `Router::route_layer` limits the routes added before it: /search.
+        .route_layer(RateLimitLayer::new(limiter.clone(), hourly(3)).name("search"))
+        // A method router's own layer limits that route alone.
+        .route(
+            "/login",
+            get(ok).route_layer(RateLimitLayer::new(limiter, hourly(1)).name("login")),
+        )
+        .route("/health", get(ok));
+    let base = serve(app).await;
+    let client = client();
+    let (login, search, health) = (
+        format!("{base}/login"),
+        format!("{base}/search"),
+        format!("{base}/health"),
+    );
+
+    assert_eq!(fetch(&client, &login).await.status, 200);
+    assert_eq!(fetch(&client, &login).await.status, 429, "login allows 1");
+    for n in 1..=2 {
+        let reply = fetch(&client, &search).await;
+        assert_eq!(reply.status, 200, "search request {n}");
+        assert_eq!(reply.all("ratelimit-policy"), [r#""search";q=3;w=10800"#]);
+    }
+    assert_eq!(fetch(&client, &search).await.status, 200, "search allows 3");
+    assert_eq!(fetch(&client, &search).await.status, 429);
+    for _ in 0..5 {
+        let reply = fetch(&client, &health).await;
+        assert_eq!(reply.status, 200, "unlimited route");
+        assert!(reply.header("ratelimit").is_none(), "no layer, no fields");
+    }
+}
+
+/// A per-user limit in what a handler calls, keyed by the user id in the path.
+#[rate_limit(key = "report:<user_id>", capacity = 2, rate = "1/h", limiter = limiter)]
+async fn build_report(limiter: &Limiter, user_id: u64) -> Result<String, TooManyRequests> {
+    Ok(format!("report for {user_id}"))
+}
+
+/// Exports cost one token per row.
+#[rate_limit(
+    key = "export:<user_id>",
+    capacity = 5,
+    rate = "1/h",
+    cost = rows,
+    limiter = limiter
+)]
+async fn export(limiter: &Limiter, user_id: u64, rows: u64) -> Result<String, TooManyRequests> {
+    Ok(format!("{rows} rows for {user_id}"))
+}
+
+fn attribute_app() -> Router {
+    Router::new()
+        .route(
+            "/users/{user_id}/report",
+            get(
+                |State(limiter): State<Limiter>, Path(user_id): Path<u64>| async move {
+                    build_report(&limiter, user_id).await
+                },
+            ),
+        )
+        .route(
+            "/users/{user_id}/export/{rows}",
+            get(
+                |State(limiter): State<Limiter>, Path((user_id, rows)): Path<(u64, u64)>| async move {
+                    export(&limiter, user_id, rows).await
+                },
+            ),
+        )
+        .layer(ProblemRequestIdLayer::new())
+        .with_state(stopped_limiter())
+}
+
+#[tokio::test]
+async fn the_attributes_denial_becomes_a_429() {
+    let base = serve(attribute_app()).await;
+    let client = client();
+    let url = format!("{base}/users/7/report");
+
+    for _ in 0..2 {
+        let reply = fetch(&client, &url).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.body, "report for 7");
+    }
+    let denied = fetch_with(&client, &url, &[("x-request-id", "abc-123")]).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("retry-after"), Some("3600"));
+    assert_eq!(
+        denied.all("ratelimit-policy"),
+        [r#""build_report";q=2"#],
+        "the policy is named after the function"
+    );
+    assert_eq!(denied.all("ratelimit"), [r#""build_report";r=0;t=3600"#]);
+    let body = denied.json();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+    assert_eq!(
+        body["message"],
+        "rate limited on `report:7`; retry after 3600s",
+        "{body}"
+    );
+    assert_eq!(body["retryAfter"], 3600, "{body}");
+    assert_eq!(
+        body["requestId"], "abc-123",
+        "ProblemRequestIdLayer adds the id: {body}"
+    );
+    assert_eq!(
+        fetch(&client, &format!("{base}/users/8/report")).await.status,
+        200,
+        "another user has a bucket of their own"
+    );
+}
+
+#[tokio::test]
+async fn a_cost_above_the_capacity_is_never_worth_retrying() {
+    let base = serve(attribute_app()).await;
+    let client = client();
+
+    let denied = fetch(&client, &format!("{base}/users/7/export/6")).await;
+    assert_eq!(denied.status, 429);
+    assert!(
+        denied.header("retry-after").is_none(),
+        "no Retry-After invites a retry that can never succeed"
+    );
+    assert_eq!(denied.all("ratelimit"), [r#""export";r=0"#]);
+    let body = denied.json();
+    assert_eq!(body["code"], "cost_exceeds_capacity", "{body}");
+    assert!(body.get("retryAfter").is_none(), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("can never be admitted"),
+        "{body}"
+    );
+    assert_eq!(
+        fetch(&client, &format!("{base}/users/7/export/5")).await.status,
+        200,
+        "a cost equal to the capacity is admitted"
+    );
+}
+
+/// A limiter whose Redis refuses connections (nothing listens on port 1).
+fn unreachable_redis(policy: FailurePolicy) -> Limiter {
+    Limiter::builder()
+        .redis("redis://127.0.0.1:1")
+        .timeout(Duration::from_millis(250))
+        .failure_policy(policy)
+        .build()
+        .expect("a Redis limiter is built lazily")
+}
+
+#[tokio::test]
+async fn a_backend_outage_is_told_apart_from_a_spent_quota() {
+    let closed = unreachable_redis(FailurePolicy::Closed {
+        retry_after: Duration::from_millis(1_500),
+    });
+    let open = unreachable_redis(FailurePolicy::Open);
+    let app = Router::new()
+        .route("/closed", get(ok).route_layer(RateLimitLayer::new(closed, hourly(5)).name("c")))
+        .route(
+            "/open",
+            get(ok).route_layer(
+                RateLimitLayer::new(open, hourly(5))
+                    .name("o")
+                    .legacy_headers(true),
+            ),
+        );
+    let base = serve(app).await;
+    let client = client();
+
+    let denied = fetch(&client, &format!("{base}/closed")).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.json()["code"], "rate_limiter_unavailable", "{}", denied.body);
+    assert_eq!(denied.header("retry-after"), Some("2"), "1.5 s rounds up");
+
+    let admitted = fetch(&client, &format!("{base}/open")).await;
+    assert_eq!(admitted.status, 200, "failing open admits");
+    assert_eq!(admitted.all("ratelimit-policy"), [r#""o";q=5;w=18000"#]);
+    assert!(
+        admitted.header("ratelimit").is_none(),
+        "the remaining quota is unknown, so no r=0 is claimed"
+    );
+    assert_eq!(admitted.header("x-ratelimit-limit"), Some("5"));
+    assert!(admitted.header("x-ratelimit-remaining").is_none());
+}
+
+#[tokio::test]
+async fn header_keys_escape_values_and_share_one_bucket_when_missing() {
+    let limiter = stopped_limiter();
+    let api_key = HeaderName::from_static("x-api-key");
+    let app = Router::new()
+        .route(
+            "/shared",
+            get(ok).route_layer(
+                RateLimitLayer::new(limiter.clone(), hourly(1))
+                    .name("k")
+                    .by_header(api_key.clone()),
+            ),
+        )
+        .route(
+            "/optional",
+            get(ok).route_layer(
+                RateLimitLayer::new(limiter, hourly(1))
+                    .name("opt")
+                    .by_header(api_key)
+                    .on_missing_key(MissingKey::Unlimited),
+            ),
+        );
+    let base = serve(app).await;
+    let client = client();
+    let shared = format!("{base}/shared");
+    let key = |value| [("x-api-key", value)];
+
+    assert_eq!(fetch_with(&client, &shared, &key("alice")).await.status, 200);
+    assert_eq!(fetch_with(&client, &shared, &key("alice")).await.status, 429);
+    assert_eq!(fetch_with(&client, &shared, &key("bob")).await.status, 200);
+    // A value that looks like another key's suffix is escaped into its own.
+    let hostile = fetch_with(&client, &shared, &key("alice:{x}")).await;
+    assert_eq!(hostile.status, 200, "an escaped value is a bucket of its own");
+    let hostile = fetch_with(&client, &shared, &key("alice:{x}")).await;
+    assert!(
+        hostile.body.contains("http:k:header:x-api-key:alice%3A%7Bx%7D"),
+        "{}",
+        hostile.body
+    );
+
+    assert_eq!(fetch(&client, &shared).await.status, 200);
+    let unknown = fetch(&client, &shared).await;
+    assert_eq!(unknown.status, 429, "requests without a key share one bucket");
+    assert!(unknown.body.contains("%unknown"), "{}", unknown.body);
+
+    for _ in 0..3 {
+        let reply = fetch(&client, &format!("{base}/optional")).await;
+        assert_eq!(reply.status, 200, "MissingKey::Unlimited lets them through");
+        assert!(reply.header("ratelimit").is_none());
+    }
+}
+
+#[tokio::test]
+async fn bearer_tokens_are_keys_but_never_shown() {
+    let layer = RateLimitLayer::new(stopped_limiter(), hourly(1))
+        .name("tok")
+        .by_bearer_token();
+    let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
+    let client = client();
+    let bearer = |token| [("authorization", token)];
+
+    assert_eq!(fetch_with(&client, &base, &bearer("Bearer alpha-secret")).await.status, 200);
+    let denied = fetch_with(&client, &base, &bearer("bearer alpha-secret")).await;
+    assert_eq!(denied.status, 429, "the scheme is case-insensitive");
+    assert!(denied.body.contains("http:tok:token:"), "{}", denied.body);
+    assert!(
+        !denied.body.contains("alpha-secret"),
+        "the token is never echoed: {}",
+        denied.body
+    );
+    assert_eq!(fetch_with(&client, &base, &bearer("Bearer beta-secret")).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_closure_chooses_the_key_and_a_global_limit_spans_clients() {
+    let limiter = stopped_limiter();
+    let per_tenant = RateLimitLayer::new(limiter.clone(), hourly(1))
+        .name("tenant")
+        .by_key(|request| {
+            let tenant = request.uri.path().strip_prefix("/tenants/")?;
+            Some(tenant.to_owned())
+        });
+    let per_client = RateLimitLayer::new(limiter.clone(), hourly(5))
+        .name("per-ip")
+        .by_client_ip(TrustedProxies::new(["127.0.0.1"]).unwrap());
+    let everyone = RateLimitLayer::new(limiter, hourly(3)).name("all").global();
+    let app = Router::new()
+        .route("/tenants/{tenant}", get(ok))
+        .route_layer(per_tenant)
+        .route("/", get(ok))
+        .layer(per_client)
+        .layer(everyone);
+    let base = serve(app).await;
+    let client = client();
+
+    assert_eq!(fetch(&client, &format!("{base}/tenants/acme")).await.status, 200);
+    let denied = fetch(&client, &format!("{base}/tenants/acme")).await;
+    assert_eq!(denied.status, 429);
+    assert!(denied.body.contains("http:tenant:key:acme"), "{}", denied.body);
+
+    // Two requests so far; the global limit of 3 admits one more, whichever
+    // client sends it, although each client has tokens left.
+    let xff = |value| [("x-forwarded-for", value)];
+    assert_eq!(fetch_with(&client, &base, &xff("192.0.2.1")).await.status, 200);
+    let denied = fetch_with(&client, &base, &xff("192.0.2.2")).await;
+    assert_eq!(denied.status, 429, "the global limit spans clients");
+    assert!(denied.body.contains("http:all:global"), "{}", denied.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_on_redis_get_exactly_the_capacity() {
+    let redis = support::RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(redis.url())
+        .build()
+        .expect("a Redis limiter");
+    let app = Router::new()
+        .route("/", get(ok))
+        .layer(RateLimitLayer::new(limiter, hourly(5)).name("per-ip"));
+    let base = serve(app).await;
+    let client = client();
+
+    let replies = join_all((0..20).map(|_| fetch(&client, &base))).await;
+    let mut admitted: Vec<&Reply> = replies.iter().filter(|r| r.status == 200).collect();
+    assert_eq!(admitted.len(), 5, "exactly the capacity, across connections");
+    assert_eq!(replies.iter().filter(|r| r.status == 429).count(), 15);
+    // Each admitted request saw a different number of tokens left.
+    admitted.sort_by_key(|r| r.header("ratelimit").map(str::to_owned));
+    let remaining: Vec<&str> = admitted
+        .iter()
+        .map(|r| r.header("ratelimit").expect("the RateLimit field"))
+        .map(|v| v.split(';').nth(1).expect("an r parameter"))
+        .collect();
+    assert_eq!(remaining, ["r=0", "r=1", "r=2", "r=3", "r=4"], "{remaining:?}");
+}
