@@ -4,7 +4,7 @@
 //!
 //! | metric | type | labels |
 //! | --- | --- | --- |
-//! | `ratelimit_decisions_total` | counter | `rule`, `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` |
+//! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`CallOptions`](crate::CallOptions) rule, or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` |
 //! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
 //! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend` |
 
@@ -69,6 +69,8 @@ pub(crate) struct Stats {
 impl Stats {
     pub(crate) fn record(&self, rule: &'static str, outcome: Outcome) {
         self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        // Direct calls without a rule name share one label value.
+        let rule = if rule.is_empty() { "unnamed" } else { rule };
         metrics::counter!("ratelimit_decisions_total", "rule" => rule, "outcome" => outcome.label()).increment(1);
     }
 

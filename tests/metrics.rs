@@ -1,0 +1,111 @@
+//! The metrics a Prometheus exporter reads equal what the limiter did.
+//! One test in this binary: the metrics recorder is process-wide.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+use ratelimit::{rate_limit, CallOptions, FailurePolicy, Limiter, Quota, RateLimited};
+use support::RedisServer;
+
+#[rate_limit(key = "search:<user>", capacity = 3, rate = "1/min", limiter = limiter)]
+async fn search(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[rate_limit(key = "export:<user>", capacity = 1, rate = "1/h", mode = shadow, limiter = limiter)]
+async fn export(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// `name{labels} value` lines of the exposition, keyed by `name{labels}`.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn decisions(samples: &HashMap<String, f64>, rule_suffix: &str, outcome: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(series, _)| {
+            series.starts_with("ratelimit_decisions_total{")
+                && series.contains(&format!("outcome=\"{outcome}\""))
+                && series
+                    .split("rule=\"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                    .is_some_and(|rule| rule.ends_with(rule_suffix))
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[tokio::test]
+async fn exported_counters_equal_what_the_limiter_did() {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the recorder");
+    let memory = Limiter::memory();
+    for user in 0..2 {
+        for _ in 0..5 {
+            let _ = search(&memory, user).await;
+            let _ = export(&memory, user).await;
+        }
+    }
+
+    let mut server = RedisServer::start();
+    let closed = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(100))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(100).unwrap();
+    let options = CallOptions::new("payments");
+    for _ in 0..4 {
+        closed
+            .acquire_with(&quota, "merchant:1", 1, &options)
+            .await
+            .unwrap();
+    }
+    server.kill();
+    for _ in 0..6 {
+        closed
+            .acquire_with(&quota, "merchant:1", 1, &options)
+            .await
+            .unwrap_err();
+    }
+
+    let text = handle.render();
+    let s = samples(&text);
+    let check = |rule: &str, outcome: &str, expected: f64| {
+        assert_eq!(
+            decisions(&s, rule, outcome),
+            expected,
+            "{rule} {outcome} in:\n{text}"
+        );
+    };
+    check("::search", "allowed", 6.0);
+    check("::search", "denied", 4.0);
+    check("::export", "allowed", 2.0);
+    check("::export", "shadow_denied", 8.0);
+    check("payments", "allowed", 4.0);
+    check("payments", "fallback_denied", 6.0);
+    assert_eq!(closed.stats().fallback_denied, 6);
+    assert!(
+        text.contains("ratelimit_backend_latency_seconds"),
+        "the backend latency histogram is exported:\n{text}"
+    );
+    assert!(
+        s.iter()
+            .any(|(series, v)| series.starts_with("ratelimit_circuit_state{") && *v == 1.0),
+        "the breaker opened after the failures:\n{text}"
+    );
+}
