@@ -8,7 +8,7 @@ pub use ratelimit_core::{FailurePolicy, KeyBuilder, Limiter, Quota, RateLimited}
 
 use std::time::Duration;
 
-use ratelimit_core::{Algorithm, CallOptions, DenialCause};
+use ratelimit_core::{Algorithm, CallOptions, DenialCause, Dimension};
 
 /// One `#[rate_limit]` attribute, built in a `static` at compile time.
 #[derive(Debug)]
@@ -191,4 +191,41 @@ pub async fn acquire(
             }
         }
     }
+}
+
+/// Several `#[rate_limit]` on one function: every one must admit, and none
+/// consumes unless all do (one atomic check on one limiter). Checks on
+/// different limiters, or that wait or run in shadow mode, run one after the
+/// other in the order written.
+pub async fn acquire_all(
+    checks: &[(&Limiter, &'static Rule, &str, u64)],
+) -> Result<(), RateLimited> {
+    let Some(((first, _, _, _), rest)) = checks.split_first() else {
+        return Ok(());
+    };
+    let atomic = rest.iter().all(|(limiter, _, _, _)| limiter.__same(first))
+        && checks
+            .iter()
+            .all(|(_, rule, _, _)| rule.wait.is_none() && !rule.options.shadow);
+    if !atomic {
+        for (limiter, rule, key, cost) in checks {
+            acquire(limiter, rule, key, *cost).await?;
+        }
+        return Ok(());
+    }
+    let dimensions: Vec<Dimension<'_>> = checks
+        .iter()
+        .map(|(_, rule, key, cost)| Dimension::new(&rule.quota, key).cost(*cost).rule(rule.name))
+        .collect();
+    let decisions = first.check_all(&dimensions).await?;
+    // A leaky bucket among them: the call's turn comes after the longest delay.
+    if let Some(delay) = decisions
+        .iter()
+        .map(|d| d.delay)
+        .max()
+        .filter(|d| !d.is_zero())
+    {
+        tokio::time::sleep(delay).await;
+    }
+    Ok(())
 }

@@ -74,16 +74,18 @@
 //!   key has its whole quota back, rounded up; on a denial `r=0` and `t` is
 //!   the `Retry-After` value, as the draft asks that `Retry-After` never
 //!   point earlier than the end of the effective window `t`;
-//! - when the backend failed and the failure policy admitted the request
-//!   ([`FailurePolicy::Open`](crate::FailurePolicy::Open)), the remaining
-//!   quota is unknown and the `RateLimit` field is left out rather than
-//!   reporting a false `r=0`.
+//! - when the backend failed and the limiter's
+//!   [`FailurePolicy`](crate::FailurePolicy) admitted the request anyway
+//!   ([`Decision::fallback`](crate::Decision::fallback)), the remaining quota
+//!   under the advertised policy is unknown, and the `RateLimit` field is
+//!   left out rather than reporting a false `r=0`.
 //!
 //! With [`legacy_headers`](RateLimitLayer::legacy_headers) on, a layer also
 //! sets the older `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
 //! `X-RateLimit-Reset` (seconds from now, as `t`). These take one value, so
 //! when several layers set them the most constrained one (fewest remaining)
-//! wins.
+//! wins, and a 429 that a handler under the layer returned (a
+//! `#[rate_limit]` denial) is reported as that denial.
 //!
 //! # Request ids
 //!

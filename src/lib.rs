@@ -37,15 +37,15 @@
 
 pub use ratelimit_core::{
     global, install, key, Algorithm, BreakerConfig, CallOptions, CircuitState, Clock, Decision,
-    DenialCause, Error, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder, ManualClock,
+    DenialCause, Dimension, Error, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder, ManualClock,
     MonotonicClock, Quota, QuotaError, Rate, RateLimited, StatsSnapshot, SystemClock,
     DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 
 pub use ratelimit_macros::rate_limit;
 
-/// Rate limits for axum and tower HTTP services: a layer, 429 problem
-/// responses and the IETF `RateLimit` header fields (feature `axum`).
+// Documented by its own `//!` comment: an outer `///` here would make
+// rustdoc resolve the module's intra-doc links from the crate root.
 #[cfg(feature = "axum")]
 pub mod http;
 

@@ -132,18 +132,25 @@ async fn stacked(limiter: &Limiter, user: u32) -> Result<(), AppError> {
 }
 
 #[tokio::test]
-async fn stacked_attributes_must_all_pass_in_the_order_written() {
+async fn stacked_attributes_admit_all_or_nothing() {
     let (limiter, _) = manual_limiter();
     for _ in 0..3 {
         stacked(&limiter, 1).await.unwrap();
     }
-    // The per-user limit (written first) denies before the global one is asked.
+    // The per-user limit denies; the global one is not consumed.
     let denied = limited(stacked(&limiter, 1).await);
     assert_eq!(denied.key, "stack:user:1");
     stacked(&limiter, 2).await.unwrap();
-    // Four admitted globally: the global limit now denies user 3.
+    // Four admitted globally: the global limit now denies user 3, and user 3's
+    // own bucket is left untouched.
     let denied = limited(stacked(&limiter, 3).await);
     assert_eq!(denied.key, "stack:global");
+    let quota = ratelimit::Quota::new(3, "1/min".parse().unwrap()).unwrap();
+    let user3 = limiter.decide(&quota, "stack:user:3", 0).await.unwrap();
+    assert_eq!(
+        user3.remaining, 3,
+        "the denied call took nothing from user 3"
+    );
     assert_eq!(STACK_BODY.load(Ordering::SeqCst), 4);
 }
 

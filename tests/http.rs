@@ -148,7 +148,11 @@ async fn retry_after_is_whole_seconds_rounded_up() {
 
     for (path, expected) in [("480ms", 1), ("1s", 1), ("1200ms", 2)] {
         let url = format!("{base}/{path}");
-        assert_eq!(fetch(&client, &url).await.status, 200, "{path}: first request");
+        assert_eq!(
+            fetch(&client, &url).await.status,
+            200,
+            "{path}: first request"
+        );
         let denied = fetch(&client, &url).await;
         assert_eq!(denied.status, 429, "{path}: second request");
         assert_eq!(
@@ -208,9 +212,9 @@ async fn a_denial_is_a_problem_document_with_the_request_id() {
 #[tokio::test]
 async fn every_response_carries_the_ietf_fields() {
     // 3 a minute: one token every 20 s, a full bucket in 60 s.
-    let app = Router::new()
-        .route("/", get(ok))
-        .layer(RateLimitLayer::new(stopped_limiter(), Quota::per_minute(3).unwrap()).name("per-ip"));
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(stopped_limiter(), Quota::per_minute(3).unwrap()).name("per-ip"),
+    );
     let base = serve(app).await;
     let client = client();
 
@@ -270,17 +274,19 @@ async fn legacy_fields_when_enabled() {
 #[tokio::test]
 async fn nested_layers_list_every_policy_and_the_tightest_legacy_limit() {
     let limiter = stopped_limiter();
+    // The inner layer is the tighter one, so the outer one must keep the
+    // legacy fields it finds.
     let app = Router::new()
         .route("/", get(ok))
         .layer(
-            RateLimitLayer::new(limiter.clone(), hourly(5))
-                .name("per-ip")
+            RateLimitLayer::new(limiter.clone(), hourly(2))
+                .name("all")
+                .global()
                 .legacy_headers(true),
         )
         .layer(
-            RateLimitLayer::new(limiter, hourly(2))
-                .name("all")
-                .global()
+            RateLimitLayer::new(limiter, hourly(5))
+                .name("per-ip")
                 .legacy_headers(true),
         );
     let base = serve(app).await;
@@ -290,14 +296,15 @@ async fn nested_layers_list_every_policy_and_the_tightest_legacy_limit() {
     assert_eq!(reply.status, 200);
     let mut policies = reply.all("ratelimit-policy");
     policies.sort_unstable();
-    assert_eq!(
-        policies,
-        [r#""all";q=2;w=7200"#, r#""per-ip";q=5;w=18000"#]
-    );
+    assert_eq!(policies, [r#""all";q=2;w=7200"#, r#""per-ip";q=5;w=18000"#]);
     let mut limits = reply.all("ratelimit");
     limits.sort_unstable();
     assert_eq!(limits, [r#""all";r=1;t=3600"#, r#""per-ip";r=4;t=3600"#]);
-    assert_eq!(reply.header("x-ratelimit-limit"), Some("2"), "the tighter limit");
+    assert_eq!(
+        reply.header("x-ratelimit-limit"),
+        Some("2"),
+        "the tighter limit"
+    );
     assert_eq!(reply.header("x-ratelimit-remaining"), Some("1"));
 }
 
@@ -311,9 +318,15 @@ async fn forwarded_for_counts_only_from_a_trusted_proxy() {
     };
     let app = Router::new()
         // The test client (127.0.0.1) plays the trusted proxy:
-        .route("/trusted", get(ok).route_layer(behind_proxy(&["127.0.0.1"], "trusted")))
+        .route(
+            "/trusted",
+            get(ok).route_layer(behind_proxy(&["127.0.0.1"], "trusted")),
+        )
         // ... and here a client talking directly:
-        .route("/direct", get(ok).route_layer(behind_proxy(&["10.0.0.0/8"], "direct")));
+        .route(
+            "/direct",
+            get(ok).route_layer(behind_proxy(&["10.0.0.0/8"], "direct")),
+        );
     let base = serve(app).await;
     let client = client();
     let trusted = format!("{base}/trusted");
@@ -321,7 +334,12 @@ async fn forwarded_for_counts_only_from_a_trusted_proxy() {
     let xff = |value| [("x-forwarded-for", value)];
 
     // Through the trusted proxy each forwarded client has its own bucket.
-    assert_eq!(fetch_with(&client, &trusted, &xff("203.0.113.7")).await.status, 200);
+    assert_eq!(
+        fetch_with(&client, &trusted, &xff("203.0.113.7"))
+            .await
+            .status,
+        200
+    );
     let denied = fetch_with(&client, &trusted, &xff("203.0.113.7")).await;
     assert_eq!(denied.status, 429);
     assert!(
@@ -329,7 +347,12 @@ async fn forwarded_for_counts_only_from_a_trusted_proxy() {
         "keyed by the forwarded client: {}",
         denied.body
     );
-    assert_eq!(fetch_with(&client, &trusted, &xff("203.0.113.8")).await.status, 200);
+    assert_eq!(
+        fetch_with(&client, &trusted, &xff("203.0.113.8"))
+            .await
+            .status,
+        200
+    );
     // A client that prepends a forged address is still keyed by the address
     // the proxy appended.
     let forged = fetch_with(&client, &trusted, &xff("198.51.100.1, 203.0.113.7")).await;
@@ -338,9 +361,17 @@ async fn forwarded_for_counts_only_from_a_trusted_proxy() {
 
     // From an untrusted peer the header is ignored: new addresses in it buy
     // nothing.
-    assert_eq!(fetch_with(&client, &direct, &xff("203.0.113.7")).await.status, 200);
+    assert_eq!(
+        fetch_with(&client, &direct, &xff("203.0.113.7"))
+            .await
+            .status,
+        200
+    );
     let spoofed = fetch_with(&client, &direct, &xff("203.0.113.8")).await;
-    assert_eq!(spoofed.status, 429, "a spoofed header gives no fresh bucket");
+    assert_eq!(
+        spoofed.status, 429,
+        "a spoofed header gives no fresh bucket"
+    );
     assert!(
         spoofed.body.contains("http:direct:ip:127.0.0.1"),
         "keyed by the peer: {}",
@@ -361,7 +392,12 @@ async fn rfc_7239_forwarded_when_the_proxy_sets_it() {
     let client = client();
     let fwd = |value| [("forwarded", value)];
 
-    let first = fetch_with(&client, &base, &fwd(r#"for="[2001:db8::1]:4711";proto=http"#)).await;
+    let first = fetch_with(
+        &client,
+        &base,
+        &fwd(r#"for="[2001:db8::1]:4711";proto=http"#),
+    )
+    .await;
     assert_eq!(first.status, 200);
     // Another address of the same /64 is the same client.
     let same_net = fetch_with(&client, &base, &fwd(r#"for="[2001:db8::2]""#)).await;
@@ -372,7 +408,9 @@ async fn rfc_7239_forwarded_when_the_proxy_sets_it() {
         same_net.body
     );
     assert_eq!(
-        fetch_with(&client, &base, &fwd("for=192.0.2.60")).await.status,
+        fetch_with(&client, &base, &fwd("for=192.0.2.60"))
+            .await
+            .status,
         200
     );
     // X-Forwarded-For is not read when the proxy sets Forwarded.
@@ -439,24 +477,24 @@ async fn export(limiter: &Limiter, user_id: u64, rows: u64) -> Result<String, To
     Ok(format!("{rows} rows for {user_id}"))
 }
 
+async fn report(
+    State(limiter): State<Limiter>,
+    Path(user_id): Path<u64>,
+) -> Result<String, TooManyRequests> {
+    build_report(&limiter, user_id).await
+}
+
+async fn export_rows(
+    State(limiter): State<Limiter>,
+    Path((user_id, rows)): Path<(u64, u64)>,
+) -> Result<String, TooManyRequests> {
+    export(&limiter, user_id, rows).await
+}
+
 fn attribute_app() -> Router {
     Router::new()
-        .route(
-            "/users/{user_id}/report",
-            get(
-                |State(limiter): State<Limiter>, Path(user_id): Path<u64>| async move {
-                    build_report(&limiter, user_id).await
-                },
-            ),
-        )
-        .route(
-            "/users/{user_id}/export/{rows}",
-            get(
-                |State(limiter): State<Limiter>, Path((user_id, rows)): Path<(u64, u64)>| async move {
-                    export(&limiter, user_id, rows).await
-                },
-            ),
-        )
+        .route("/users/{user_id}/report", get(report))
+        .route("/users/{user_id}/export/{rows}", get(export_rows))
         .layer(ProblemRequestIdLayer::new())
         .with_state(stopped_limiter())
 }
@@ -484,8 +522,7 @@ async fn the_attributes_denial_becomes_a_429() {
     let body = denied.json();
     assert_eq!(body["code"], "rate_limited", "{body}");
     assert_eq!(
-        body["message"],
-        "rate limited on `report:7`; retry after 3600s",
+        body["message"], "rate limited on `report:7`; retry after 3600s",
         "{body}"
     );
     assert_eq!(body["retryAfter"], 3600, "{body}");
@@ -494,7 +531,9 @@ async fn the_attributes_denial_becomes_a_429() {
         "ProblemRequestIdLayer adds the id: {body}"
     );
     assert_eq!(
-        fetch(&client, &format!("{base}/users/8/report")).await.status,
+        fetch(&client, &format!("{base}/users/8/report"))
+            .await
+            .status,
         200,
         "another user has a bucket of their own"
     );
@@ -523,9 +562,53 @@ async fn a_cost_above_the_capacity_is_never_worth_retrying() {
         "{body}"
     );
     assert_eq!(
-        fetch(&client, &format!("{base}/users/7/export/5")).await.status,
+        fetch(&client, &format!("{base}/users/7/export/5"))
+            .await
+            .status,
         200,
         "a cost equal to the capacity is admitted"
+    );
+}
+
+#[tokio::test]
+async fn a_layer_above_a_handler_reports_the_handlers_denial() {
+    let limiter = stopped_limiter();
+    let app = Router::new()
+        .route("/users/{user_id}/report", get(report))
+        .layer(
+            RateLimitLayer::new(limiter.clone(), hourly(10))
+                .name("per-ip")
+                .legacy_headers(true),
+        )
+        .with_state(limiter);
+    let base = serve(app).await;
+    let client = client();
+    let url = format!("{base}/users/7/report");
+
+    for _ in 0..2 {
+        assert_eq!(fetch(&client, &url).await.status, 200);
+    }
+    let denied = fetch_with(&client, &url, &[("x-request-id", "from-layer")]).await;
+    assert_eq!(denied.status, 429);
+    let mut limits = denied.all("ratelimit");
+    limits.sort_unstable();
+    assert_eq!(
+        limits,
+        [r#""build_report";r=0;t=3600"#, r#""per-ip";r=7;t=10800"#],
+        "the handler's denial and the layer's own state"
+    );
+    assert_eq!(
+        denied.header("x-ratelimit-limit"),
+        Some("2"),
+        "the denial's limit"
+    );
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("x-ratelimit-reset"), Some("3600"));
+    assert_eq!(
+        denied.json()["requestId"],
+        "from-layer",
+        "the layer adds the id to the handler's problem: {}",
+        denied.body
     );
 }
 
@@ -535,18 +618,20 @@ fn unreachable_redis(policy: FailurePolicy) -> Limiter {
         .redis("redis://127.0.0.1:1")
         .timeout(Duration::from_millis(250))
         .failure_policy(policy)
+        .closed_retry_after(Duration::from_millis(1_500))
         .build()
         .expect("a Redis limiter is built lazily")
 }
 
 #[tokio::test]
 async fn a_backend_outage_is_told_apart_from_a_spent_quota() {
-    let closed = unreachable_redis(FailurePolicy::Closed {
-        retry_after: Duration::from_millis(1_500),
-    });
+    let closed = unreachable_redis(FailurePolicy::Closed);
     let open = unreachable_redis(FailurePolicy::Open);
     let app = Router::new()
-        .route("/closed", get(ok).route_layer(RateLimitLayer::new(closed, hourly(5)).name("c")))
+        .route(
+            "/closed",
+            get(ok).route_layer(RateLimitLayer::new(closed, hourly(5)).name("c")),
+        )
         .route(
             "/open",
             get(ok).route_layer(
@@ -560,7 +645,12 @@ async fn a_backend_outage_is_told_apart_from_a_spent_quota() {
 
     let denied = fetch(&client, &format!("{base}/closed")).await;
     assert_eq!(denied.status, 429);
-    assert_eq!(denied.json()["code"], "rate_limiter_unavailable", "{}", denied.body);
+    assert_eq!(
+        denied.json()["code"],
+        "rate_limiter_unavailable",
+        "{}",
+        denied.body
+    );
     assert_eq!(denied.header("retry-after"), Some("2"), "1.5 s rounds up");
 
     let admitted = fetch(&client, &format!("{base}/open")).await;
@@ -601,22 +691,36 @@ async fn header_keys_escape_values_and_share_one_bucket_when_missing() {
     let shared = format!("{base}/shared");
     let key = |value| [("x-api-key", value)];
 
-    assert_eq!(fetch_with(&client, &shared, &key("alice")).await.status, 200);
-    assert_eq!(fetch_with(&client, &shared, &key("alice")).await.status, 429);
+    assert_eq!(
+        fetch_with(&client, &shared, &key("alice")).await.status,
+        200
+    );
+    assert_eq!(
+        fetch_with(&client, &shared, &key("alice")).await.status,
+        429
+    );
     assert_eq!(fetch_with(&client, &shared, &key("bob")).await.status, 200);
     // A value that looks like another key's suffix is escaped into its own.
     let hostile = fetch_with(&client, &shared, &key("alice:{x}")).await;
-    assert_eq!(hostile.status, 200, "an escaped value is a bucket of its own");
+    assert_eq!(
+        hostile.status, 200,
+        "an escaped value is a bucket of its own"
+    );
     let hostile = fetch_with(&client, &shared, &key("alice:{x}")).await;
     assert!(
-        hostile.body.contains("http:k:header:x-api-key:alice%3A%7Bx%7D"),
+        hostile
+            .body
+            .contains("http:k:header:x-api-key:alice%3A%7Bx%7D"),
         "{}",
         hostile.body
     );
 
     assert_eq!(fetch(&client, &shared).await.status, 200);
     let unknown = fetch(&client, &shared).await;
-    assert_eq!(unknown.status, 429, "requests without a key share one bucket");
+    assert_eq!(
+        unknown.status, 429,
+        "requests without a key share one bucket"
+    );
     assert!(unknown.body.contains("%unknown"), "{}", unknown.body);
 
     for _ in 0..3 {
@@ -635,7 +739,12 @@ async fn bearer_tokens_are_keys_but_never_shown() {
     let client = client();
     let bearer = |token| [("authorization", token)];
 
-    assert_eq!(fetch_with(&client, &base, &bearer("Bearer alpha-secret")).await.status, 200);
+    assert_eq!(
+        fetch_with(&client, &base, &bearer("Bearer alpha-secret"))
+            .await
+            .status,
+        200
+    );
     let denied = fetch_with(&client, &base, &bearer("bearer alpha-secret")).await;
     assert_eq!(denied.status, 429, "the scheme is case-insensitive");
     assert!(denied.body.contains("http:tok:token:"), "{}", denied.body);
@@ -644,7 +753,12 @@ async fn bearer_tokens_are_keys_but_never_shown() {
         "the token is never echoed: {}",
         denied.body
     );
-    assert_eq!(fetch_with(&client, &base, &bearer("Bearer beta-secret")).await.status, 200);
+    assert_eq!(
+        fetch_with(&client, &base, &bearer("Bearer beta-secret"))
+            .await
+            .status,
+        200
+    );
 }
 
 #[tokio::test]
@@ -669,15 +783,25 @@ async fn a_closure_chooses_the_key_and_a_global_limit_spans_clients() {
     let base = serve(app).await;
     let client = client();
 
-    assert_eq!(fetch(&client, &format!("{base}/tenants/acme")).await.status, 200);
+    assert_eq!(
+        fetch(&client, &format!("{base}/tenants/acme")).await.status,
+        200
+    );
     let denied = fetch(&client, &format!("{base}/tenants/acme")).await;
     assert_eq!(denied.status, 429);
-    assert!(denied.body.contains("http:tenant:key:acme"), "{}", denied.body);
+    assert!(
+        denied.body.contains("http:tenant:key:acme"),
+        "{}",
+        denied.body
+    );
 
     // Two requests so far; the global limit of 3 admits one more, whichever
     // client sends it, although each client has tokens left.
     let xff = |value| [("x-forwarded-for", value)];
-    assert_eq!(fetch_with(&client, &base, &xff("192.0.2.1")).await.status, 200);
+    assert_eq!(
+        fetch_with(&client, &base, &xff("192.0.2.1")).await.status,
+        200
+    );
     let denied = fetch_with(&client, &base, &xff("192.0.2.2")).await;
     assert_eq!(denied.status, 429, "the global limit spans clients");
     assert!(denied.body.contains("http:all:global"), "{}", denied.body);
@@ -698,7 +822,11 @@ async fn concurrent_clients_on_redis_get_exactly_the_capacity() {
 
     let replies = join_all((0..20).map(|_| fetch(&client, &base))).await;
     let mut admitted: Vec<&Reply> = replies.iter().filter(|r| r.status == 200).collect();
-    assert_eq!(admitted.len(), 5, "exactly the capacity, across connections");
+    assert_eq!(
+        admitted.len(),
+        5,
+        "exactly the capacity, across connections"
+    );
     assert_eq!(replies.iter().filter(|r| r.status == 429).count(), 15);
     // Each admitted request saw a different number of tokens left.
     admitted.sort_by_key(|r| r.header("ratelimit").map(str::to_owned));
@@ -707,5 +835,9 @@ async fn concurrent_clients_on_redis_get_exactly_the_capacity() {
         .map(|r| r.header("ratelimit").expect("the RateLimit field"))
         .map(|v| v.split(';').nth(1).expect("an r parameter"))
         .collect();
-    assert_eq!(remaining, ["r=0", "r=1", "r=2", "r=3", "r=4"], "{remaining:?}");
+    assert_eq!(
+        remaining,
+        ["r=0", "r=1", "r=2", "r=3", "r=4"],
+        "{remaining:?}"
+    );
 }

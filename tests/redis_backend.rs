@@ -20,10 +20,12 @@ fn redis_limiter(server: &RedisServer) -> Limiter {
 }
 
 fn limiters_with_clock(server: &RedisServer, clock: &ManualClock) -> (Limiter, Limiter) {
+    // The scripts themselves are under test: no deny cache in front of them.
     let redis = Limiter::builder()
         .redis(server.url())
         .timeout(Duration::from_secs(2))
         .clock(clock.clone())
+        .deny_cache_max_keys(0)
         .build()
         .unwrap();
     let memory = Limiter::builder()
@@ -400,4 +402,163 @@ async fn redis_down_is_an_error_and_the_failure_policy_decides() {
             started.elapsed()
         );
     }
+}
+
+/// Several dimensions at once, all or nothing, in one script: after the IP
+/// dimension denies, the user dimension's remaining is unchanged.
+#[tokio::test]
+async fn check_all_consumes_every_dimension_or_none() {
+    use ratelimit::Dimension;
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let per_user = Quota::new(10, Rate::per_minute(10).unwrap()).unwrap();
+    let per_ip = Quota::gcra(2, Rate::per_minute(2).unwrap()).unwrap();
+    let global = Quota::sliding_log(100, Duration::from_secs(60)).unwrap();
+    let dims = |ip: &'static str| {
+        [
+            Dimension::new(&per_user, "user:1").rule("user"),
+            Dimension::new(&per_ip, ip).rule("ip"),
+            Dimension::new(&global, "global").rule("global"),
+        ]
+    };
+    limiter.check_all(&dims("ip:a")).await.unwrap();
+    limiter.check_all(&dims("ip:a")).await.unwrap();
+    let denied = limiter.check_all(&dims("ip:a")).await.unwrap_err();
+    assert_eq!((denied.key.as_str(), denied.rule), ("ip:a", Some("ip")));
+    assert!(denied.retry_after > Duration::from_secs(29), "{denied:?}");
+    let user = limiter.decide(&per_user, "user:1", 0).await.unwrap();
+    assert_eq!(
+        user.remaining, 8,
+        "the denied call took nothing from the user"
+    );
+    let global_left = limiter.decide(&global, "global", 0).await.unwrap();
+    assert_eq!(global_left.remaining, 98);
+    // Another IP is admitted, and every dimension consumes.
+    let decisions = limiter.check_all(&dims("ip:b")).await.unwrap();
+    let remaining: Vec<u64> = decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [7, 1, 97]);
+    // A key given twice is a caller's mistake, not a denial by a quota.
+    let twice = [Dimension::new(&per_user, "k"), Dimension::new(&per_ip, "k")];
+    assert!(matches!(
+        limiter.decide_all(&twice).await,
+        Err(Error::Config(_))
+    ));
+}
+
+/// Many callers at once: their decisions go to Redis in batches, one script
+/// call deciding for many keys, and every caller gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_are_batched_and_each_answered() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let quota = Quota::new(3, Rate::per_minute(3).unwrap()).unwrap();
+    limiter.decide(&quota, "warm-up", 1).await.unwrap();
+    let mut redis = server.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..400u64)
+        .map(|i| {
+            let (limiter, quota) = (limiter.clone(), quota);
+            tokio::spawn(async move {
+                limiter
+                    .decide(&quota, &format!("user:{}", i % 100), 1)
+                    .await
+            })
+        })
+        .collect();
+    let mut admitted = std::collections::HashMap::<u64, u64>::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        if task.await.unwrap().unwrap().allowed {
+            *admitted.entry(i as u64 % 100).or_default() += 1;
+        }
+    }
+    assert!(
+        admitted.values().all(|&n| n == 3),
+        "3 per user: {admitted:?}"
+    );
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let calls = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        calls > 0 && calls < 400,
+        "400 decisions took {calls} script calls"
+    );
+}
+
+/// A flood on a spent key: the local deny cache answers, so Redis sees about
+/// the admitted calls plus one call per `retry_after`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_keeps_a_flood_on_a_spent_key_off_redis() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    // Five at once, then one every 100 ms.
+    let quota = Quota::new(5, Rate::per_second(10).unwrap()).unwrap();
+    limiter.decide(&quota, "warm-up", 1).await.unwrap();
+    let mut redis = server.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let (mut decisions, mut admitted) = (0u64, 0u64);
+                while started.elapsed() < Duration::from_secs(1) {
+                    decisions += 1;
+                    if limiter.decide(&quota, "hot", 1).await.unwrap().allowed {
+                        admitted += 1;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                (decisions, admitted)
+            })
+        })
+        .collect();
+    let (mut decisions, mut admitted) = (0, 0);
+    for task in tasks {
+        let (d, a) = task.await.unwrap();
+        decisions += d;
+        admitted += a;
+    }
+    let periods = started.elapsed().as_millis() as u64 / 100 + 1;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let script_calls = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        admitted >= 5 && admitted <= 5 + periods,
+        "admitted {admitted}"
+    );
+    assert!(
+        script_calls <= admitted + 8 * periods,
+        "{script_calls} script calls for {admitted} admitted over {periods} refills"
+    );
+    assert!(
+        decisions > 10 * script_calls,
+        "{decisions} decisions took {script_calls} script calls"
+    );
+    assert!(limiter.stats().denied_from_cache > 0);
 }

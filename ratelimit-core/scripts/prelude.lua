@@ -1,27 +1,20 @@
--- Shared by every algorithm's script; each script is this prelude followed by
--- the algorithm. Every script has the same arguments and reply:
+-- One script holds every algorithm: this prelude, then one file per algorithm
+-- (each adds a function to ALGORITHMS), then entry.lua, which decides for
+-- every key the call names. See entry.lua for the arguments and the reply.
 --
--- KEYS[1]  the key
--- ARGV[1]  now in microseconds, or '' to read Redis TIME (no skew between instances)
--- ARGV[2]  cost (0 <= cost <= capacity, checked by the caller)
--- ARGV[3..] the algorithm's numbers
---
--- Reply: {allowed (0|1), remaining, retry_after_us, reset_after_us, delay_us}
+-- Every algorithm function has the form
+--   decide(key, now, cost, p1, p2, p3, p4) -> reply, write
+-- where reply is {allowed (0|1), remaining, retry_after_us, reset_after_us,
+-- delay_us} and write, when the decision consumes, is a function that stores
+-- the new state. Deciding never writes, so several keys can be decided first
+-- and written only if all of them admit.
 --
 -- Time is in integer microseconds and every number stays below 2^53 (the
 -- quota's constructors check it), so Lua's doubles hold them exactly. A denial
--- writes nothing. When a decision writes, the key expires when its state no
--- longer changes any decision.
+-- writes nothing. A write sets the key's expiry in the same command, for when
+-- its state no longer changes any decision.
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
-local cost = tonumber(ARGV[2])
-local key = KEYS[1]
+local ALGORITHMS = {}
 
 -- Exact floor division of non-negative integers below 2^53: the quotient of
 -- two doubles can round up across an integer, so correct it by the remainder.
@@ -47,25 +40,25 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- The stored string's numbers ("a", "a:b" or "a:b:c"), or nil when absent.
-local function load(fields)
+-- The numbers of the string at `key` ("a", "a:b" or "a:b:c"), or nil when
+-- absent. Anything else was not written by this algorithm: an error.
+local function load(key, min_fields, max_fields)
   local stored = redis.call('GET', key)
   if not stored then return nil end
   local values = {}
   for part in string.gmatch(stored, '[^:]+') do
-    local n = tonumber(part)
-    if not n or not string.match(part, '^%d+$') then
+    if not string.match(part, '^%d+$') then
       values = nil
       break
     end
-    values[#values + 1] = n
+    values[#values + 1] = tonumber(part)
   end
-  if not values or #values < fields[1] or #values > fields[2] then
-    return redis.error_reply('ratelimit: unexpected value at ' .. key .. '; was it written by another algorithm?')
+  if not values or #values < min_fields or #values > max_fields then
+    error('ratelimit: unexpected value at ' .. key .. '; was it written by another algorithm?')
   end
   return values
 end
 
-local function store(value, ttl_us)
+local function store(key, value, ttl_us)
   redis.call('SET', key, value, 'PX', div_ceil(ttl_us, 1000))
 end

@@ -1,46 +1,47 @@
--- Sliding log: exactly `limit` in any window of length `window`. The twin of
--- src/algorithm/sliding_log.rs. A sorted set scored by the admitted instant,
--- one unique member per admission; an instant t is inside the window while
--- now < t + window. A denial only reads: the log is trimmed when it admits.
+-- Sliding log (3): exactly `limit` in any window of length `window`. The twin
+-- of src/algorithm/sliding_log.rs. A sorted set scored by the admitted
+-- instant, one unique member per admission; an instant t is inside the window
+-- while now < t + window. Deciding only reads; the write trims the log.
 --
--- ARGV[3] limit, ARGV[4] window in µs.
+-- p1 limit, p2 window in µs.
 
-local limit = tonumber(ARGV[3])
-local window = tonumber(ARGV[4])
-local cutoff = now - window
-if cutoff < 0 then cutoff = 0 end
-local after_cutoff = '(' .. int(cutoff)
+ALGORITHMS[3] = function(key, now, cost, limit, window)
+  local cutoff = now - window
+  if cutoff < 0 then cutoff = 0 end
+  local after_cutoff = '(' .. int(cutoff)
 
--- Instants after the cutoff count, including any ahead of a clock that went back.
-local count = redis.call('ZCOUNT', key, after_cutoff, '+inf')
-local newest = nil
-if count > 0 then
-  newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
-end
-
-if count + cost > limit then
-  -- The request fits once the oldest `excess` admissions have left.
-  local excess = count + cost - limit
-  local oldest = redis.call('ZRANGEBYSCORE', key, after_cutoff, '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
-  local reset = 0
-  if newest then reset = newest + window - now end
-  return {0, limit - count, tonumber(oldest[2]) + window - now, reset, 0}
-end
-
-local latest = now
-if newest and newest > now then latest = newest end
-local reset = latest + window - now
-if cost > 0 then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
-  -- Members must be unique even for admissions in the same microsecond, from
-  -- any instance: number them past the count, skipping any already taken.
-  local seq = count
-  local score = int(now)
-  for _ = 1, cost do
-    repeat
-      seq = seq + 1
-    until redis.call('ZADD', key, 'NX', score, score .. ':' .. seq) == 1
+  -- Instants after the cutoff count, including any ahead of a clock that went back.
+  local count = redis.call('ZCOUNT', key, after_cutoff, '+inf')
+  local newest = nil
+  if count > 0 then
+    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
   end
-  redis.call('PEXPIRE', key, div_ceil(reset, 1000))
+
+  if count + cost > limit then
+    -- The request fits once the oldest `excess` admissions have left.
+    local excess = count + cost - limit
+    local oldest = redis.call('ZRANGEBYSCORE', key, after_cutoff, '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
+    local reset = 0
+    if newest then reset = newest + window - now end
+    return {0, limit - count, tonumber(oldest[2]) + window - now, reset, 0}
+  end
+
+  local latest = now
+  if newest and newest > now then latest = newest end
+  local reset = latest + window - now
+  local reply = {1, limit - count - cost, 0, reset, 0}
+  if cost == 0 then return reply end
+  return reply, function()
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
+    -- Members must be unique even for admissions in the same microsecond, from
+    -- any instance: number them past the count, skipping any already taken.
+    local seq = count
+    local score = int(now)
+    for _ = 1, cost do
+      repeat
+        seq = seq + 1
+      until redis.call('ZADD', key, 'NX', score, score .. ':' .. seq) == 1
+    end
+    redis.call('PEXPIRE', key, div_ceil(reset, 1000))
+  end
 end
-return {1, limit - count - cost, 0, reset, 0}

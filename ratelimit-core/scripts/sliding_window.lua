@@ -1,69 +1,67 @@
--- Sliding window counter: this window's count plus the previous window's,
+-- Sliding window counter (4): this window's count plus the previous window's,
 -- weighted by the share of it the sliding window still covers, in whole
 -- milliseconds. The twin of src/algorithm/sliding_window.rs.
 --
--- ARGV[3] limit, ARGV[4] window in µs. State: "<index>:<current>:<previous>".
+-- p1 limit, p2 window in µs. State: "<index>:<current>:<previous>".
 
-local limit = tonumber(ARGV[3])
-local window = tonumber(ARGV[4])
-local window_ms = window / 1000
-local now_index = divmod(now, window)
-local index, current, previous = now_index, 0, 0
-local stored = load({3, 3})
-if stored then
-  if stored.err then return stored end
-  if stored[1] >= now_index then
-    index, current, previous = stored[1], stored[2], stored[3]
-  elseif stored[1] + 1 == now_index then
-    previous = stored[2]
-  end
-end
-local start = index * window
-local finish = start + window
--- Before the window's start only after the clock went back: count the
--- previous window fully then.
-local elapsed_ms = 0
-if now > start then elapsed_ms = divmod(now - start, 1000) end
-local weight = window_ms - elapsed_ms
--- Everything is scaled by window_ms to stay in integers.
-local used = previous * weight + current * window_ms
-local capacity = limit * window_ms
-
--- When the estimate is back to zero.
-local function reset_at(cur)
-  if cur > 0 then return finish + window end
-  if previous > 0 then return finish end
-  return 0
-end
-
-local function positive(x)
-  if x < 0 then return 0 end
-  return x
-end
-
-if used + cost * window_ms > capacity then
-  -- The first instant the cost fits: in this window as the previous window's
-  -- weight fades, or in the next, where this window's count is the previous.
-  local retry_at = nil
-  local room = limit - current - cost
-  if room >= 0 and previous > 0 then
-    local e = window_ms - math.min(divmod(room * window_ms, previous), window_ms)
-    if e < window_ms then retry_at = start + e * 1000 end
-  end
-  if not retry_at then
-    local e = 0
-    if current > 0 then
-      e = window_ms - math.min(divmod((limit - cost) * window_ms, current), window_ms)
+ALGORITHMS[4] = function(key, now, cost, limit, window)
+  local window_ms = window / 1000
+  local now_index = divmod(now, window)
+  local index, current, previous = now_index, 0, 0
+  local stored = load(key, 3, 3)
+  if stored then
+    if stored[1] >= now_index then
+      index, current, previous = stored[1], stored[2], stored[3]
+    elseif stored[1] + 1 == now_index then
+      previous = stored[2]
     end
-    retry_at = finish + e * 1000
   end
-  return {0, divmod(positive(capacity - used), window_ms), retry_at - now, positive(reset_at(current) - now), 0}
-end
+  local start = index * window
+  local finish = start + window
+  -- Before the window's start only after the clock went back: count the
+  -- previous window fully then.
+  local elapsed_ms = 0
+  if now > start then elapsed_ms = divmod(now - start, 1000) end
+  local weight = window_ms - elapsed_ms
+  -- Everything is scaled by window_ms to stay in integers.
+  local used = previous * weight + current * window_ms
+  local capacity = limit * window_ms
 
-current = current + cost
-used = used + cost * window_ms
-local reset = positive(reset_at(current) - now)
-if cost > 0 then
-  store(int(index) .. ':' .. int(current) .. ':' .. int(previous), reset)
+  -- When the estimate is back to zero.
+  local function reset_at(cur)
+    if cur > 0 then return finish + window end
+    if previous > 0 then return finish end
+    return 0
+  end
+  local function positive(x)
+    if x < 0 then return 0 end
+    return x
+  end
+
+  if used + cost * window_ms > capacity then
+    -- The first instant the cost fits: in this window as the previous window's
+    -- weight fades, or in the next, where this window's count is the previous.
+    local retry_at = nil
+    local room = limit - current - cost
+    if room >= 0 and previous > 0 then
+      local e = window_ms - math.min(divmod(room * window_ms, previous), window_ms)
+      if e < window_ms then retry_at = start + e * 1000 end
+    end
+    if not retry_at then
+      local e = 0
+      if current > 0 then
+        e = window_ms - math.min(divmod((limit - cost) * window_ms, current), window_ms)
+      end
+      retry_at = finish + e * 1000
+    end
+    return {0, divmod(positive(capacity - used), window_ms), retry_at - now, positive(reset_at(current) - now), 0}
+  end
+
+  local new_current = current + cost
+  local reset = positive(reset_at(new_current) - now)
+  local reply = {1, divmod(capacity - used - cost * window_ms, window_ms), 0, reset, 0}
+  if cost == 0 then return reply end
+  return reply, function()
+    store(key, int(index) .. ':' .. int(new_current) .. ':' .. int(previous), reset)
+  end
 end
-return {1, divmod(capacity - used, window_ms), 0, reset, 0}

@@ -12,6 +12,7 @@ mod backend;
 mod breaker;
 mod clock;
 mod decision;
+mod deny_cache;
 mod error;
 mod global;
 pub mod key;
@@ -26,7 +27,7 @@ pub use error::{DenialCause, Error, RateLimited};
 pub use global::{global, install};
 pub use key::KeyBuilder;
 pub use limiter::{
-    CallOptions, FailurePolicy, Limiter, LimiterBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    CallOptions, Dimension, FailurePolicy, Limiter, LimiterBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 pub use metrics::StatsSnapshot;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};

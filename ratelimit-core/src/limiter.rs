@@ -14,6 +14,7 @@ use crate::backend::Backend;
 use crate::breaker::{Breaker, BreakerConfig, CircuitState, Permit};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
+use crate::deny_cache::DenyCache;
 use crate::error::{DenialCause, Error, RateLimited};
 use crate::metrics::{Outcome, Stats, StatsSnapshot};
 use crate::quota::Quota;
@@ -98,6 +99,45 @@ impl Default for CallOptions {
     }
 }
 
+/// One dimension of a limit checked with others, all or nothing: see
+/// [`Limiter::check_all`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Dimension<'a> {
+    /// The dimension's quota.
+    pub quota: &'a Quota,
+    /// The key, without the limiter's prefix.
+    pub key: &'a str,
+    /// Tokens to take.
+    pub cost: u64,
+    /// The rule's name, for metrics and denials.
+    pub rule: &'static str,
+}
+
+impl<'a> Dimension<'a> {
+    /// `cost` 1 of `quota` from `key`.
+    pub fn new(quota: &'a Quota, key: &'a str) -> Self {
+        Self {
+            quota,
+            key,
+            cost: 1,
+            rule: "",
+        }
+    }
+
+    /// Takes `cost` tokens.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Names the rule.
+    pub fn rule(mut self, rule: &'static str) -> Self {
+        self.rule = rule;
+        self
+    }
+}
+
 /// A rate limiter: a backend plus how to use it. Cheap to clone; clones share
 /// the backend (and the Redis connection), the circuit breaker and the counters.
 ///
@@ -128,6 +168,10 @@ struct Inner {
     /// The in-process limiter behind [`FailurePolicy::Local`].
     local: MemoryBackend,
     breaker: Breaker,
+    /// Denials kept in process until their `retry_after` (remote backends only).
+    deny_cache: Option<DenyCache>,
+    /// The deny cache's clock: the caller's clock when configured.
+    cache_clock: Arc<dyn Clock>,
     stats: Stats,
     /// Log one denial in this many (0: none).
     denial_log_every: u64,
@@ -212,6 +256,16 @@ impl Limiter {
         if !backend.can_fail() {
             return backend.decide(quota, key, cost).await;
         }
+        let asked_us = self.inner.cache_clock.now_micros();
+        if let Some(cached) = self
+            .inner
+            .deny_cache
+            .as_ref()
+            .and_then(|cache| cache.get(quota, key, cost, asked_us))
+        {
+            self.inner.stats.cache_hit();
+            return Ok(cached);
+        }
         let breaker = &self.inner.breaker;
         let permit = breaker.permit();
         if permit == Permit::Skip {
@@ -220,6 +274,11 @@ impl Limiter {
         let started = Instant::now();
         let result = backend.decide(quota, key, cost).await;
         crate::metrics::backend_latency(backend.name(), started.elapsed());
+        if let (Some(cache), Ok(decision)) = (&self.inner.deny_cache, &result) {
+            if !decision.allowed {
+                cache.insert(quota, key, cost, asked_us, decision);
+            }
+        }
         if let Some(state) = breaker.record(permit, result.is_ok()) {
             crate::metrics::circuit_state(backend.name(), state);
             match state {
@@ -231,6 +290,214 @@ impl Limiter {
             }
         }
         result
+    }
+
+    /// Decides several dimensions at one instant, all or nothing: either
+    /// every dimension admits and each consumes, or none consumes. With no
+    /// failure policy: a backend fault is an `Err`.
+    ///
+    /// The keys must be distinct; a cost above its capacity is
+    /// [`Error::CostExceedsCapacity`].
+    pub async fn decide_all(&self, dimensions: &[Dimension<'_>]) -> Result<Vec<Decision>, Error> {
+        for (i, d) in dimensions.iter().enumerate() {
+            if d.cost > d.quota.capacity() {
+                return Err(Error::CostExceedsCapacity {
+                    cost: d.cost,
+                    capacity: d.quota.capacity(),
+                });
+            }
+            if dimensions[..i].iter().any(|e| e.key == d.key) {
+                return Err(Error::Config(format!(
+                    "the key `{}` is given twice; each dimension needs a key of its own",
+                    d.key
+                )));
+            }
+        }
+        let requests: Vec<(&Quota, &str, u64)> = dimensions
+            .iter()
+            .map(|d| (d.quota, d.key, d.cost))
+            .collect();
+        let backend = &self.inner.backend;
+        if !backend.can_fail() {
+            return backend.decide_all(&requests).await;
+        }
+        let breaker = &self.inner.breaker;
+        let permit = breaker.permit();
+        if permit == Permit::Skip {
+            return Err(Error::CircuitOpen);
+        }
+        let asked_us = self.inner.cache_clock.now_micros();
+        let started = Instant::now();
+        let result = backend.decide_all(&requests).await;
+        crate::metrics::backend_latency(backend.name(), started.elapsed());
+        if let (Some(cache), Ok(decisions)) = (&self.inner.deny_cache, &result) {
+            // A dimension denied in an all-or-nothing call is denied on its own too.
+            for (d, decision) in dimensions.iter().zip(decisions) {
+                if !decision.allowed {
+                    cache.insert(d.quota, d.key, d.cost, asked_us, decision);
+                }
+            }
+        }
+        if let Some(state) = breaker.record(permit, result.is_ok()) {
+            crate::metrics::circuit_state(backend.name(), state);
+        }
+        result
+    }
+
+    /// Takes tokens from several dimensions at once (say a user's, an IP's
+    /// and a global quota), all or nothing: either every dimension admits
+    /// and each consumes, or none consumes and the denial names the dimension
+    /// that denied, with the longest `retry_after` among those that denied.
+    /// A backend fault is handled by the limiter's [`FailurePolicy`], as in
+    /// [`acquire`](Self::acquire).
+    ///
+    /// ```
+    /// use ratelimit_core::{Dimension, Limiter, Quota};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::memory();
+    /// let per_user = Quota::per_minute(10)?;
+    /// let per_ip = Quota::per_minute(1)?;
+    /// let check = |ip| [Dimension::new(&per_user, "user:7"), Dimension::new(&per_ip, ip)];
+    /// limiter.check_all(&check("ip:1")).await.unwrap();
+    /// let denied = limiter.check_all(&check("ip:1")).await.unwrap_err();
+    /// assert_eq!(denied.key, "ip:1");
+    /// // The user's quota was not touched by the denied call.
+    /// let user = limiter.decide(&per_user, "user:7", 0).await?;
+    /// assert_eq!(user.remaining, 9);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn check_all(
+        &self,
+        dimensions: &[Dimension<'_>],
+    ) -> Result<Vec<Decision>, RateLimited> {
+        let rule = dimensions.first().map_or("", |d| d.rule);
+        match self.decide_all(dimensions).await {
+            Ok(decisions) if decisions.iter().all(|d| d.allowed) => {
+                for d in dimensions {
+                    self.inner.stats.record(d.rule, Outcome::Allowed);
+                }
+                Ok(decisions)
+            }
+            Ok(decisions) => {
+                let (dimension, decision) = dimensions
+                    .iter()
+                    .zip(&decisions)
+                    .filter(|(_, d)| !d.allowed)
+                    .max_by_key(|(_, d)| d.retry_after)
+                    .unwrap_or((&dimensions[0], &decisions[0]));
+                let denied = RateLimited::new(
+                    dimension.key,
+                    decision.limit,
+                    decision.remaining,
+                    decision.retry_after,
+                );
+                let denied = if dimension.rule.is_empty() {
+                    denied
+                } else {
+                    denied.with_rule(dimension.rule)
+                };
+                self.inner.stats.record(dimension.rule, Outcome::Denied);
+                self.log_denial(&denied, false);
+                Err(denied)
+            }
+            Err(Error::CostExceedsCapacity { cost, capacity }) => {
+                let dimension = dimensions
+                    .iter()
+                    .find(|d| d.cost == cost && d.quota.capacity() == capacity);
+                let key = dimension.map_or("", |d| d.key);
+                self.inner.stats.record(rule, Outcome::Denied);
+                Err(RateLimited::new(key, capacity, 0, Duration::MAX)
+                    .with_cause(DenialCause::CostExceedsCapacity { cost }))
+            }
+            Err(Error::Config(message)) => {
+                // A caller's mistake, not a backend fault: never failed open.
+                self.inner.stats.record(rule, Outcome::Error);
+                tracing::error!(%message, "invalid multi-dimension check; denied");
+                Err(RateLimited::new(
+                    dimensions.first().map_or("", |d| d.key),
+                    0,
+                    0,
+                    Duration::MAX,
+                )
+                .with_cause(DenialCause::CostExceedsCapacity { cost: 0 }))
+            }
+            Err(error) => {
+                let policy = self.inner.failure_policy;
+                let key = dimensions.first().map_or("", |d| d.key);
+                self.warn_throttled(key, &error, policy);
+                match policy {
+                    FailurePolicy::Local => {
+                        let scaled: Vec<Quota> = dimensions
+                            .iter()
+                            .map(|d| d.quota.scaled(self.inner.local_share))
+                            .collect();
+                        let requests: Vec<(&Quota, &str, u64)> = dimensions
+                            .iter()
+                            .zip(&scaled)
+                            .map(|(d, q)| (q, d.key, d.cost))
+                            .collect();
+                        let mut decisions = self.inner.local.decide_all(&requests);
+                        decisions.iter_mut().for_each(|d| d.fallback = true);
+                        match dimensions
+                            .iter()
+                            .zip(&decisions)
+                            .filter(|(_, d)| !d.allowed)
+                            .max_by_key(|(_, d)| d.retry_after)
+                        {
+                            None => {
+                                self.inner.stats.record(rule, Outcome::FallbackAllowed);
+                                Ok(decisions)
+                            }
+                            Some((dimension, decision)) => {
+                                self.inner
+                                    .stats
+                                    .record(dimension.rule, Outcome::FallbackDenied);
+                                Err(RateLimited::new(
+                                    dimension.key,
+                                    decision.limit,
+                                    decision.remaining,
+                                    decision.retry_after,
+                                )
+                                .with_cause(DenialCause::LocalFallback))
+                            }
+                        }
+                    }
+                    FailurePolicy::Closed => {
+                        self.inner.stats.record(rule, Outcome::FallbackDenied);
+                        Err(RateLimited::new(
+                            key,
+                            dimensions.first().map_or(0, |d| d.quota.capacity()),
+                            0,
+                            self.inner.closed_retry_after,
+                        )
+                        .with_cause(DenialCause::BackendUnavailable))
+                    }
+                    FailurePolicy::Open => {
+                        self.inner.stats.record(rule, Outcome::FallbackAllowed);
+                        Ok(dimensions
+                            .iter()
+                            .map(|d| Decision {
+                                allowed: true,
+                                limit: d.quota.capacity(),
+                                remaining: 0,
+                                retry_after: Duration::ZERO,
+                                reset_after: Duration::ZERO,
+                                delay: Duration::ZERO,
+                                fallback: true,
+                            })
+                            .collect())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `self` and `other` are clones of one limiter.
+    #[doc(hidden)]
+    pub fn __same(&self, other: &Limiter) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Takes `cost` tokens from `key`'s quota, or says why not.
@@ -427,6 +694,8 @@ fn unreachable_config() -> Limiter {
 
 impl Inner {
     fn new(backend: Backend, builder: &LimiterBuilder, clock: Arc<dyn Clock>) -> Self {
+        let deny_cache = (builder.deny_cache_max_keys > 0 && backend.can_fail())
+            .then(|| DenyCache::new(builder.deny_cache_max_keys));
         let denial_log_every = if builder.denial_log_sample <= 0.0 {
             0
         } else {
@@ -437,8 +706,10 @@ impl Inner {
             failure_policy: builder.failure_policy,
             closed_retry_after: builder.closed_retry_after,
             local_share: builder.local_share,
-            local: MemoryBackend::bounded(clock, builder.local_max_keys),
+            local: MemoryBackend::bounded(clock.clone(), builder.local_max_keys),
             breaker: Breaker::new(builder.breaker),
+            deny_cache,
+            cache_clock: clock,
             stats: Stats::default(),
             denial_log_every,
             last_warning: AtomicU64::new(0),
@@ -474,6 +745,7 @@ pub struct LimiterBuilder {
     local_max_keys: usize,
     breaker: BreakerConfig,
     denial_log_sample: f64,
+    deny_cache_max_keys: usize,
 }
 
 enum BackendChoice {
@@ -494,6 +766,7 @@ impl Default for LimiterBuilder {
             local_max_keys: 100_000,
             breaker: BreakerConfig::default(),
             denial_log_sample: 0.01,
+            deny_cache_max_keys: 100_000,
         }
     }
 }
@@ -557,6 +830,17 @@ impl LimiterBuilder {
     /// more distinct keys it forgets those nearest to refilled.
     pub fn local_max_keys(mut self, keys: usize) -> Self {
         self.local_max_keys = keys;
+        self
+    }
+
+    /// The most denials the local deny cache keeps (default 100,000; 0 turns
+    /// it off). A key denied for a cost is answered in process, with no
+    /// backend call, until its `retry_after`, for that cost: it could not be
+    /// admitted sooner. A cached denial's `remaining` is as of the backend's
+    /// denial. Under more distinct denied keys than
+    /// this, the cache forgets some, which only costs backend calls.
+    pub fn deny_cache_max_keys(mut self, keys: usize) -> Self {
+        self.deny_cache_max_keys = keys;
         self
     }
 

@@ -7,6 +7,7 @@
 //! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`CallOptions`](crate::CallOptions) rule, or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` |
 //! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
 //! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend` |
+//! | `ratelimit_deny_cache_hits_total` | counter | |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -52,6 +53,9 @@ pub struct StatsSnapshot {
     pub shadow_denied: u64,
     /// Backend errors returned to a caller of [`decide`](crate::Limiter::decide).
     pub errors: u64,
+    /// Denials answered by the local deny cache, with no backend call (also
+    /// counted in `denied`, or as decisions by callers of `decide`).
+    pub denied_from_cache: u64,
 }
 
 impl StatsSnapshot {
@@ -64,6 +68,7 @@ impl StatsSnapshot {
 #[derive(Default)]
 pub(crate) struct Stats {
     counts: [AtomicU64; 6],
+    cache_hits: AtomicU64,
 }
 
 impl Stats {
@@ -72,6 +77,11 @@ impl Stats {
         // Direct calls without a rule name share one label value.
         let rule = if rule.is_empty() { "unnamed" } else { rule };
         metrics::counter!("ratelimit_decisions_total", "rule" => rule, "outcome" => outcome.label()).increment(1);
+    }
+
+    pub(crate) fn cache_hit(&self) {
+        self.cache_hits.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
     }
 
     /// Denials so far, of any kind, for sampling their logs.
@@ -95,6 +105,7 @@ impl Stats {
             fallback_denied: get(Outcome::FallbackDenied),
             shadow_denied: get(Outcome::ShadowDenied),
             errors: get(Outcome::Error),
+            denied_from_cache: self.cache_hits.load(Ordering::Relaxed),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Writes the checks into the function.
 
 use proc_macro2::{Group, Literal, Span, TokenStream, TokenTree};
-use quote::{quote, quote_spanned, ToTokens as _};
+use quote::{format_ident, quote, quote_spanned, ToTokens as _};
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned as _;
 use syn::{Attribute, Expr, ItemFn, Stmt, TraitItemFn};
@@ -105,8 +105,60 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         .into_iter()
         .map(|args| signature.check(args))
         .collect::<syn::Result<Vec<_>>>()?;
-    let checks = checks.iter().map(|check| expand_check(&signature, check));
-    Ok(quote!({ #(#checks)* }))
+    if let [check] = &checks[..] {
+        let prepared = prepare_check(&signature, check, "");
+        let private = private_path(check);
+        let call = quote! {
+            #private::acquire(
+                __ratelimit_limiter,
+                &__RATELIMIT_RULE,
+                &__ratelimit_key,
+                __ratelimit_cost,
+            )
+        };
+        let deny = deny(&signature, call);
+        return Ok(quote!({ #prepared #deny }));
+    }
+    // Stacked: every check prepared, then one call that admits all or none.
+    let prepared = checks
+        .iter()
+        .enumerate()
+        .map(|(i, check)| prepare_check(&signature, check, &format!("_{i}")));
+    let entries = (0..checks.len()).map(|i| {
+        let limiter = format_ident!("__ratelimit_limiter_{}", i);
+        let rule = format_ident!("__RATELIMIT_RULE_{}", i);
+        let key = format_ident!("__ratelimit_key_{}", i);
+        let cost = format_ident!("__ratelimit_cost_{}", i);
+        quote!((#limiter, &#rule, #key.as_str(), #cost))
+    });
+    let private = private_path(&checks[0]);
+    let call = quote!(#private::acquire_all(&[#(#entries),*]));
+    let deny = deny(&signature, call);
+    Ok(quote!({ #(#prepared)* #deny }))
+}
+
+fn private_path(check: &Check) -> TokenStream {
+    let krate = &check.krate;
+    quote!(#krate::__private)
+}
+
+/// Awaits `call` (a `Result<(), RateLimited>`) and returns the denial as the
+/// function's error.
+fn deny(function: &Function, call: TokenStream) -> TokenStream {
+    // With the span of the error type, a missing `From<RateLimited>` is
+    // reported at the user's type.
+    let from = quote_spanned!(function.error_type_span=>
+        ::core::convert::From::from(__ratelimit_denied)
+    );
+    quote! {
+        if let ::core::result::Result::Err(__ratelimit_denied) = #call.await {
+            // `From` may be the identity when the function returns
+            // `Result<T, RateLimited>`.
+            #[allow(clippy::useless_conversion)]
+            let __ratelimit_error = #from;
+            return ::core::result::Result::Err(__ratelimit_error);
+        }
+    }
 }
 
 /// One attribute's check.
@@ -138,7 +190,7 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
 ///     }
 /// }
 /// ```
-fn expand_check(function: &Function, check: &Check) -> TokenStream {
+fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStream {
     let krate = &check.krate;
     let private = quote!(#krate::__private);
     let name = function.name.unraw().to_string();
@@ -150,7 +202,7 @@ fn expand_check(function: &Function, check: &Check) -> TokenStream {
     let period_us = Literal::u64_unsuffixed(check.rate.period_us);
     let limiter = match &check.limiter {
         None => quote!(
-            let __ratelimit_limiter: &#private::Limiter = #private::global_limiter();
+            let __ratelimit_limiter_tmp: &#private::Limiter = #private::global_limiter();
         ),
         // `let x = &(expr);` keeps a temporary such as `Arc::clone(&l)` alive
         // for the whole check.
@@ -161,7 +213,7 @@ fn expand_check(function: &Function, check: &Check) -> TokenStream {
                 quote_spanned!(span=> #private::borrow_limiter(__ratelimit_limiter_source));
             quote!(
                 let __ratelimit_limiter_source = &(#expr);
-                let __ratelimit_limiter: &#private::Limiter = #borrow;
+                let __ratelimit_limiter_tmp: &#private::Limiter = #borrow;
             )
         }
     };
@@ -186,40 +238,24 @@ fn expand_check(function: &Function, check: &Check) -> TokenStream {
             quote_spanned!(span=> #private::IntoCost::into_cost(#expr))
         }
     };
-    // With the span of the error type, a missing `From<RateLimited>` is
-    // reported at the user's type.
-    let from = quote_spanned!(function.error_type_span=>
-        ::core::convert::From::from(__ratelimit_denied)
-    );
+    let rule_name = format_ident!("__RATELIMIT_RULE{}", suffix);
+    let limiter_name = format_ident!("__ratelimit_limiter{}", suffix);
+    let key_name = format_ident!("__ratelimit_key{}", suffix);
+    let cost_name = format_ident!("__ratelimit_cost{}", suffix);
     quote! {
-        {
-            static __RATELIMIT_RULE: #private::Rule = #private::Rule::new(
-                ::core::concat!(::core::module_path!(), "::", #name),
-                #algorithm,
-                #algorithm_name,
-                #capacity,
-                #tokens,
-                #period_us,
-                #window_us,
-            )#rule_options;
-            #limiter
-            let __ratelimit_key: ::std::string::String = #key;
-            let __ratelimit_cost: u64 = #cost;
-            if let ::core::result::Result::Err(__ratelimit_denied) = #private::acquire(
-                __ratelimit_limiter,
-                &__RATELIMIT_RULE,
-                &__ratelimit_key,
-                __ratelimit_cost,
-            )
-            .await
-            {
-                // `From` may be the identity when the function returns
-                // `Result<T, RateLimited>`.
-                #[allow(clippy::useless_conversion)]
-                let __ratelimit_error = #from;
-                return ::core::result::Result::Err(__ratelimit_error);
-            }
-        }
+        static #rule_name: #private::Rule = #private::Rule::new(
+            ::core::concat!(::core::module_path!(), "::", #name),
+            #algorithm,
+            #algorithm_name,
+            #capacity,
+            #tokens,
+            #period_us,
+            #window_us,
+        )#rule_options;
+        #limiter
+        let #limiter_name: &#private::Limiter = __ratelimit_limiter_tmp;
+        let #key_name: ::std::string::String = #key;
+        let #cost_name: u64 = #cost;
     }
 }
 

@@ -320,7 +320,14 @@ impl Shared {
 
     fn allowed(&self, response: &mut Response, decision: &Decision) {
         let layer = &self.layer;
+        let inner_denial = problem::denial_numbers(response);
         let headers = response.headers_mut();
+        if let (true, Some((limit, remaining, retry_after))) = (layer.legacy_headers, inner_denial)
+        {
+            // A handler under this layer was denied (by `#[rate_limit]`):
+            // the legacy fields report that denial, the tightest limit.
+            fields::set_legacy(headers, limit, Some(remaining), retry_after);
+        }
         headers.append(fields::ratelimit_policy(), self.policy.clone());
         if decision.fallback {
             // The backend failed and the failure policy admitted the request:

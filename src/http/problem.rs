@@ -54,7 +54,8 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 /// | cause | `code` | `Retry-After` and `retryAfter` |
 /// |---|---|---|
 /// | [`DenialCause::Quota`] | `"rate_limited"` | the wait in whole seconds, rounded up |
-/// | [`DenialCause::BackendUnavailable`] (the limiter's backend failed and its failure policy is closed) | `"rate_limiter_unavailable"` | the policy's `retry_after`, rounded up |
+/// | [`DenialCause::LocalFallback`] (the backend failed, and the local share of the quota is spent) | `"rate_limited"` | the wait in whole seconds, rounded up |
+/// | [`DenialCause::BackendUnavailable`] (the backend failed and the failure policy is closed) | `"rate_limiter_unavailable"` | the denial's `retry_after`, rounded up |
 /// | [`DenialCause::CostExceedsCapacity`] | `"cost_exceeds_capacity"` | absent: the request costs more than the quota's capacity, so waiting never helps, and no header invites a retry |
 ///
 /// The body, served as `application/problem+json`, has `type`
@@ -181,6 +182,9 @@ impl TooManyRequests {
         match self.denied.cause {
             DenialCause::BackendUnavailable => "rate_limiter_unavailable",
             DenialCause::CostExceedsCapacity { .. } => "cost_exceeds_capacity",
+            // The local fallback limiter denies by its share of the quota: to
+            // the client, a spent quota like any other.
+            DenialCause::Quota | DenialCause::LocalFallback => "rate_limited",
             _ => "rate_limited",
         }
     }
@@ -224,10 +228,16 @@ impl std::error::Error for TooManyRequests {
     }
 }
 
-/// The problem body of a [`TooManyRequests`] response, kept as a response
-/// extension so that middleware that sees the request can add its id.
+/// The problem body of a [`TooManyRequests`] response and the numbers of its
+/// denial, kept as a response extension for middleware: a layer that sees
+/// the request adds its id, and one with legacy fields reports the denial.
 #[derive(Debug, Clone)]
-struct Problem(Map<String, Value>);
+struct Problem {
+    body: Map<String, Value>,
+    limit: u64,
+    remaining: u64,
+    retry_after: Option<u64>,
+}
 
 impl IntoResponse for TooManyRequests {
     fn into_response(self) -> Response {
@@ -260,7 +270,12 @@ impl IntoResponse for TooManyRequests {
             fields::ratelimit(),
             fields::ratelimit_value(policy, 0, retry_after),
         );
-        response.extensions_mut().insert(Problem(body));
+        response.extensions_mut().insert(Problem {
+            body,
+            limit: self.denied.limit,
+            remaining: self.denied.remaining,
+            retry_after,
+        });
         response
     }
 }
@@ -279,7 +294,7 @@ pub(crate) fn attach_request_id(response: &mut Response, id: &str) {
     if response.status() != StatusCode::TOO_MANY_REQUESTS {
         return;
     }
-    let Some(Problem(body)) = response.extensions_mut().get_mut::<Problem>() else {
+    let Some(Problem { body, .. }) = response.extensions_mut().get_mut::<Problem>() else {
         return;
     };
     if body.contains_key("requestId") {
@@ -289,6 +304,16 @@ pub(crate) fn attach_request_id(response: &mut Response, id: &str) {
     let text = Value::Object(body.clone()).to_string();
     response.headers_mut().remove(CONTENT_LENGTH);
     *response.body_mut() = Body::from(text);
+}
+
+/// The limit, remaining tokens and `Retry-After` of the denial a
+/// [`TooManyRequests`] response reports, if `response` is one.
+pub(crate) fn denial_numbers(response: &Response) -> Option<(u64, u64, Option<u64>)> {
+    if response.status() != StatusCode::TOO_MANY_REQUESTS {
+        return None;
+    }
+    let problem = response.extensions().get::<Problem>()?;
+    Some((problem.limit, problem.remaining, problem.retry_after))
 }
 
 /// Copies the request's `X-Request-Id` into the body of every

@@ -99,6 +99,57 @@ impl MemoryBackend {
         }
     }
 
+    /// Decides for every request at one instant, admitting all or none: the
+    /// shards involved are locked together (in index order, so concurrent
+    /// calls cannot deadlock), every key decided on a copy of its state, and
+    /// the copies stored only if every key admits. The keys must be distinct.
+    pub(crate) fn decide_all(&self, requests: &[(&Quota, &str, u64)]) -> Vec<Decision> {
+        let now = self.clock.now_micros();
+        let indexes: Vec<usize> = requests
+            .iter()
+            .map(|(_, key, _)| self.hasher.hash_one(*key) as usize % SHARDS)
+            .collect();
+        let mut order = indexes.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
+            .iter()
+            .map(|&i| {
+                (
+                    i,
+                    self.shards[i]
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                )
+            })
+            .collect();
+        let mut decided = Vec::with_capacity(requests.len());
+        for ((quota, key, cost), index) in requests.iter().zip(&indexes) {
+            let shard = &guards[guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0)].1;
+            let mut state = shard
+                .buckets
+                .get(*key)
+                .filter(|(_, expires_at)| *expires_at > now)
+                .map(|(state, _)| state.clone());
+            let (decision, wrote) = algorithm::decide(quota, &mut state, now, *cost);
+            decided.push((decision, wrote.then_some(state).flatten()));
+        }
+        let all_admitted = decided.iter().all(|(d, _)| d.allowed);
+        let mut decisions = Vec::with_capacity(requests.len());
+        for (((_, key, _), index), (decision, state)) in requests.iter().zip(&indexes).zip(decided)
+        {
+            if let (true, Some(state)) = (all_admitted, state) {
+                let position = guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0);
+                let shard = &mut guards[position].1;
+                let expires_at = now + decision.reset_after.as_micros() as u64;
+                shard.buckets.insert((*key).into(), (state, expires_at));
+                shard.sweep_if_due(now, self.max_per_shard);
+            }
+            decisions.push(decision);
+        }
+        decisions
+    }
+
     /// Keys currently held (buckets not yet known to be full).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -30,6 +30,19 @@ impl Backend {
         }
     }
 
+    /// Decides for every request in one atomic step, admitting all or none.
+    /// The keys must be distinct.
+    pub(crate) async fn decide_all(
+        &self,
+        requests: &[(&Quota, &str, u64)],
+    ) -> Result<Vec<Decision>, Error> {
+        match self {
+            Backend::Memory(memory) => Ok(memory.decide_all(requests)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => redis.decide_all(requests).await,
+        }
+    }
+
     /// Whether calls can fail (and so go through the circuit breaker).
     pub(crate) fn can_fail(&self) -> bool {
         !matches!(self, Backend::Memory(_))

@@ -1,71 +1,124 @@
-//! The Redis backend: one atomic Lua script per decision, on one shared,
-//! multiplexed, auto-reconnecting connection.
+//! The Redis backend: one Lua script holds every algorithm; each call decides
+//! for one or more keys atomically, on one shared, multiplexed,
+//! auto-reconnecting connection.
+//!
+//! Concurrent single-key decisions are batched: while a few script calls are
+//! in flight, the decisions that arrive wait and then go together in the next
+//! call (up to [`MAX_BATCH`]). With no queue, a decision goes at once, alone.
+//! Redis's own work per decision is what bounds throughput, and one script
+//! call deciding for many keys costs far less than as many calls.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
 
-macro_rules! script {
-    ($file:literal) => {
-        Lazy::new(|| {
-            redis::Script::new(concat!(
-                include_str!("../../scripts/prelude.lua"),
-                include_str!(concat!("../../scripts/", $file))
-            ))
-        })
-    };
+/// The most decisions one script call carries.
+const MAX_BATCH: usize = 128;
+
+/// Script calls in flight at once from one limiter; decisions arriving while
+/// all are busy queue for the next batch.
+const MAX_IN_FLIGHT: usize = 64;
+
+/// Built once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
+/// restart or `SCRIPT FLUSH`), loads the script and retries once.
+pub(crate) static SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
+    redis::Script::new(concat!(
+        include_str!("../../scripts/prelude.lua"),
+        include_str!("../../scripts/token_bucket.lua"),
+        include_str!("../../scripts/gcra.lua"),
+        include_str!("../../scripts/fixed_window.lua"),
+        include_str!("../../scripts/sliding_log.lua"),
+        include_str!("../../scripts/sliding_window.lua"),
+        include_str!("../../scripts/entry.lua"),
+    ))
+});
+
+/// One key's request: the seven script fields after the key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request {
+    pub algorithm: u64,
+    pub cost: u64,
+    /// The caller's clock, or `None` for Redis `TIME`.
+    pub now: Option<u64>,
+    pub params: [u64; 4],
 }
 
-// Built once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
-// restart or `SCRIPT FLUSH`), loads the script and retries once.
-static TOKEN_BUCKET: Lazy<redis::Script> = script!("token_bucket.lua");
-static GCRA: Lazy<redis::Script> = script!("gcra.lua");
-static FIXED_WINDOW: Lazy<redis::Script> = script!("fixed_window.lua");
-static SLIDING_LOG: Lazy<redis::Script> = script!("sliding_log.lua");
-static SLIDING_WINDOW: Lazy<redis::Script> = script!("sliding_window.lua");
-
-/// The script for `quota` with its arguments after `now` and `cost`.
-fn script_for(quota: &Quota, invocation_args: &mut Vec<u64>) -> &'static redis::Script {
-    let rate = quota.rate();
-    let bucket = [rate.tokens(), rate.period_us(), quota.capacity()];
-    let windowed = [quota.capacity(), quota.window_us()];
-    match quota.algorithm() {
-        Algorithm::TokenBucket => {
-            invocation_args.extend(bucket);
-            &TOKEN_BUCKET
-        }
-        Algorithm::Gcra | Algorithm::LeakyBucket => {
-            invocation_args.extend(bucket);
-            invocation_args.push(u64::from(quota.algorithm() == Algorithm::LeakyBucket));
-            &GCRA
-        }
-        Algorithm::FixedWindow => {
-            invocation_args.extend(windowed);
-            &FIXED_WINDOW
-        }
-        Algorithm::SlidingLog => {
-            invocation_args.extend(windowed);
-            &SLIDING_LOG
-        }
-        Algorithm::SlidingWindow => {
-            invocation_args.extend(windowed);
-            &SLIDING_WINDOW
+impl Request {
+    pub(crate) fn new(quota: &Quota, cost: u64, now: Option<u64>) -> Self {
+        let rate = quota.rate();
+        let algorithm = quota.algorithm();
+        let params = if algorithm.is_windowed() {
+            [quota.capacity(), quota.window_us(), 0, 0]
+        } else {
+            [rate.tokens(), rate.period_us(), quota.capacity(), 0]
+        };
+        Self {
+            algorithm: Algorithm::ALL
+                .iter()
+                .position(|a| *a == algorithm)
+                .unwrap_or(0) as u64,
+            cost,
+            now,
+            params,
         }
     }
+
+    pub(crate) fn push_to(&self, invocation: &mut redis::ScriptInvocation<'_>) {
+        invocation.arg(self.algorithm).arg(self.cost);
+        match self.now {
+            Some(now) => invocation.arg(now),
+            None => invocation.arg(""),
+        };
+        for p in self.params {
+            invocation.arg(p);
+        }
+    }
+}
+
+/// Reads one key's five numbers of a script reply.
+fn decode(quota: &Quota, key: &str, reply: &[i64]) -> Result<Decision, Error> {
+    match *reply {
+        [allowed @ (0 | 1), remaining, retry, reset, delay]
+            if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 =>
+        {
+            Ok(Decision::from_micros(
+                allowed == 1,
+                quota.capacity(),
+                remaining as u64,
+                retry as u64,
+                reset as u64,
+                delay as u64,
+            ))
+        }
+        [-1, ..] => Err(Error::UnexpectedReply(format!(
+            "the value at `{key}` was not written by `{}`; another writer or algorithm uses this key",
+            quota.algorithm()
+        ))),
+        _ => Err(Error::UnexpectedReply(format!("{reply:?}"))),
+    }
+}
+
+struct Job {
+    key: String,
+    quota: Quota,
+    request: Request,
+    reply: oneshot::Sender<Result<Decision, Error>>,
 }
 
 pub(crate) struct RedisBackend {
     client: redis::Client,
     /// Created on first use, inside the caller's Tokio runtime, which the
-    /// connection manager needs for its background reconnection.
+    /// connection manager and the batching task run on.
     connection: OnceCell<ConnectionManager>,
+    batcher: OnceCell<mpsc::UnboundedSender<Job>>,
     prefix: String,
     timeout: Duration,
     /// The caller's clock, when configured; Redis `TIME` otherwise.
@@ -84,6 +137,7 @@ impl RedisBackend {
         Ok(Self {
             client,
             connection: OnceCell::new(),
+            batcher: OnceCell::new(),
             prefix,
             timeout,
             clock,
@@ -104,46 +158,139 @@ impl RedisBackend {
             .map_err(Error::from)
     }
 
+    fn batcher(&self) -> Result<&mpsc::UnboundedSender<Job>, Error> {
+        self.batcher.get_or_try_init(|| {
+            let connection = self.connection()?;
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(run_batches(receiver, connection));
+            Ok(sender)
+        })
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        let mut full = String::with_capacity(self.prefix.len() + key.len());
+        full.push_str(&self.prefix);
+        full.push_str(key);
+        full
+    }
+
+    fn now(&self) -> Option<u64> {
+        self.clock.as_ref().map(|clock| clock.now_micros())
+    }
+
     pub(crate) async fn decide(
         &self,
         quota: &Quota,
         key: &str,
         cost: u64,
     ) -> Result<Decision, Error> {
-        let mut connection = self.connection()?;
-        let mut full_key = String::with_capacity(self.prefix.len() + key.len());
-        full_key.push_str(&self.prefix);
-        full_key.push_str(key);
-        let mut args = Vec::with_capacity(4);
-        let script = script_for(quota, &mut args);
-        let mut invocation = script.prepare_invoke();
-        invocation.key(full_key);
-        match &self.clock {
-            Some(clock) => invocation.arg(clock.now_micros()),
-            None => invocation.arg(""),
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            key: self.full_key(key),
+            quota: *quota,
+            request: Request::new(quota, cost, self.now()),
+            reply,
         };
-        invocation.arg(cost);
-        for arg in args {
-            invocation.arg(arg);
+        self.batcher()?
+            .send(job)
+            .map_err(|_| Error::Config("the limiter's Tokio runtime has shut down".into()))?;
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::UnexpectedReply("the batch was dropped".into())),
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+
+    /// Decides for every key in one script call, admitting all or none. The
+    /// keys must be distinct.
+    pub(crate) async fn decide_all(
+        &self,
+        requests: &[(&Quota, &str, u64)],
+    ) -> Result<Vec<Decision>, Error> {
+        let mut connection = self.connection()?;
+        let now = self.now();
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|(_, key, _)| self.full_key(key))
+            .collect();
+        let mut invocation = SCRIPT.prepare_invoke();
+        invocation.arg("all");
+        for ((quota, _, cost), key) in requests.iter().zip(&keys) {
+            invocation.key(key);
+            Request::new(quota, *cost, now).push_to(&mut invocation);
         }
         let reply: Vec<i64> =
             tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
                 .await
                 .map_err(|_| Error::Timeout(self.timeout))??;
-        match reply[..] {
-            [allowed, remaining, retry_after, reset_after, delay]
-                if remaining >= 0 && retry_after >= 0 && reset_after >= 0 && delay >= 0 =>
-            {
-                Ok(Decision::from_micros(
-                    allowed == 1,
-                    quota.capacity(),
-                    remaining as u64,
-                    retry_after as u64,
-                    reset_after as u64,
-                    delay as u64,
-                ))
-            }
-            _ => Err(Error::UnexpectedReply(format!("{reply:?}"))),
+        if reply.len() != 5 * requests.len() {
+            return Err(Error::UnexpectedReply(format!("{reply:?}")));
         }
+        reply
+            .chunks(5)
+            .zip(requests.iter().zip(&keys))
+            .map(|(r, ((quota, _, _), key))| decode(quota, key, r))
+            .collect()
+    }
+}
+
+/// Takes decisions off the queue and sends them in batches, with at most
+/// `MAX_IN_FLIGHT` script calls outstanding.
+async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connection: ConnectionManager) {
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    loop {
+        // Wait for a free slot first: meanwhile, arriving decisions queue up
+        // and go together.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = queue.recv().await else {
+            return;
+        };
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let connection = connection.clone();
+        tokio::spawn(async move {
+            send_batch(connection, jobs).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) {
+    let mut invocation = SCRIPT.prepare_invoke();
+    invocation.arg("each");
+    for job in &jobs {
+        invocation.key(&job.key);
+        job.request.push_to(&mut invocation);
+    }
+    let reply: Result<Vec<i64>, redis::RedisError> = invocation.invoke_async(&mut connection).await;
+    let results: Vec<Result<Decision, Error>> = match reply {
+        Ok(reply) => {
+            if reply.len() == 5 * jobs.len() {
+                reply
+                    .chunks(5)
+                    .zip(&jobs)
+                    .map(|(r, job)| decode(&job.quota, &job.key, r))
+                    .collect()
+            } else {
+                jobs.iter()
+                    .map(|_| Err(Error::UnexpectedReply(format!("{reply:?}"))))
+                    .collect()
+            }
+        }
+        Err(error) => jobs
+            .iter()
+            .map(|_| Err(Error::Redis(error.clone())))
+            .collect(),
+    };
+    for (job, result) in jobs.into_iter().zip(results) {
+        // The caller may have timed out and gone: nothing to do then.
+        let _ = job.reply.send(result);
     }
 }

@@ -1,0 +1,59 @@
+-- Decides for every key of the call, with one TIME at most.
+--
+-- KEYS[i]  the i-th key (all in one hash slot on Redis Cluster)
+-- ARGV[1]  'each': decide each key on its own, in order, writing as it goes;
+--          'all': admit all or none: decide every key, then write only if
+--          every one admits (the keys must be distinct)
+-- then for each key, 7 fields:
+--   algorithm (the index of Algorithm::ALL), cost, now in µs or '' for Redis
+--   TIME, and the algorithm's numbers p1..p4
+--
+-- Reply: 5 numbers per key (see the prelude). In 'each' mode a key whose
+-- state another writer corrupted answers allowed = -1, and the others are
+-- still decided.
+
+local time_now = nil
+local function now_of(arg)
+  if arg ~= '' then return tonumber(arg) end
+  if not time_now then
+    local t = redis.call('TIME')
+    time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return time_now
+end
+
+local all = ARGV[1] == 'all'
+local replies = {}
+local writes = {}
+local denied = false
+for i = 1, #KEYS do
+  local base = 1 + (i - 1) * 7
+  local decide = ALGORITHMS[tonumber(ARGV[base + 1])]
+  local cost = tonumber(ARGV[base + 2])
+  local now = now_of(ARGV[base + 3])
+  local p1, p2, p3, p4 = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+  if all then
+    local reply, write = decide(KEYS[i], now, cost, p1, p2, p3, p4)
+    replies[i], writes[i] = reply, write
+    if reply[1] == 0 then denied = true end
+  else
+    local ok, reply, write = pcall(decide, KEYS[i], now, cost, p1, p2, p3, p4)
+    if ok then
+      if write then write() end
+      replies[i] = reply
+    else
+      replies[i] = {-1, 0, 0, 0, 0}
+    end
+  end
+end
+if all and not denied then
+  for i = 1, #KEYS do
+    if writes[i] then writes[i]() end
+  end
+end
+
+local flat = {}
+for i = 1, #replies do
+  for j = 1, 5 do flat[#flat + 1] = replies[i][j] end
+end
+return flat
