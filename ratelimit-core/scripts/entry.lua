@@ -8,9 +8,9 @@
 --   algorithm (the index of Algorithm::ALL), cost, now in µs or '' for Redis
 --   TIME, and the algorithm's numbers p1..p4
 --
--- Reply: 5 numbers per key (see the prelude). In 'each' mode a key whose
--- state another writer corrupted answers allowed = -1, and the others are
--- still decided.
+-- Reply: 5 numbers per key (see the prelude). A key whose value this
+-- algorithm did not write answers allowed = -1; in 'each' mode the others are
+-- still decided, in 'all' mode nothing is written.
 
 local time_now = nil
 local function now_of(arg)
@@ -33,17 +33,11 @@ for i = 1, #KEYS do
   local now = now_of(ARGV[base + 3])
   local p1, p2, p3, p4 = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
   if all then
-    local reply, write = decide(KEYS[i], now, cost, p1, p2, p3, p4)
+    local reply, write = decide(KEYS[i], now, cost, false, p1, p2, p3, p4)
     replies[i], writes[i] = reply, write
-    if reply[1] == 0 then denied = true end
+    if reply[1] ~= 1 then denied = true end
   else
-    local ok, reply, write = pcall(decide, KEYS[i], now, cost, p1, p2, p3, p4)
-    if ok then
-      if write then write() end
-      replies[i] = reply
-    else
-      replies[i] = {-1, 0, 0, 0, 0}
-    end
+    replies[i] = decide(KEYS[i], now, cost, true, p1, p2, p3, p4)
   end
 end
 if all and not denied then

@@ -4,10 +4,11 @@
 --
 -- p1 limit, p2 window in µs. State: "<window index>:<count>".
 
-ALGORITHMS[2] = function(key, now, cost, limit, window)
+ALGORITHMS[2] = function(key, now, cost, commit, limit, window)
   local index = divmod(now, window)
   local count = 0
   local stored = load(key, 2, 2)
+  if stored == false then return CORRUPT end
   -- A stored window at or after ours (the clock went back) still counts.
   if stored and stored[1] >= index then
     index, count = stored[1], stored[2]
@@ -21,7 +22,10 @@ ALGORITHMS[2] = function(key, now, cost, limit, window)
   count = count + cost
   local reply = {1, limit - count, 0, until_end, 0}
   if cost == 0 then return reply end
-  return reply, function()
-    store(key, int(index) .. ':' .. int(count), until_end)
+  local value = int(index) .. ':' .. int(count)
+  if commit then
+    store(key, value, until_end)
+    return reply
   end
+  return reply, function() store(key, value, until_end) end
 end

@@ -8,7 +8,7 @@
 -- drained) at full_at + rem / tokens µs. Time is counted in units of 1/tokens
 -- µs, so one token is exactly `period` units and refill is exact for any rate.
 
-local function gcra(key, now, cost, tokens, period, capacity, leaky)
+local function gcra(key, now, cost, commit, tokens, period, capacity, leaky)
   local depth = capacity * period
   local inc = cost * period
 
@@ -16,6 +16,7 @@ local function gcra(key, now, cost, tokens, period, capacity, leaky)
   -- finds full_at further away, so it sees fewer tokens, never more.
   local full_at, rem = now, 0
   local stored = load(key, 1, 2)
+  if stored == false then return CORRUPT end
   if stored and stored[1] >= now then
     full_at, rem = stored[1], stored[2] or 0
   end
@@ -33,17 +34,19 @@ local function gcra(key, now, cost, tokens, period, capacity, leaky)
   local reset = div_ceil(new_debt, tokens)
   local reply = {1, divmod(depth - new_debt, period), 0, reset, delay}
   if inc == 0 then return reply end
-  return reply, function()
-    local carry, new_rem = divmod(rem + inc, tokens)
-    local value = int(full_at + carry)
-    if new_rem > 0 then value = value .. ':' .. int(new_rem) end
+  local carry, new_rem = divmod(rem + inc, tokens)
+  local value = int(full_at + carry)
+  if new_rem > 0 then value = value .. ':' .. int(new_rem) end
+  if commit then
     store(key, value, reset)
+    return reply
   end
+  return reply, function() store(key, value, reset) end
 end
 
-ALGORITHMS[1] = function(key, now, cost, p1, p2, p3)
-  return gcra(key, now, cost, p1, p2, p3, false)
+ALGORITHMS[1] = function(key, now, cost, commit, p1, p2, p3)
+  return gcra(key, now, cost, commit, p1, p2, p3, false)
 end
-ALGORITHMS[5] = function(key, now, cost, p1, p2, p3)
-  return gcra(key, now, cost, p1, p2, p3, true)
+ALGORITHMS[5] = function(key, now, cost, commit, p1, p2, p3)
+  return gcra(key, now, cost, commit, p1, p2, p3, true)
 end

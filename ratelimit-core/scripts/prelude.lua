@@ -3,11 +3,12 @@
 -- every key the call names. See entry.lua for the arguments and the reply.
 --
 -- Every algorithm function has the form
---   decide(key, now, cost, p1, p2, p3, p4) -> reply, write
+--   decide(key, now, cost, commit, p1, p2, p3, p4) -> reply[, write]
 -- where reply is {allowed (0|1), remaining, retry_after_us, reset_after_us,
--- delay_us} and write, when the decision consumes, is a function that stores
--- the new state. Deciding never writes, so several keys can be decided first
--- and written only if all of them admit.
+-- delay_us}. When the decision consumes, it stores the new state at once if
+-- `commit`, and otherwise returns `write`, a function that stores it: so
+-- several keys can be decided first and written only if all of them admit.
+-- A value the algorithm did not write answers CORRUPT.
 --
 -- Time is in integer microseconds and every number stays below 2^53 (the
 -- quota's constructors check it), so Lua's doubles hold them exactly. A denial
@@ -15,6 +16,7 @@
 -- its state no longer changes any decision.
 
 local ALGORITHMS = {}
+local CORRUPT = {-1, 0, 0, 0, 0}
 
 -- Exact floor division of non-negative integers below 2^53: the quotient of
 -- two doubles can round up across an integer, so correct it by the remainder.
@@ -40,8 +42,8 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- The numbers of the string at `key` ("a", "a:b" or "a:b:c"), or nil when
--- absent. Anything else was not written by this algorithm: an error.
+-- The numbers of the string at `key` ("a", "a:b" or "a:b:c"), nil when
+-- absent, and false for anything this algorithm did not write.
 local function load(key, min_fields, max_fields)
   local stored = redis.call('GET', key)
   if not stored then return nil end
@@ -54,7 +56,7 @@ local function load(key, min_fields, max_fields)
     values[#values + 1] = tonumber(part)
   end
   if not values or #values < min_fields or #values > max_fields then
-    error('ratelimit: unexpected value at ' .. key .. '; was it written by another algorithm?')
+    return false
   end
   return values
 end

@@ -5,7 +5,7 @@
 --
 -- p1 limit, p2 window in µs.
 
-ALGORITHMS[3] = function(key, now, cost, limit, window)
+ALGORITHMS[3] = function(key, now, cost, commit, limit, window)
   local cutoff = now - window
   if cutoff < 0 then cutoff = 0 end
   local after_cutoff = '(' .. int(cutoff)
@@ -31,7 +31,7 @@ ALGORITHMS[3] = function(key, now, cost, limit, window)
   local reset = latest + window - now
   local reply = {1, limit - count - cost, 0, reset, 0}
   if cost == 0 then return reply end
-  return reply, function()
+  local function write()
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
     -- Members must be unique even for admissions in the same microsecond, from
     -- any instance: number them past the count, skipping any already taken.
@@ -44,4 +44,9 @@ ALGORITHMS[3] = function(key, now, cost, limit, window)
     end
     redis.call('PEXPIRE', key, div_ceil(reset, 1000))
   end
+  if commit then
+    write()
+    return reply
+  end
+  return reply, write
 end

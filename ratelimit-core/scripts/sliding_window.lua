@@ -4,11 +4,12 @@
 --
 -- p1 limit, p2 window in µs. State: "<index>:<current>:<previous>".
 
-ALGORITHMS[4] = function(key, now, cost, limit, window)
+ALGORITHMS[4] = function(key, now, cost, commit, limit, window)
   local window_ms = window / 1000
   local now_index = divmod(now, window)
   local index, current, previous = now_index, 0, 0
   local stored = load(key, 3, 3)
+  if stored == false then return CORRUPT end
   if stored then
     if stored[1] >= now_index then
       index, current, previous = stored[1], stored[2], stored[3]
@@ -61,7 +62,10 @@ ALGORITHMS[4] = function(key, now, cost, limit, window)
   local reset = positive(reset_at(new_current) - now)
   local reply = {1, divmod(capacity - used - cost * window_ms, window_ms), 0, reset, 0}
   if cost == 0 then return reply end
-  return reply, function()
-    store(key, int(index) .. ':' .. int(new_current) .. ':' .. int(previous), reset)
+  local value = int(index) .. ':' .. int(new_current) .. ':' .. int(previous)
+  if commit then
+    store(key, value, reset)
+    return reply
   end
+  return reply, function() store(key, value, reset) end
 end

@@ -5,12 +5,13 @@
 -- "<level>:<updated>", the level in units of 1/tokens µs (one token is
 -- `period` units), so refill is exact for any rate.
 
-ALGORITHMS[0] = function(key, now, cost, tokens, period, capacity)
+ALGORITHMS[0] = function(key, now, cost, commit, tokens, period, capacity)
   local depth = capacity * period
   local inc = cost * period
 
   local level, updated = depth, now
   local stored = load(key, 2, 2)
+  if stored == false then return CORRUPT end
   if stored then
     level, updated = stored[1], stored[2]
   end
@@ -34,7 +35,10 @@ ALGORITHMS[0] = function(key, now, cost, tokens, period, capacity)
   local reset = lag + div_ceil(depth - level, tokens)
   local reply = {1, divmod(level, period), 0, reset, 0}
   if inc == 0 then return reply end
-  return reply, function()
-    store(key, int(level) .. ':' .. int(updated), reset)
+  local value = int(level) .. ':' .. int(updated)
+  if commit then
+    store(key, value, reset)
+    return reply
   end
+  return reply, function() store(key, value, reset) end
 end

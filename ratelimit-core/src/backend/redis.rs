@@ -25,7 +25,7 @@ const MAX_BATCH: usize = 128;
 
 /// Script calls in flight at once from one limiter; decisions arriving while
 /// all are busy queue for the next batch.
-const MAX_IN_FLIGHT: usize = 64;
+const MAX_IN_FLIGHT: usize = 16;
 
 /// Built once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
 /// restart or `SCRIPT FLUSH`), loads the script and retries once.
@@ -247,6 +247,9 @@ async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connection: Connec
         let Some(first) = queue.recv().await else {
             return;
         };
+        // Let the callers that are ready run first, so their decisions join
+        // this batch.
+        tokio::task::yield_now().await;
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
             match queue.try_recv() {
