@@ -19,6 +19,7 @@ pub mod key;
 mod limiter;
 mod metrics;
 mod quota;
+mod rules;
 
 pub use breaker::{BreakerConfig, CircuitState};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
@@ -31,3 +32,4 @@ pub use limiter::{
 };
 pub use metrics::StatsSnapshot;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};
+pub use rules::Rules;

@@ -172,6 +172,8 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     /// The deny cache's clock: the caller's clock when configured.
     cache_clock: Arc<dyn Clock>,
+    /// Named rules, changeable while running.
+    rules: crate::rules::Rules,
     stats: Stats,
     /// Log one denial in this many (0: none).
     denial_log_every: u64,
@@ -216,6 +218,11 @@ impl Limiter {
     /// The backend's name: `"memory"` or `"redis"`.
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.name()
+    }
+
+    /// The named rules this limiter resolves quotas from.
+    pub fn rules(&self) -> &crate::rules::Rules {
+        &self.inner.rules
     }
 
     /// The circuit breaker's state.
@@ -710,6 +717,7 @@ impl Inner {
             breaker: Breaker::new(builder.breaker),
             deny_cache,
             cache_clock: clock,
+            rules: crate::rules::Rules::default(),
             stats: Stats::default(),
             denial_log_every,
             last_warning: AtomicU64::new(0),
