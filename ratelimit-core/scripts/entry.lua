@@ -3,7 +3,8 @@
 -- KEYS[i]  the i-th key (all in one hash slot on Redis Cluster)
 -- ARGV[1]  'each': decide each key on its own, in order, writing as it goes;
 --          'all': admit all or none: decide every key, then write only if
---          every one admits (the keys must be distinct)
+--          every one admits (the keys must be distinct);
+--          'refund': give back each key's cost (see refund.lua); no reply
 -- then for each key, 7 fields:
 --   algorithm (the index of Algorithm::ALL), cost, now in µs or '' for Redis
 --   TIME, and the algorithm's numbers p1..p4
@@ -23,6 +24,15 @@ local function now_of(arg)
 end
 
 local all = ARGV[1] == 'all'
+if ARGV[1] == 'refund' then
+  for i = 1, #KEYS do
+    local base = 1 + (i - 1) * 7
+    local refund = REFUNDS[tonumber(ARGV[base + 1])]
+    refund(KEYS[i], now_of(ARGV[base + 3]), tonumber(ARGV[base + 2]),
+      tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7]))
+  end
+  return {}
+end
 local replies = {}
 local writes = {}
 local denied = false

@@ -115,7 +115,6 @@ impl DenyCache {
     }
 
     /// Drops what is known of `key`: after a refund, it may be admitted sooner.
-    #[cfg(test)]
     pub(crate) fn forget(&self, key: &str) {
         self.shard(key).remove(key);
     }

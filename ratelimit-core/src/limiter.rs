@@ -338,10 +338,15 @@ impl Limiter {
         let result = backend.decide_all(&requests).await;
         crate::metrics::backend_latency(backend.name(), started.elapsed());
         if let (Some(cache), Ok(decisions)) = (&self.inner.deny_cache, &result) {
-            // A dimension denied in an all-or-nothing call is denied on its own too.
+            // A dimension denied in an all-or-nothing call is denied on its own
+            // too. One that admitted got its tokens back (across Redis Cluster
+            // slots, by a refund), which may let a cached denial succeed sooner.
+            let all_admitted = decisions.iter().all(|d| d.allowed);
             for (d, decision) in dimensions.iter().zip(decisions) {
                 if !decision.allowed {
                     cache.insert(d.quota, d.key, d.cost, asked_us, decision);
+                } else if !all_admitted {
+                    cache.forget(d.key);
                 }
             }
         }
@@ -759,6 +764,7 @@ pub struct LimiterBuilder {
 enum BackendChoice {
     Memory,
     Redis(String),
+    Cluster(Vec<String>),
 }
 
 impl Default for LimiterBuilder {
@@ -790,6 +796,19 @@ impl LimiterBuilder {
     /// `rediss://...`, `redis+unix:///path`), shared by every instance.
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.backend = BackendChoice::Redis(url.into());
+        self
+    }
+
+    /// Keeps state in a Redis Cluster, given any of its nodes
+    /// (`redis://host:port`); the client discovers the others and follows
+    /// failovers. Keys that one check names together should share a hash tag
+    /// (`"{user:<id>}:..."`) so they are decided by one script call.
+    pub fn cluster<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.backend = BackendChoice::Cluster(nodes.into_iter().map(Into::into).collect());
         self
     }
 
@@ -910,6 +929,19 @@ impl LimiterBuilder {
                 self.timeout,
                 self.clock.clone(),
             )?),
+            #[cfg(feature = "cluster")]
+            BackendChoice::Cluster(nodes) => Backend::Cluster(Box::new(crate::backend::cluster::ClusterBackend::new(
+                nodes,
+                self.prefix.clone(),
+                self.timeout,
+                self.clock.clone(),
+            )?)),
+            #[cfg(not(feature = "cluster"))]
+            BackendChoice::Cluster(_) => {
+                return Err(Error::Config(
+                    "Redis Cluster nodes were given but the `cluster` feature is off; enable it in Cargo.toml".into(),
+                ))
+            }
             #[cfg(not(feature = "redis"))]
             BackendChoice::Redis(_) => {
                 return Err(Error::Config(

@@ -213,3 +213,120 @@ fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("find a free loopback port")
 }
+
+/// A private Redis Cluster on loopback: `masters` masters with `replicas`
+/// replicas each, every node its own `redis-server --cluster-enabled yes`,
+/// joined with `redis-cli --cluster create`. Killed on drop.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        let cli = std::env::var_os("RATELIMIT_REDIS_CLI")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("redis-cli"));
+        if Command::new(&cli).arg("--version").output().is_err() {
+            panic!(
+                "this test needs redis-cli to build a Redis Cluster, and `{}` could not be run; {INSTALL_HINT}",
+                cli.display()
+            );
+        }
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    // A replica of a fresh cluster may have synced long ago
+                    // by this measure; let it take over regardless.
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new(&cli)
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        let cluster = RedisCluster { nodes };
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_until_ok(Duration::from_secs(30));
+        cluster
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node still running.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.url())
+            .collect()
+    }
+
+    fn info(&self, node: &RedisServer, what: &str) -> String {
+        node.client()
+            .get_connection()
+            .and_then(|mut c| redis::cmd("CLUSTER").arg(what).query::<String>(&mut c))
+            .unwrap_or_default()
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and all
+    /// 16,384 slots are served by a running master.
+    pub fn wait_until_ok(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                let info = self.info(n, "INFO");
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Redis Cluster did not become ready within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Indexes of the nodes that are masters now.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].child.is_some())
+            .filter(|&i| {
+                let node = &self.nodes[i];
+                node.client()
+                    .get_connection()
+                    .and_then(|mut c| redis::cmd("ROLE").query::<redis::Value>(&mut c))
+                    .map(|role| format!("{role:?}").contains("master"))
+                    .unwrap_or(false)
+            })
+            .collect()
+    }
+
+    /// Keys stored on node `index`.
+    pub fn dbsize(&self, index: usize) -> i64 {
+        self.nodes[index]
+            .client()
+            .get_connection()
+            .and_then(|mut c| redis::cmd("DBSIZE").query(&mut c))
+            .unwrap_or(-1)
+    }
+}

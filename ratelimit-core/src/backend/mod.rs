@@ -1,5 +1,7 @@
 //! Where bucket state lives.
 
+#[cfg(feature = "cluster")]
+pub(crate) mod cluster;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
@@ -14,6 +16,8 @@ pub(crate) enum Backend {
     Memory(memory::MemoryBackend),
     #[cfg(feature = "redis")]
     Redis(redis::RedisBackend),
+    #[cfg(feature = "cluster")]
+    Cluster(Box<cluster::ClusterBackend>),
 }
 
 impl Backend {
@@ -27,6 +31,8 @@ impl Backend {
             Backend::Memory(memory) => Ok(memory.decide(quota, key, cost)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => redis.decide(quota, key, cost).await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.decide(quota, key, cost).await,
         }
     }
 
@@ -40,6 +46,8 @@ impl Backend {
             Backend::Memory(memory) => Ok(memory.decide_all(requests)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => redis.decide_all(requests).await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.decide_all(requests).await,
         }
     }
 
@@ -53,6 +61,8 @@ impl Backend {
             Backend::Memory(_) => "memory",
             #[cfg(feature = "redis")]
             Backend::Redis(_) => "redis",
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(_) => "redis-cluster",
         }
     }
 }

@@ -37,6 +37,7 @@ pub(crate) static SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
         include_str!("../../scripts/fixed_window.lua"),
         include_str!("../../scripts/sliding_log.lua"),
         include_str!("../../scripts/sliding_window.lua"),
+        include_str!("../../scripts/refund.lua"),
         include_str!("../../scripts/entry.lua"),
     ))
 });
@@ -84,7 +85,7 @@ impl Request {
 }
 
 /// Reads one key's five numbers of a script reply.
-fn decode(quota: &Quota, key: &str, reply: &[i64]) -> Result<Decision, Error> {
+pub(crate) fn decode(quota: &Quota, key: &str, reply: &[i64]) -> Result<Decision, Error> {
     match *reply {
         [allowed @ (0 | 1), remaining, retry, reset, delay]
             if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 =>

@@ -1,0 +1,68 @@
+-- Refunds: give back `cost` just taken from a key, when a later dimension of
+-- an all-or-nothing check on another Redis Cluster slot denied. Never gives
+-- back more than was taken, and never beyond a full quota. REFUNDS[i] has the
+-- form refund(key, now, cost, p1, p2, p3, p4).
+
+local REFUNDS = {}
+
+-- Token bucket: the level rises by the cost, up to the capacity.
+REFUNDS[0] = function(key, now, cost, tokens, period, capacity)
+  local stored = load(key, 2, 2)
+  if not stored then return end
+  local depth = capacity * period
+  local level = math.min(depth, stored[1] + cost * period)
+  local lag = stored[2] - now
+  if lag < 0 then lag = 0 end
+  if level >= depth and lag == 0 then
+    redis.call('DEL', key)
+  else
+    store(key, int(level) .. ':' .. int(stored[2]), lag + div_ceil(depth - level, tokens))
+  end
+end
+
+-- GCRA and the leaky bucket: the debt shrinks by the cost.
+local function refund_gcra(key, now, cost, tokens, period)
+  local stored = load(key, 1, 2)
+  if not stored or stored[1] < now then return end
+  local debt = (stored[1] - now) * tokens + (stored[2] or 0) - cost * period
+  if debt <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local whole, rem = divmod(debt, tokens)
+  local value = int(now + whole)
+  if rem > 0 then value = value .. ':' .. int(rem) end
+  store(key, value, div_ceil(debt, tokens))
+end
+REFUNDS[1] = refund_gcra
+REFUNDS[5] = refund_gcra
+
+-- Fixed window: the current window's count falls by the cost.
+REFUNDS[2] = function(key, now, cost, limit, window)
+  local stored = load(key, 2, 2)
+  if not stored or stored[1] < divmod(now, window) then return end
+  local count = stored[2] - cost
+  if count <= 0 then
+    redis.call('DEL', key)
+  else
+    local until_end = (stored[1] + 1) * window - now
+    if until_end < 1 then until_end = 1 end
+    store(key, int(stored[1]) .. ':' .. int(count), until_end)
+  end
+end
+
+-- Sliding log: the newest `cost` admissions are removed.
+REFUNDS[3] = function(key, now, cost)
+  redis.call('ZPOPMAX', key, cost)
+end
+
+-- Sliding window: the current window's count falls by the cost.
+REFUNDS[4] = function(key, now, cost, limit, window)
+  local stored = load(key, 3, 3)
+  if not stored or stored[1] < divmod(now, window) then return end
+  local current = stored[2] - cost
+  if current < 0 then current = 0 end
+  local ttl = (stored[1] + 2) * window - now
+  if ttl < 1 then ttl = 1 end
+  store(key, int(stored[1]) .. ':' .. int(current) .. ':' .. int(stored[3]), ttl)
+end

@@ -1,0 +1,211 @@
+//! The Redis Cluster backend: the same script, routed by key to the master
+//! of its hash slot through redis-rs's async cluster client, which follows
+//! MOVED and ASK and refreshes the slot map after a failover.
+//!
+//! A script call only ever names keys of one slot, so no call can hit
+//! CROSSSLOT: single decisions name one key; an all-or-nothing check whose
+//! keys share a slot (a common hash tag, such as `"{user:<id>}:..."`) is one
+//! script call; across slots, the dimensions consume in order and what was
+//! taken is given back when a later one denies.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+
+use super::redis::{decode, Request, SCRIPT};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::quota::Quota;
+
+pub(crate) struct ClusterBackend {
+    client: ClusterClient,
+    /// Connected on first use; a failed attempt is retried on the next call.
+    connection: tokio::sync::OnceCell<ClusterConnection>,
+    prefix: String,
+    timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 of its hash tag (the part
+/// between the first `{` and the next `}`, when not empty) or of the key.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16_384
+}
+
+impl ClusterBackend {
+    pub(crate) fn new(
+        urls: &[String],
+        prefix: String,
+        timeout: Duration,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<Self, Error> {
+        if urls.is_empty() {
+            return Err(Error::Config(
+                "a Redis Cluster needs at least one node URL".into(),
+            ));
+        }
+        let client = ClusterClient::builder(urls.to_vec())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(2)
+            .min_retry_wait(10)
+            .max_retry_wait(100)
+            .build()
+            .map_err(|e| Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}")))?;
+        Ok(Self {
+            client,
+            connection: tokio::sync::OnceCell::new(),
+            prefix,
+            timeout,
+            clock,
+        })
+    }
+
+    async fn connection(&self) -> Result<ClusterConnection, Error> {
+        self.connection
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+            .map_err(Error::from)
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn now(&self) -> Option<u64> {
+        self.clock.as_ref().map(|clock| clock.now_micros())
+    }
+
+    /// One script call over keys of one slot.
+    async fn call(
+        &self,
+        mode: &str,
+        keys: &[String],
+        requests: &[Request],
+    ) -> Result<Vec<i64>, Error> {
+        let work = async {
+            let mut connection = self.connection().await?;
+            let mut invocation = SCRIPT.prepare_invoke();
+            invocation.arg(mode);
+            for (key, request) in keys.iter().zip(requests) {
+                invocation.key(key);
+                request.push_to(&mut invocation);
+            }
+            Ok::<Vec<i64>, Error>(invocation.invoke_async(&mut connection).await?)
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))?
+    }
+
+    pub(crate) async fn decide(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let key = self.full_key(key);
+        let reply = self
+            .call(
+                "each",
+                std::slice::from_ref(&key),
+                &[Request::new(quota, cost, self.now())],
+            )
+            .await?;
+        decode(quota, &key, &reply)
+    }
+
+    /// All or nothing over keys that may live on different slots.
+    pub(crate) async fn decide_all(
+        &self,
+        requests: &[(&Quota, &str, u64)],
+    ) -> Result<Vec<Decision>, Error> {
+        let now = self.now();
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|(_, key, _)| self.full_key(key))
+            .collect();
+        let calls: Vec<Request> = requests
+            .iter()
+            .map(|(q, _, c)| Request::new(q, *c, now))
+            .collect();
+        let first_slot = keys.first().map(|k| slot(k.as_bytes()));
+        if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
+            let reply = self.call("all", &keys, &calls).await?;
+            if reply.len() != 5 * requests.len() {
+                return Err(Error::UnexpectedReply(format!("{reply:?}")));
+            }
+            return reply
+                .chunks(5)
+                .zip(requests.iter().zip(&keys))
+                .map(|(r, ((quota, _, _), key))| decode(quota, key, r))
+                .collect();
+        }
+        // Across slots: consume in order; on a denial (or a failure), give
+        // back what the earlier dimensions took.
+        let mut decisions = Vec::with_capacity(requests.len());
+        for (i, ((quota, _, _), key)) in requests.iter().zip(&keys).enumerate() {
+            let outcome = self
+                .call("each", std::slice::from_ref(key), &calls[i..=i])
+                .await
+                .and_then(|reply| decode(quota, key, &reply));
+            let admitted = matches!(&outcome, Ok(d) if d.allowed);
+            if !admitted {
+                for j in 0..i {
+                    if decisions.get(j).is_some_and(|d: &Decision| d.allowed) {
+                        // A refund that fails leaves the dimension consumed:
+                        // it under-admits, never over-admits.
+                        if let Err(error) = self.call("refund", &keys[j..=j], &calls[j..=j]).await {
+                            tracing::warn!(key = %keys[j], %error, "could not give back a multi-dimension check's tokens");
+                        }
+                    }
+                }
+            }
+            let decision = outcome?;
+            decisions.push(decision);
+            if !admitted {
+                // The later dimensions were not asked; report them as not admitted.
+                for (quota, _, _) in &requests[i + 1..] {
+                    decisions.push(Decision::from_micros(false, quota.capacity(), 0, 0, 0, 0));
+                }
+                return Ok(decisions);
+            }
+        }
+        Ok(decisions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_follow_the_cluster_specification() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12_182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(
+            slot(b"foo{}{bar}"),
+            slot(b"foo{}{bar}"),
+            "an empty tag hashes the whole key"
+        );
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+    }
+}
