@@ -16,9 +16,12 @@ mod deny_cache;
 mod error;
 mod global;
 pub mod key;
+mod lease;
 mod limiter;
 mod metrics;
 mod quota;
+#[cfg(feature = "redis")]
+mod rule_source;
 mod rules;
 
 pub use breaker::{BreakerConfig, CircuitState};
@@ -32,4 +35,9 @@ pub use limiter::{
 };
 pub use metrics::StatsSnapshot;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};
-pub use rules::Rules;
+#[cfg(feature = "redis")]
+pub use rule_source::{
+    PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
+    DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
+};
+pub use rules::{RuleError, Rules};

@@ -16,6 +16,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::deny_cache::DenyCache;
 use crate::error::{DenialCause, Error, RateLimited};
+use crate::lease::Leases;
 use crate::metrics::{Outcome, Stats, StatsSnapshot};
 use crate::quota::Quota;
 
@@ -68,6 +69,13 @@ pub struct CallOptions {
     /// Decide and record as usual, but never deny: a would-be denial returns
     /// `Ok` with `allowed == false`, for rolling a new limit out.
     pub shadow: bool,
+    /// Token leases: take up to this many tokens in one backend call and
+    /// serve them in process until they run out or the lease expires
+    /// ([`LimiterBuilder::lease_ttl`]). 0 (the default) takes tokens one call
+    /// at a time. The global bound holds exactly; unused leased tokens are
+    /// lost at expiry, which can under-admit. Not used by the leaky bucket,
+    /// whose admissions carry each call's own delay.
+    pub lease: u64,
 }
 
 impl CallOptions {
@@ -77,7 +85,14 @@ impl CallOptions {
             rule,
             on_error: None,
             shadow: false,
+            lease: 0,
         }
+    }
+
+    /// Leases up to `tokens` tokens per backend call (see [`CallOptions::lease`]).
+    pub const fn lease(mut self, tokens: u64) -> Self {
+        self.lease = tokens;
+        self
     }
 
     /// Uses `policy` when the backend fails.
@@ -172,6 +187,9 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     /// The deny cache's clock: the caller's clock when configured.
     cache_clock: Arc<dyn Clock>,
+    /// Tokens leased from the backend, served in process.
+    leases: Leases,
+    lease_ttl: Duration,
     /// Named rules, changeable while running.
     rules: crate::rules::Rules,
     stats: Stats,
@@ -547,7 +565,16 @@ impl Limiter {
             cost,
             backend = self.inner.backend.name()
         );
-        let result = self.decide_quietly(quota, key, cost).instrument(span).await;
+        let result = if options.lease > cost
+            && self.inner.backend.can_fail()
+            && quota.algorithm() != crate::quota::Algorithm::LeakyBucket
+        {
+            self.decide_leased(quota, key, cost, options.lease)
+                .instrument(span)
+                .await
+        } else {
+            self.decide_quietly(quota, key, cost).instrument(span).await
+        };
         let (result, outcome) = match result {
             Ok(decision) if decision.allowed => (Ok(decision), Outcome::Allowed),
             Ok(decision) => (
@@ -597,6 +624,42 @@ impl Limiter {
         self.inner.stats.record(options.rule, outcome);
         self.log_denial(&denied, false);
         Err(denied)
+    }
+
+    /// Serves `cost` from a live lease, or leases up to `lease` tokens from
+    /// the backend (falling back to `cost` alone when that many are not there).
+    async fn decide_leased(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        lease: u64,
+    ) -> Result<Decision, Error> {
+        let now = self.inner.cache_clock.now_micros();
+        if let Some(left) = self.inner.leases.take(quota, key, cost, now) {
+            return Ok(Decision {
+                allowed: true,
+                limit: quota.capacity(),
+                remaining: left,
+                retry_after: Duration::ZERO,
+                reset_after: Duration::ZERO,
+                delay: Duration::ZERO,
+                fallback: false,
+            });
+        }
+        let lease = lease.min(quota.capacity()).max(cost);
+        let decision = self.decide_quietly(quota, key, lease).await?;
+        if decision.allowed {
+            let expires = now.saturating_add(self.inner.lease_ttl.as_micros() as u64);
+            self.inner
+                .leases
+                .put(quota, key, lease - cost, now, expires);
+            return Ok(decision);
+        }
+        if lease == cost {
+            return Ok(decision);
+        }
+        self.decide_quietly(quota, key, cost).await
     }
 
     fn on_backend_error(
@@ -721,6 +784,8 @@ impl Inner {
             local: MemoryBackend::bounded(clock.clone(), builder.local_max_keys),
             breaker: Breaker::new(builder.breaker),
             deny_cache,
+            leases: Leases::new(builder.deny_cache_max_keys.max(1)),
+            lease_ttl: builder.lease_ttl,
             cache_clock: clock,
             rules: crate::rules::Rules::default(),
             stats: Stats::default(),
@@ -759,6 +824,7 @@ pub struct LimiterBuilder {
     breaker: BreakerConfig,
     denial_log_sample: f64,
     deny_cache_max_keys: usize,
+    lease_ttl: Duration,
 }
 
 enum BackendChoice {
@@ -781,6 +847,7 @@ impl Default for LimiterBuilder {
             breaker: BreakerConfig::default(),
             denial_log_sample: 0.01,
             deny_cache_max_keys: 100_000,
+            lease_ttl: Duration::from_secs(1),
         }
     }
 }
@@ -868,6 +935,14 @@ impl LimiterBuilder {
     /// this, the cache forgets some, which only costs backend calls.
     pub fn deny_cache_max_keys(mut self, keys: usize) -> Self {
         self.deny_cache_max_keys = keys;
+        self
+    }
+
+    /// How long leased tokens ([`CallOptions::lease`]) may be served before
+    /// the rest are dropped (default 1 s): the bound on how stale a lease's
+    /// view of the quota can be.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
         self
     }
 
