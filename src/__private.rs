@@ -10,44 +10,53 @@ use std::time::Duration;
 
 use ratelimit_core::{Algorithm, CallOptions, DenialCause, Dimension};
 
-/// One `#[rate_limit]` attribute, built in a `static` at compile time.
+/// One `#[rate_limit]` attribute, built in a `static` at compile time: how
+/// its calls are named and decided. Its quota is a `static` of its own
+/// ([`quota`]), or the value of `quota = <expression>` at each call.
 #[derive(Debug)]
 pub struct Rule {
-    /// The function's path, reported in denials.
+    /// Reported in denials and metrics: the function's path, or the rule's
+    /// name for `rule = "..."`.
     pub name: &'static str,
-    /// The attribute's quota.
-    pub quota: Quota,
+    /// `rule = "..."`: the name looked up in the limiter's rules at each call.
+    pub named: Option<&'static str>,
     /// The rule's name, failure policy and mode, for the limiter.
     pub options: CallOptions,
     /// `on_limit = wait(max = ...)`: how long a denied call may wait for its
     /// turn before it gives up.
     pub wait: Option<Duration>,
+    /// The algorithm of the attribute's own quota (the token bucket for
+    /// `quota = <expression>`): keys of a quota of another algorithm are
+    /// kept apart (see [`Call::new`]).
+    pub algorithm: Algorithm,
 }
 
 impl Rule {
-    /// A rule from parts the attribute checked at compile time. `algorithm`
-    /// indexes `Algorithm::ALL` and must be the algorithm called
-    /// `algorithm_name`, which the build checks, as this runs in a `static`.
-    pub const fn new(
-        name: &'static str,
-        algorithm: usize,
-        algorithm_name: &'static str,
-        capacity: u64,
-        tokens: u64,
-        period_us: u64,
-        window_us: u64,
-    ) -> Self {
-        assert!(
-            same(Algorithm::ALL[algorithm].name(), algorithm_name),
-            "the `#[rate_limit]` attribute and the `ratelimit` runtime disagree on algorithms; \
-             use the same version of `ratelimit` and `ratelimit-macros`"
-        );
+    /// The rule of the function `name` (its path).
+    pub const fn new(name: &'static str) -> Self {
         Self {
             name,
-            quota: Quota::__checked(algorithm, capacity, tokens, period_us, window_us),
+            named: None,
             options: CallOptions::new(name),
             wait: None,
+            algorithm: Algorithm::TokenBucket,
         }
+    }
+
+    /// The algorithm of the attribute's own quota, an index of
+    /// `Algorithm::ALL`.
+    pub const fn algorithm(mut self, algorithm: usize) -> Self {
+        self.algorithm = Algorithm::ALL[algorithm];
+        self
+    }
+
+    /// `rule = "..."`: the quota comes from the limiter's rule of that name
+    /// when one is set; the rule's name is reported in denials and metrics.
+    pub const fn named(mut self, rule: &'static str) -> Self {
+        self.name = rule;
+        self.named = Some(rule);
+        self.options.rule = rule;
+        self
     }
 
     /// `on_error = open | closed | local`.
@@ -62,11 +71,46 @@ impl Rule {
         self
     }
 
+    /// `lease = N`.
+    pub const fn lease(mut self, tokens: u64) -> Self {
+        self.options = self.options.lease(tokens);
+        self
+    }
+
     /// `on_limit = wait(max = ...)`, in microseconds.
     pub const fn wait_micros(mut self, max: u64) -> Self {
         self.wait = Some(Duration::from_micros(max));
         self
     }
+
+    /// The quota of a call: the limiter's rule named by `rule = "..."` when
+    /// one is set, the attribute's own numbers otherwise.
+    #[inline]
+    pub fn resolve(&self, limiter: &Limiter, defaults: &Quota) -> Quota {
+        match self.named {
+            Some(name) => limiter.rules().get(name).unwrap_or(*defaults),
+            None => *defaults,
+        }
+    }
+}
+
+/// The attribute's own quota, from parts it checked at compile time.
+/// `algorithm` indexes `Algorithm::ALL` and must be the algorithm called
+/// `algorithm_name`, which the build checks, as this runs in a `static`.
+pub const fn quota(
+    algorithm: usize,
+    algorithm_name: &'static str,
+    capacity: u64,
+    tokens: u64,
+    period_us: u64,
+    window_us: u64,
+) -> Quota {
+    assert!(
+        same(Algorithm::ALL[algorithm].name(), algorithm_name),
+        "the `#[rate_limit]` attribute and the `ratelimit` runtime disagree on algorithms; \
+         use the same version of `ratelimit` and `ratelimit-macros`"
+    );
+    Quota::__checked(algorithm, capacity, tokens, period_us, window_us)
 }
 
 const fn same(a: &str, b: &str) -> bool {
@@ -150,23 +194,109 @@ impl<T: IntoCost + Copy> IntoCost for &T {
     }
 }
 
-/// Takes `cost` tokens for `key` under `rule`; the denial names the rule.
+/// `quota = <expression>`: a `Quota` or a reference to one.
+#[diagnostic::on_unimplemented(
+    message = "`quota` must give a `ratelimit::Quota` or a reference to one, not `{Self}`",
+    label = "expected `Quota` or `&Quota`",
+    note = "build quotas once, such as `static VIP: LazyLock<Quota> = ...`, and choose one per call"
+)]
+pub trait IntoQuota {
+    /// The quota.
+    fn into_quota(self) -> Quota;
+}
+
+impl IntoQuota for Quota {
+    #[inline]
+    fn into_quota(self) -> Quota {
+        self
+    }
+}
+
+impl<T: IntoQuota + Copy> IntoQuota for &T {
+    #[inline]
+    fn into_quota(self) -> Quota {
+        (*self).into_quota()
+    }
+}
+
+/// One attribute's check of one call, prepared before the body runs.
+#[derive(Debug)]
+pub struct Call<'a> {
+    limiter: &'a Limiter,
+    rule: &'static Rule,
+    quota: Quota,
+    /// The key given to the limiter.
+    key: String,
+    /// The length of the key as the attribute built it, which denials report.
+    shown: usize,
+    cost: u64,
+}
+
+impl<'a> Call<'a> {
+    /// `cost` tokens of `quota` from `key`, on `limiter`, under `rule`.
+    ///
+    /// A quota whose algorithm is not the attribute's own (a named rule or a
+    /// `quota = ...` of another algorithm) decides on `key~<algorithm>`:
+    /// each algorithm keeps state of its own shape, and a key must never
+    /// meet another algorithm's state when a rule changes algorithm at run
+    /// time. Denials still report `key`.
+    #[inline]
+    pub fn new(
+        limiter: &'a Limiter,
+        rule: &'static Rule,
+        quota: Quota,
+        mut key: String,
+        cost: u64,
+    ) -> Self {
+        let shown = key.len();
+        if quota.algorithm() != rule.algorithm {
+            key.push('~');
+            key.push_str(quota.algorithm().name());
+        }
+        Self {
+            limiter,
+            rule,
+            quota,
+            key,
+            shown,
+            cost,
+        }
+    }
+
+    /// The denial as the attribute's key names it.
+    fn shown(&self, mut denied: RateLimited) -> RateLimited {
+        if denied.key.len() > self.shown && denied.key == self.key {
+            denied.key.truncate(self.shown);
+        }
+        denied
+    }
+}
+
+/// Takes the call's tokens; the denial names the rule. `None`: the call is
+/// exempt (`exempt = <expression>` was true), and nothing is asked.
 ///
 /// With `on_limit = wait(max)`, a call denied by the quota sleeps for its
 /// `retry_after` and tries again while it can still be admitted within `max`
 /// of the first try; dropping the future cancels the wait.
-pub async fn acquire(
-    limiter: &Limiter,
-    rule: &'static Rule,
-    key: &str,
-    cost: u64,
-) -> Result<(), RateLimited> {
+pub async fn acquire(call: Option<Call<'_>>) -> Result<(), RateLimited> {
+    match call {
+        Some(call) => acquire_one(&call).await,
+        None => Ok(()),
+    }
+}
+
+async fn acquire_one(call: &Call<'_>) -> Result<(), RateLimited> {
+    let Call {
+        limiter,
+        rule,
+        quota,
+        key,
+        cost,
+        ..
+    } = call;
     let deadline = rule.wait.map(|max| tokio::time::Instant::now() + max);
     loop {
-        match limiter
-            .acquire_with(&rule.quota, key, cost, &rule.options)
-            .await
-        {
+        match limiter.acquire_with(quota, key, *cost, &rule.options).await {
             Ok(decision) => {
                 // The leaky bucket admits a call for later: its turn comes
                 // after `delay`, so the body runs at the bucket's pace.
@@ -187,7 +317,7 @@ pub async fn acquire(
                         continue;
                     }
                 }
-                return Err(denied);
+                return Err(call.shown(denied));
             }
         }
     }
@@ -196,28 +326,40 @@ pub async fn acquire(
 /// Several `#[rate_limit]` on one function: every one must admit, and none
 /// consumes unless all do (one atomic check on one limiter). Checks on
 /// different limiters, or that wait or run in shadow mode, run one after the
-/// other in the order written.
-pub async fn acquire_all(
-    checks: &[(&Limiter, &'static Rule, &str, u64)],
-) -> Result<(), RateLimited> {
-    let Some(((first, _, _, _), rest)) = checks.split_first() else {
+/// other in the order written. Exempt checks (`None`) are left out.
+pub async fn acquire_all(calls: &[Option<Call<'_>>]) -> Result<(), RateLimited> {
+    let calls: Vec<&Call<'_>> = calls.iter().flatten().collect();
+    let Some((first, rest)) = calls.split_first() else {
         return Ok(());
     };
-    let atomic = rest.iter().all(|(limiter, _, _, _)| limiter.__same(first))
-        && checks
+    let atomic = rest.iter().all(|call| call.limiter.__same(first.limiter))
+        && calls
             .iter()
-            .all(|(_, rule, _, _)| rule.wait.is_none() && !rule.options.shadow);
+            .all(|call| call.rule.wait.is_none() && !call.rule.options.shadow);
     if !atomic {
-        for (limiter, rule, key, cost) in checks {
-            acquire(limiter, rule, key, *cost).await?;
+        for call in &calls {
+            acquire_one(call).await?;
         }
         return Ok(());
     }
-    let dimensions: Vec<Dimension<'_>> = checks
+    let dimensions: Vec<Dimension<'_>> = calls
         .iter()
-        .map(|(_, rule, key, cost)| Dimension::new(&rule.quota, key).cost(*cost).rule(rule.name))
+        .map(|call| {
+            Dimension::new(&call.quota, &call.key)
+                .cost(call.cost)
+                .rule(call.rule.name)
+        })
         .collect();
-    let decisions = first.check_all(&dimensions).await?;
+    let decisions = first
+        .limiter
+        .check_all(&dimensions)
+        .await
+        .map_err(
+            |denied| match calls.iter().find(|call| call.key == denied.key) {
+                Some(call) => call.shown(denied),
+                None => denied,
+            },
+        )?;
     // A leaky bucket among them: the call's turn comes after the longest delay.
     if let Some(delay) = decisions
         .iter()

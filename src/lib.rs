@@ -38,8 +38,13 @@
 pub use ratelimit_core::{
     global, install, key, Algorithm, BreakerConfig, CallOptions, CircuitState, Clock, Decision,
     DenialCause, Dimension, Error, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder, ManualClock,
-    MonotonicClock, Quota, QuotaError, Rate, RateLimited, StatsSnapshot, SystemClock,
-    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    MonotonicClock, Quota, QuotaError, Rate, RateLimited, RuleError, Rules, StatsSnapshot,
+    SystemClock, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+};
+#[cfg(feature = "redis")]
+pub use ratelimit_core::{
+    PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
+    DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
 };
 
 pub use ratelimit_macros::rate_limit;

@@ -306,3 +306,162 @@ async fn shadow_mode_counts_denials_but_never_denies() {
         "{stats:?}"
     );
 }
+
+#[rate_limit(rule = "export_report", key = "export:<user>", capacity = 2, rate = "1/h", limiter = limiter)]
+async fn export_report(limiter: &Limiter, user: u32) -> Result<u32, AppError> {
+    Ok(user)
+}
+
+/// Calls admitted in a row on a fresh key (the quotas here refill hourly).
+async fn admitted<F: std::future::Future<Output = Result<u32, AppError>>>(
+    mut call: impl FnMut() -> F,
+) -> usize {
+    let mut admitted = 0;
+    while call().await.is_ok() {
+        admitted += 1;
+        assert!(admitted <= 100, "no limit applied");
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn a_named_rule_set_at_run_time_applies_from_the_next_call() {
+    let limiter = Limiter::memory();
+    assert_eq!(
+        admitted(|| export_report(&limiter, 1)).await,
+        2,
+        "the attribute's numbers apply while the rule is not set"
+    );
+    limiter
+        .rules()
+        .set_text("export_report", "capacity=5 rate=1/h")
+        .unwrap();
+    assert_eq!(admitted(|| export_report(&limiter, 2)).await, 5);
+    // Any algorithm, and the denial names the rule.
+    limiter.rules().set(
+        "export_report",
+        ratelimit::Quota::fixed_window(3, Duration::from_secs(3_600)).unwrap(),
+    );
+    assert_eq!(admitted(|| export_report(&limiter, 3)).await, 3);
+    let denied = limited(export_report(&limiter, 3).await);
+    assert_eq!(denied.rule, Some("export_report"));
+    assert_eq!(denied.limit, 3);
+    // Removed: back to the attribute's numbers.
+    limiter.rules().remove("export_report");
+    assert_eq!(admitted(|| export_report(&limiter, 4)).await, 2);
+    // Rules belong to their limiter (and its clones).
+    let other = Limiter::memory();
+    other
+        .rules()
+        .set_text("export_report", "capacity=9 rate=1/h")
+        .unwrap();
+    assert_eq!(admitted(|| export_report(&limiter, 5)).await, 2);
+    let clone = other.clone();
+    assert_eq!(admitted(|| export_report(&clone, 5)).await, 9);
+}
+
+struct Account {
+    id: u32,
+    vip: bool,
+    admin: bool,
+}
+
+static NORMAL: std::sync::LazyLock<ratelimit::Quota> =
+    std::sync::LazyLock::new(|| ratelimit::Quota::new(2, "1/h".parse().unwrap()).unwrap());
+static VIP: std::sync::LazyLock<ratelimit::Quota> =
+    std::sync::LazyLock::new(|| ratelimit::Quota::new(6, "1/h".parse().unwrap()).unwrap());
+
+fn tier_quota(account: &Account) -> &'static ratelimit::Quota {
+    if account.vip {
+        &VIP
+    } else {
+        &NORMAL
+    }
+}
+
+static TIERED_BODY: AtomicU32 = AtomicU32::new(0);
+
+#[rate_limit(key = "tiered:<account.id>", quota = tier_quota(&account), exempt = account.admin, limiter = limiter)]
+async fn tiered(limiter: &Limiter, account: Account) -> Result<u32, AppError> {
+    TIERED_BODY.fetch_add(1, Ordering::SeqCst);
+    // The key and the quota were taken from references: the body owns the account.
+    let owned = account;
+    Ok(owned.id)
+}
+
+#[tokio::test]
+async fn a_per_call_quota_gives_each_tier_its_own_limit() {
+    let (limiter, _) = manual_limiter();
+    let account = |id, vip| Account {
+        id,
+        vip,
+        admin: false,
+    };
+    assert_eq!(admitted(|| tiered(&limiter, account(1, false))).await, 2);
+    assert_eq!(admitted(|| tiered(&limiter, account(2, true))).await, 6);
+    let denied = limited(tiered(&limiter, account(2, true)).await);
+    assert_eq!((denied.key.as_str(), denied.limit), ("tiered:2", 6));
+}
+
+#[tokio::test]
+async fn an_exempt_call_runs_its_body_without_asking_the_limiter() {
+    let (limiter, _) = manual_limiter();
+    let before = TIERED_BODY.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        let admin = Account {
+            id: 7,
+            vip: false,
+            admin: true,
+        };
+        assert_eq!(tiered(&limiter, admin).await, Ok(7));
+    }
+    assert!(TIERED_BODY.load(Ordering::SeqCst) - before >= 20);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.allowed, stats.denied),
+        (0, 0),
+        "exempt calls make no decision: {stats:?}"
+    );
+    // The same account, not exempt, is limited as usual.
+    let normal = || Account {
+        id: 7,
+        vip: false,
+        admin: false,
+    };
+    assert_eq!(admitted(|| tiered(&limiter, normal())).await, 2);
+}
+
+#[rate_limit(key = "stack-ex:user:<user>", capacity = 1, rate = "1/h", exempt = user == 0, limiter = limiter)]
+#[rate_limit(rule = "stack_global", key = "stack-ex:global", capacity = 3, rate = "1/h", limiter = limiter)]
+async fn stacked_exempt(limiter: &Limiter, user: u32) -> Result<u32, AppError> {
+    Ok(user)
+}
+
+#[tokio::test]
+async fn stacked_attributes_exempt_and_resolve_rules_each_on_its_own() {
+    let limiter = Limiter::memory();
+    // User 0 skips the per-user limit, not the global one.
+    assert_eq!(admitted(|| stacked_exempt(&limiter, 0)).await, 3);
+    let denied = limited(stacked_exempt(&limiter, 0).await);
+    assert_eq!(
+        (denied.key.as_str(), denied.rule),
+        ("stack-ex:global", Some("stack_global"))
+    );
+    // All or nothing: the global limit denies user 1, whose own bucket is
+    // left untouched.
+    let denied = limited(stacked_exempt(&limiter, 1).await);
+    assert_eq!(denied.key, "stack-ex:global");
+    let per_user = ratelimit::Quota::new(1, "1/h".parse().unwrap()).unwrap();
+    let user1 = limiter
+        .decide(&per_user, "stack-ex:user:1", 0)
+        .await
+        .unwrap();
+    assert_eq!(user1.remaining, 1);
+    // Each attribute looks up its own rule.
+    let raised = Limiter::memory();
+    raised
+        .rules()
+        .set_text("stack_global", "capacity=5 rate=1/h")
+        .unwrap();
+    assert_eq!(admitted(|| stacked_exempt(&raised, 0)).await, 5);
+}

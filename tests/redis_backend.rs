@@ -479,18 +479,7 @@ async fn concurrent_decisions_are_batched_and_each_answered() {
         admitted.values().all(|&n| n == 3),
         "3 per user: {admitted:?}"
     );
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let calls = stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let calls = server.script_calls().await;
     assert!(
         calls > 0 && calls < 400,
         "400 decisions took {calls} script calls"
@@ -536,18 +525,7 @@ async fn the_deny_cache_keeps_a_flood_on_a_spent_key_off_redis() {
         admitted += a;
     }
     let periods = started.elapsed().as_millis() as u64 / 100 + 1;
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let script_calls = stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let script_calls = server.script_calls().await;
     assert!(
         admitted >= 5 && admitted <= 5 + periods,
         "admitted {admitted}"
@@ -561,4 +539,58 @@ async fn the_deny_cache_keeps_a_flood_on_a_spent_key_off_redis() {
         "{decisions} decisions took {script_calls} script calls"
     );
     assert!(limiter.stats().denied_from_cache > 0);
+}
+
+/// Token leases: four instances each take ten tokens per Redis call and
+/// serve them locally. The global bound holds exactly, and Redis sees about
+/// one call per ten admissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_tokens_keep_the_global_bound_with_a_tenth_of_the_calls() {
+    use ratelimit::CallOptions;
+    let server = RedisServer::start();
+    let instances: Vec<Limiter> = (0..4)
+        .map(|_| {
+            Limiter::builder()
+                .redis(server.url())
+                .timeout(Duration::from_secs(2))
+                .lease_ttl(Duration::from_secs(60))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let quota = Quota::new(100, Rate::per_hour(1).unwrap()).unwrap();
+    let options = CallOptions::new("export").lease(10);
+    let mut redis = server.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut admitted = 0u64;
+    for round in 0..40 {
+        for limiter in &instances {
+            if limiter
+                .acquire_with(&quota, "hot", 1, &options)
+                .await
+                .is_ok()
+            {
+                admitted += 1;
+            }
+            let _ = round;
+        }
+    }
+    assert_eq!(
+        admitted, 100,
+        "exactly the capacity, all leased out and used"
+    );
+    let script_calls = server.script_calls().await;
+    // About ten leases (one short lease per instance near the end), then each
+    // instance's first denial asks for a lease and for one token; the deny
+    // cache answers the rest.
+    assert!(
+        script_calls <= 10 + 4 + 2 * 4,
+        "{script_calls} script calls for 100 admissions"
+    );
+    let left = instances[0].decide(&quota, "hot", 0).await.unwrap();
+    assert_eq!(left.remaining, 0, "every leased token is counted in Redis");
 }

@@ -24,7 +24,11 @@ use crate::quota::Quota;
 
 const SHARDS: usize = 16;
 
-type Shard = Mutex<HashMap<Box<str>, Entry>>;
+/// Denials kept per key: one per cost, so a caller alternating between two
+/// costs (a lease, then a single token) is answered for both.
+const COSTS_PER_KEY: usize = 4;
+
+type Shard = Mutex<HashMap<Box<str>, Vec<Entry>>>;
 
 pub(crate) struct DenyCache {
     shards: Box<[Shard]>,
@@ -54,7 +58,7 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Entry>> {
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Vec<Entry>>> {
         let index = self.hasher.hash_one(key) as usize % SHARDS;
         self.shards[index]
             .lock()
@@ -66,8 +70,12 @@ impl DenyCache {
         if cost == 0 {
             return None;
         }
-        let entry = *self.shard(key).get(key)?;
-        if entry.quota != *quota || cost != entry.cost || now_us >= entry.until_us {
+        let entry = *self
+            .shard(key)
+            .get(key)?
+            .iter()
+            .find(|e| e.cost == cost && e.quota == *quota)?;
+        if now_us >= entry.until_us {
             return None;
         }
         let elapsed = now_us.saturating_sub(entry.decided_us);
@@ -104,14 +112,22 @@ impl DenyCache {
             reset_after_us: denial.reset_after.as_micros() as u64,
         };
         let mut shard = self.shard(key);
-        if shard.len() >= self.max_per_shard && !shard.contains_key(key) {
-            shard.retain(|_, e| e.until_us > asked_us);
+        if let Some(entries) = shard.get_mut(key) {
+            entries.retain(|e| e.until_us > asked_us && !(e.cost == cost && e.quota == *quota));
+            if entries.len() >= COSTS_PER_KEY {
+                entries.remove(0);
+            }
+            entries.push(entry);
+            return;
+        }
+        if shard.len() >= self.max_per_shard {
+            shard.retain(|_, entries| entries.iter().any(|e| e.until_us > asked_us));
             if shard.len() >= self.max_per_shard {
                 // Still full of live denials: forgetting only costs backend calls.
                 shard.clear();
             }
         }
-        shard.insert(key.into(), entry);
+        shard.insert(key.into(), vec![entry]);
     }
 
     /// Drops what is known of `key`: after a refund, it may be admitted sooner.

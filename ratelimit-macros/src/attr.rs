@@ -21,21 +21,29 @@ mod kw {
     syn::custom_keyword!(on_error);
     syn::custom_keyword!(on_limit);
     syn::custom_keyword!(mode);
+    syn::custom_keyword!(lease);
     syn::custom_keyword!(max);
+    syn::custom_keyword!(rule);
+    syn::custom_keyword!(quota);
+    syn::custom_keyword!(exempt);
 }
 
 /// Every option, in the order the documentation lists them.
-pub(crate) const OPTIONS: [&str; 12] = [
+pub(crate) const OPTIONS: [&str; 16] = [
     "key",
+    "rule",
     "capacity",
     "rate",
     "algorithm",
     "limit",
     "window",
+    "quota",
     "cost",
+    "exempt",
     "on_error",
     "on_limit",
     "mode",
+    "lease",
     "limiter",
     "crate",
 ];
@@ -46,15 +54,22 @@ pub(crate) struct Args {
     /// the attribute being expanded (the call site), `Some` for a stacked one.
     pub attr: Option<Attribute>,
     pub key: Option<KeyArg>,
+    /// `rule = "name"`, checked to be a literal by `valid`.
+    pub rule: Option<Expr>,
     pub capacity: Option<Expr>,
     pub rate: Option<Expr>,
     pub algorithm: Option<Ident>,
     pub limit: Option<Expr>,
     pub window: Option<Expr>,
+    /// `quota = <expression>`, evaluated at each call.
+    pub quota: Option<Expr>,
     pub cost: Option<Expr>,
+    /// `exempt = <expression>`, a `bool` evaluated at each call.
+    pub exempt: Option<Expr>,
     pub on_error: Option<Ident>,
     pub on_limit: Option<OnLimitArg>,
     pub mode: Option<Ident>,
+    pub lease: Option<Expr>,
     pub limiter: Option<Expr>,
     pub krate: Option<Path>,
 }
@@ -97,15 +112,19 @@ impl Args {
         Args {
             attr: None,
             key: None,
+            rule: None,
             capacity: None,
             rate: None,
             algorithm: None,
             limit: None,
             window: None,
+            quota: None,
             cost: None,
+            exempt: None,
             on_error: None,
             on_limit: None,
             mode: None,
+            lease: None,
             limiter: None,
             krate: None,
         }
@@ -135,6 +154,15 @@ impl Parse for Args {
                     expr => KeyArg::Expr(expr),
                 };
                 set_once(&mut args.key, value, name.span, "key")?;
+            } else if lookahead.peek(kw::rule) {
+                let name = input.parse::<kw::rule>()?;
+                set_once(&mut args.rule, parse_value(input)?, name.span, "rule")?;
+            } else if lookahead.peek(kw::quota) {
+                let name = input.parse::<kw::quota>()?;
+                set_once(&mut args.quota, parse_value(input)?, name.span, "quota")?;
+            } else if lookahead.peek(kw::exempt) {
+                let name = input.parse::<kw::exempt>()?;
+                set_once(&mut args.exempt, parse_value(input)?, name.span, "exempt")?;
             } else if lookahead.peek(kw::capacity) {
                 let name = input.parse::<kw::capacity>()?;
                 set_once(
@@ -162,6 +190,9 @@ impl Parse for Args {
                 input.parse::<Token![=]>()?;
                 let value = input.call(Ident::parse_any)?;
                 set_once(&mut args.on_error, value, name.span, "on_error")?;
+            } else if lookahead.peek(kw::lease) {
+                let name = input.parse::<kw::lease>()?;
+                set_once(&mut args.lease, parse_value(input)?, name.span, "lease")?;
             } else if lookahead.peek(kw::mode) {
                 let name = input.parse::<kw::mode>()?;
                 input.parse::<Token![=]>()?;
@@ -279,6 +310,8 @@ mod tests {
         assert!(matches!(args.key, Some(KeyArg::Template(ref lit)) if lit.value() == "a:<b>"));
         assert!(args.capacity.is_some() && args.rate.is_some() && args.cost.is_some());
         assert!(args.limiter.is_some() && args.krate.is_some());
+        let args = parse(r#"key = "k", rule = "r", quota = tier(&u), exempt = u.admin"#).unwrap();
+        assert!(args.rule.is_some() && args.quota.is_some() && args.exempt.is_some());
     }
 
     #[test]
@@ -296,14 +329,15 @@ mod tests {
         );
         assert_eq!(
             message("capacty = 1"),
-            "unknown option `capacty`; expected one of `key`, `capacity`, `rate`, `algorithm`, \
-             `limit`, `window`, `cost`, `on_error`, `on_limit`, `mode`, `limiter`, `crate`; did \
-             you mean `capacity`?"
+            "unknown option `capacty`; expected one of `key`, `rule`, `capacity`, `rate`, \
+             `algorithm`, `limit`, `window`, `quota`, `cost`, `exempt`, `on_error`, `on_limit`, \
+             `mode`, `lease`, `limiter`, `crate`; did you mean `capacity`?"
         );
         assert_eq!(
             message("burst = 1"),
-            "unknown option `burst`; expected one of `key`, `capacity`, `rate`, `algorithm`, \
-             `limit`, `window`, `cost`, `on_error`, `on_limit`, `mode`, `limiter`, `crate`"
+            "unknown option `burst`; expected one of `key`, `rule`, `capacity`, `rate`, \
+             `algorithm`, `limit`, `window`, `quota`, `cost`, `exempt`, `on_error`, `on_limit`, \
+             `mode`, `lease`, `limiter`, `crate`"
         );
     }
 }

@@ -7,7 +7,7 @@ use syn::spanned::Spanned as _;
 use syn::{Attribute, Expr, ItemFn, Stmt, TraitItemFn};
 
 use crate::attr::Args;
-use crate::valid::{self, Check, Cost, Function, Key, KeyPart};
+use crate::valid::{self, Check, Cost, Function, Key, KeyPart, QuotaArg};
 
 /// The whole expansion: on success the function with its checks, on error
 /// the error and the function as written (less any stacked `#[rate_limit]`,
@@ -89,12 +89,21 @@ fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<Attribute> {
 /// ```text
 /// async fn submit_order(user_id: u64) -> Result<(), AppError> {
 ///     {
-///         { /* the check of `a:<user_id>` */ }
-///         { /* the check of `b` */ }
+///         /* the call of `a:<user_id>`, `__ratelimit_call_0` (see `prepare_check`) */
+///         /* the call of `b`, `__ratelimit_call_1` */
+///         if let ::core::result::Result::Err(__ratelimit_denied) =
+///             ::ratelimit::__private::acquire_all(&[__ratelimit_call_0, __ratelimit_call_1]).await
+///         {
+///             #[allow(clippy::useless_conversion)]
+///             let __ratelimit_error = ::core::convert::From::from(__ratelimit_denied);
+///             return ::core::result::Result::Err(__ratelimit_error);
+///         }
 ///     }
 ///     body
 /// }
 /// ```
+///
+/// A single attribute calls `::ratelimit::__private::acquire(__ratelimit_call)`.
 fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::Result<TokenStream> {
     let mut all = vec![syn::parse2::<Args>(args)?];
     for attr in stacked {
@@ -108,15 +117,7 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
     if let [check] = &checks[..] {
         let prepared = prepare_check(&signature, check, "");
         let private = private_path(check);
-        let call = quote! {
-            #private::acquire(
-                __ratelimit_limiter,
-                &__RATELIMIT_RULE,
-                &__ratelimit_key,
-                __ratelimit_cost,
-            )
-        };
-        let deny = deny(&signature, call);
+        let deny = deny(&signature, quote!(#private::acquire(__ratelimit_call)));
         return Ok(quote!({ #prepared #deny }));
     }
     // Stacked: every check prepared, then one call that admits all or none.
@@ -124,15 +125,9 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         .iter()
         .enumerate()
         .map(|(i, check)| prepare_check(&signature, check, &format!("_{i}")));
-    let entries = (0..checks.len()).map(|i| {
-        let limiter = format_ident!("__ratelimit_limiter_{}", i);
-        let rule = format_ident!("__RATELIMIT_RULE_{}", i);
-        let key = format_ident!("__ratelimit_key_{}", i);
-        let cost = format_ident!("__ratelimit_cost_{}", i);
-        quote!((#limiter, &#rule, #key.as_str(), #cost))
-    });
+    let calls = (0..checks.len()).map(|i| format_ident!("__ratelimit_call_{}", i));
     let private = private_path(&checks[0]);
-    let call = quote!(#private::acquire_all(&[#(#entries),*]));
+    let call = quote!(#private::acquire_all(&[#(#calls),*]));
     let deny = deny(&signature, call);
     Ok(quote!({ #(#prepared)* #deny }))
 }
@@ -161,45 +156,54 @@ fn deny(function: &Function, call: TokenStream) -> TokenStream {
     }
 }
 
-/// One attribute's check.
+/// One attribute's check, prepared: everything but the call to the limiter.
 ///
 /// Input:
 ///
 /// ```text
-/// #[rate_limit(key = "order:submit:<user_id>", capacity = 10, rate = 2)]
+/// #[rate_limit(key = "order:submit:<user_id>", rule = "order_submit", capacity = 10, rate = 2,
+///              exempt = user_id == 0)]
 /// async fn submit_order(user_id: u64) -> Result<Order, AppError>
 /// ```
 ///
 /// Output:
 ///
 /// ```text
-/// {
-///     static __RATELIMIT_RULE: ::ratelimit::__private::Rule = ::ratelimit::__private::Rule::new(
-///         ::core::concat!(::core::module_path!(), "::", "submit_order"),
-///         0, "token_bucket", 10, 1, 500000, 0);
-///     let __ratelimit_limiter: &::ratelimit::__private::Limiter =
-///         ::ratelimit::__private::global_limiter();
-///     let __ratelimit_key: ::std::string::String = { /* see `expand_key` */ };
-///     let __ratelimit_cost: u64 = 1;
-///     if let ::core::result::Result::Err(__ratelimit_denied) = ::ratelimit::__private::acquire(
-///         __ratelimit_limiter, &__RATELIMIT_RULE, &__ratelimit_key, __ratelimit_cost).await
-///     {
-///         #[allow(clippy::useless_conversion)]
-///         let __ratelimit_error = ::core::convert::From::from(__ratelimit_denied);
-///         return ::core::result::Result::Err(__ratelimit_error);
-///     }
-/// }
+/// static __RATELIMIT_RULE: ::ratelimit::__private::Rule = ::ratelimit::__private::Rule::new(
+///     ::core::concat!(::core::module_path!(), "::", "submit_order")).named("order_submit");
+/// static __RATELIMIT_QUOTA: ::ratelimit::__private::Quota =
+///     ::ratelimit::__private::quota(0, "token_bucket", 10, 1, 500000, 0);
+/// let __ratelimit_limiter_tmp: &::ratelimit::__private::Limiter =
+///     ::ratelimit::__private::global_limiter();
+/// let __ratelimit_limiter: &::ratelimit::__private::Limiter = __ratelimit_limiter_tmp;
+/// let __ratelimit_exempt: bool = user_id == 0;
+/// let __ratelimit_call: ::core::option::Option<::ratelimit::__private::Call<'_>> =
+///     if __ratelimit_exempt {
+///         ::core::option::Option::None
+///     } else {
+///         let __ratelimit_key: ::std::string::String = { /* see `expand_key` */ };
+///         let __ratelimit_cost: u64 = 1;
+///         let __ratelimit_quota: ::ratelimit::__private::Quota =
+///             ::ratelimit::__private::Rule::resolve(&__RATELIMIT_RULE, __ratelimit_limiter,
+///                 &__RATELIMIT_QUOTA);
+///         ::core::option::Option::Some(::ratelimit::__private::Call::new(
+///             __ratelimit_limiter, &__RATELIMIT_RULE, __ratelimit_quota, __ratelimit_key,
+///             __ratelimit_cost))
+///     };
 /// ```
+///
+/// `quota = <expression>` writes no `__RATELIMIT_QUOTA`, and the call's quota
+/// is `::ratelimit::__private::IntoQuota::into_quota(expression)`. Without
+/// `exempt`, the call is `Some(...)` at once.
 fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStream {
     let krate = &check.krate;
     let private = quote!(#krate::__private);
     let name = function.name.unraw().to_string();
-    let algorithm = Literal::usize_unsuffixed(check.algorithm.0);
-    let algorithm_name = check.algorithm.name();
-    let window_us = Literal::u64_unsuffixed(check.window_us);
-    let capacity = Literal::u64_unsuffixed(check.capacity);
-    let tokens = Literal::u64_unsuffixed(check.rate.tokens);
-    let period_us = Literal::u64_unsuffixed(check.rate.period_us);
+    let rule_name = format_ident!("__RATELIMIT_RULE{}", suffix);
+    let quota_name = format_ident!("__RATELIMIT_QUOTA{}", suffix);
+    let limiter_name = format_ident!("__ratelimit_limiter{}", suffix);
+    let exempt_name = format_ident!("__ratelimit_exempt{}", suffix);
+    let call_name = format_ident!("__ratelimit_call{}", suffix);
     let limiter = match &check.limiter {
         None => quote!(
             let __ratelimit_limiter_tmp: &#private::Limiter = #private::global_limiter();
@@ -219,12 +223,25 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
     };
     let key = expand_key(&private, &check.key);
     let mut rule_options = TokenStream::new();
+    if let Some(rule) = &check.rule {
+        rule_options.extend(quote!(.named(#rule)));
+    }
+    if let QuotaArg::Fixed(fixed) = &check.quota {
+        if fixed.algorithm.0 != 0 {
+            let algorithm = Literal::usize_unsuffixed(fixed.algorithm.0);
+            rule_options.extend(quote!(.algorithm(#algorithm)));
+        }
+    }
     if let Some(policy) = check.on_error {
         let policy = proc_macro2::Ident::new(policy, Span::call_site());
         rule_options.extend(quote!(.on_error(#private::FailurePolicy::#policy)));
     }
     if check.shadow {
         rule_options.extend(quote!(.shadow()));
+    }
+    if let Some(lease) = check.lease {
+        let lease = Literal::u64_unsuffixed(lease);
+        rule_options.extend(quote!(.lease(#lease)));
     }
     if let Some(wait_us) = check.wait_us {
         let wait_us = Literal::u64_unsuffixed(wait_us);
@@ -238,24 +255,73 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
             quote_spanned!(span=> #private::IntoCost::into_cost(#expr))
         }
     };
-    let rule_name = format_ident!("__RATELIMIT_RULE{}", suffix);
-    let limiter_name = format_ident!("__ratelimit_limiter{}", suffix);
-    let key_name = format_ident!("__ratelimit_key{}", suffix);
-    let cost_name = format_ident!("__ratelimit_cost{}", suffix);
+    let (quota_static, quota) = match &check.quota {
+        QuotaArg::Fixed(fixed) => {
+            let algorithm = Literal::usize_unsuffixed(fixed.algorithm.0);
+            let algorithm_name = fixed.algorithm.name();
+            let capacity = Literal::u64_unsuffixed(fixed.capacity);
+            let tokens = Literal::u64_unsuffixed(fixed.rate.tokens);
+            let period_us = Literal::u64_unsuffixed(fixed.rate.period_us);
+            let window_us = Literal::u64_unsuffixed(fixed.window_us);
+            (
+                quote! {
+                    static #quota_name: #private::Quota = #private::quota(
+                        #algorithm,
+                        #algorithm_name,
+                        #capacity,
+                        #tokens,
+                        #period_us,
+                        #window_us,
+                    );
+                },
+                quote!(#private::Rule::resolve(&#rule_name, #limiter_name, &#quota_name)),
+            )
+        }
+        QuotaArg::PerCall(expr) => {
+            let span = expr.span();
+            let private = respan(&private, span);
+            (
+                TokenStream::new(),
+                quote_spanned!(span=> #private::IntoQuota::into_quota(#expr)),
+            )
+        }
+    };
+    let call = quote! {
+        let __ratelimit_key: ::std::string::String = #key;
+        let __ratelimit_cost: u64 = #cost;
+        let __ratelimit_quota: #private::Quota = #quota;
+        ::core::option::Option::Some(#private::Call::new(
+            #limiter_name,
+            &#rule_name,
+            __ratelimit_quota,
+            __ratelimit_key,
+            __ratelimit_cost,
+        ))
+    };
+    let call = match &check.exempt {
+        None => quote!({ #call }),
+        Some(expr) => {
+            // The expression's span: a value that is not a `bool` is
+            // reported at it.
+            let exempt = quote_spanned!(expr.span()=> let #exempt_name: bool = #expr;);
+            quote! {{
+                #exempt
+                if #exempt_name {
+                    ::core::option::Option::None
+                } else {
+                    #call
+                }
+            }}
+        }
+    };
     quote! {
         static #rule_name: #private::Rule = #private::Rule::new(
             ::core::concat!(::core::module_path!(), "::", #name),
-            #algorithm,
-            #algorithm_name,
-            #capacity,
-            #tokens,
-            #period_us,
-            #window_us,
         )#rule_options;
+        #quota_static
         #limiter
         let #limiter_name: &#private::Limiter = __ratelimit_limiter_tmp;
-        let #key_name: ::std::string::String = #key;
-        let #cost_name: u64 = #cost;
+        let #call_name: ::core::option::Option<#private::Call<'_>> = #call;
     }
 }
 
@@ -408,6 +474,41 @@ mod tests {
             out.contains("2 , 1 , 60000000"),
             "capacity, tokens, period_us: {out}"
         );
+        assert!(!out.contains("__ratelimit_exempt"), "{out}");
+        assert!(
+            out.contains(
+                "Rule :: resolve (& __RATELIMIT_RULE , __ratelimit_limiter , & __RATELIMIT_QUOTA)"
+            ),
+            "{out}"
+        );
         assert!(!out.contains(":: ratelimit ::"), "{out}");
+    }
+
+    #[test]
+    fn a_per_call_quota_and_an_exemption_are_evaluated_before_the_body() {
+        let out = expand(
+            r#"key = "a:<user.id>", quota = tier(&user), exempt = user.staff"#,
+            "async fn f(user: User) -> Result<(), E> { body(user); Ok(()) }",
+        );
+        assert!(!out.contains("__RATELIMIT_QUOTA"), "no fixed quota: {out}");
+        let at = |needle: &str| {
+            out.find(needle)
+                .unwrap_or_else(|| panic!("{needle} in {out}"))
+        };
+        assert!(at("let __ratelimit_exempt : bool = user . staff ;") < at("if __ratelimit_exempt"));
+        assert!(
+            at("if __ratelimit_exempt") < at("IntoQuota :: into_quota (tier (& user))"),
+            "an exempt call computes no quota: {out}"
+        );
+        assert!(at("into_quota") < at("body (user)"), "{out}");
+    }
+
+    #[test]
+    fn a_named_rule_of_another_algorithm_knows_its_own() {
+        let out = expand(
+            r#"key = "k", rule = "r", algorithm = gcra, capacity = 1, rate = 1"#,
+            "async fn f() -> Result<(), E> { Ok(()) }",
+        );
+        assert!(out.contains(". named (\"r\") . algorithm (1)"), "{out}");
     }
 }

@@ -40,7 +40,7 @@ use proc_macro::TokenStream;
 /// [Algorithms](#algorithms) for the others). When the quota is spent, the
 /// body does not run and the function returns `Err(From::from(denied))`, where
 /// `denied` is a `ratelimit::RateLimited` carrying the key, the rule (the
-/// function's path) and `retry_after`.
+/// function's path, or the name given by `rule = "..."`) and `retry_after`.
 ///
 /// # Requirements
 ///
@@ -59,15 +59,19 @@ use proc_macro::TokenStream;
 /// | option | value | default |
 /// | --- | --- | --- |
 /// | `key` | a template such as `"order:submit:<user_id>"`, or any expression whose value is `Display` | required |
-/// | `capacity` | an integer literal greater than 0: the largest burst (bucket algorithms) | required |
-/// | `rate` | tokens per second as an integer (`2`) or decimal (`2.5`) literal, or a string such as `"100/min"` (bucket algorithms) | required |
+/// | `rule` | a rule name such as `"order_submit"`: the limiter's rule of that name (see [Named rules](#named-rules)) decides when one is set, the attribute's numbers otherwise | none |
+/// | `capacity` | an integer literal greater than 0: the largest burst (bucket algorithms) | required, unless `quota` |
+/// | `rate` | tokens per second as an integer (`2`) or decimal (`2.5`) literal, or a string such as `"100/min"` (bucket algorithms) | required, unless `quota` |
 /// | `algorithm` | `token_bucket`, `gcra`, `leaky_bucket`, `fixed_window`, `sliding_log` or `sliding_window` | `token_bucket` |
-/// | `limit` | an integer literal greater than 0: calls per window (window algorithms) | required |
-/// | `window` | a string such as `"1s"`, `"1m"`, `"1h"`, `"1d"` or `"500ms"`, whole milliseconds (window algorithms) | required |
+/// | `limit` | an integer literal greater than 0: calls per window (window algorithms) | required, unless `quota` |
+/// | `window` | a string such as `"1s"`, `"1m"`, `"1h"`, `"1d"` or `"500ms"`, whole milliseconds (window algorithms) | required, unless `quota` |
+/// | `quota` | an expression over the arguments giving a `ratelimit::Quota` or `&Quota`, evaluated at each call, in place of `algorithm`, `capacity`, `rate`, `limit` and `window` (see [Per-call quotas](#per-call-quotas-and-exemptions)) | none |
 /// | `cost` | tokens one call takes: an integer literal, or an expression over the arguments of any unsigned integer type | `1` |
+/// | `exempt` | a `bool` expression over the arguments: when true the call skips this limit, with no backend call | `false` |
 /// | `on_error` | `open`, `closed` or `local`: what to do when the backend fails (see `ratelimit::FailurePolicy`) | the limiter's policy (`open` unless configured) |
 /// | `on_limit` | `deny`, or `wait(max = "2s")`: sleep for `retry_after` and try again while the call can still be admitted within `max` | `deny` |
 /// | `mode` | `enforce`, or `shadow`: decide and record as usual, but never deny | `enforce` |
+/// | `lease` | an integer literal: take up to this many tokens per backend call and serve them in process until they run out or the lease expires (the global bound holds; unused leased tokens are lost at expiry) | none |
 /// | `limiter` | an expression giving a `Limiter`, `&Limiter`, `Arc<Limiter>` or anything that is `Borrow<Limiter>` | the limiter installed with `ratelimit::install` |
 /// | `crate` | the path of the `ratelimit` crate, when it is renamed | `::ratelimit` |
 ///
@@ -121,6 +125,58 @@ use proc_macro::TokenStream;
 /// A waiting call gives up (returning the denial) as soon as its next chance
 /// would come after `max`; dropping its future cancels the wait. Only a denial
 /// by the quota waits: a denial because the backend failed returns at once.
+///
+/// # Named rules
+///
+/// `rule = "name"` lets the running service change the quota. At each call
+/// the attribute asks its limiter's rules (`Limiter::rules()`) for `name`:
+/// the rule's quota decides when one is set, of any algorithm; the
+/// attribute's own numbers decide otherwise, and again once the rule is
+/// removed. A change applies from the next call, and a call sees the old
+/// quota or the new one, never a mix.
+///
+/// ```ignore
+/// #[rate_limit(rule = "order_submit", key = "order:submit:<user_id>", capacity = 10, rate = 2)]
+/// async fn submit_order(user_id: u64, item: Item) -> Result<Order, AppError> { ... }
+///
+/// // In process:
+/// ratelimit::global().rules().set_text("order_submit", "capacity=20 rate=5/s")?;
+/// // Or for every instance, through Redis (each runs a `RedisRuleSource`):
+/// RedisRuleSource::publish(url, "order_submit", "algorithm=gcra capacity=20 rate=5/s").await?;
+/// ```
+///
+/// Denials and metrics name the rule (rather than the function), so several
+/// functions may share one rule. A rule name is 1 to 128 letters, digits and
+/// `_`, `-`, `.`, `:`, `/`. When a rule's algorithm is not the attribute's
+/// own, its state is kept under `key~<algorithm>`, so a rule can change
+/// algorithm while keys hold the other one's state; denials report the key
+/// as the attribute built it.
+///
+/// # Per-call quotas and exemptions
+///
+/// `quota = <expression>` chooses the quota at each call, such as a tier's;
+/// it replaces the attribute's numbers, so it cannot be combined with
+/// `algorithm`, `capacity`, `rate`, `limit`, `window` or `rule` (the
+/// expression can look a rule up itself). `exempt = <expression>` skips the
+/// limit entirely when true: no key is built and the limiter is not asked
+/// (the `limiter` expression is still evaluated).
+///
+/// ```ignore
+/// static FREE: LazyLock<Quota> = LazyLock::new(|| Quota::per_minute(10).unwrap());
+/// static PRO: LazyLock<Quota> = LazyLock::new(|| Quota::per_minute(100).unwrap());
+///
+/// fn tier_quota(user: &User) -> &'static Quota {
+///     if user.pro { &PRO } else { &FREE }
+/// }
+///
+/// #[rate_limit(key = "api:<user.id>", quota = tier_quota(&user), exempt = user.is_staff())]
+/// async fn call_api(user: User, req: Request) -> Result<Response, AppError> { ... }
+/// ```
+///
+/// Both are evaluated before the body runs (`exempt` first), so write them
+/// over references (`&user`, `user.is_staff()`) to leave the arguments to
+/// the body. A quota whose algorithm is not the token
+/// bucket keeps its state under `key~<algorithm>`, as for named rules.
 ///
 /// # Rates
 ///
@@ -206,7 +262,11 @@ use proc_macro::TokenStream;
 /// async fn login(user: &str, password: &str) -> Result<Session, AuthError> { ... }
 /// ```
 ///
-/// Tokens taken by an earlier attribute stay taken when a later one denies.
+/// On one limiter the check is all or nothing: a denied call takes no token
+/// from any of them. Attributes on different limiters, or that wait or run
+/// in shadow mode, are checked one after the other, and tokens taken by an
+/// earlier one stay taken when a later one denies. An exempt attribute is
+/// left out of the check.
 ///
 /// # A renamed crate
 ///

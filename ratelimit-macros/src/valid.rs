@@ -6,7 +6,7 @@
 //! `Rule::new` never fails and a mistake is reported at its token.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned, ToTokens as _};
+use quote::{quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned as _;
 use syn::{
@@ -48,6 +48,35 @@ enum Param<'a> {
 /// One attribute, checked.
 pub(crate) struct Check {
     pub krate: TokenStream,
+    pub quota: QuotaArg,
+    /// `rule = "..."`: the name looked up in the limiter's rules.
+    pub rule: Option<LitStr>,
+    pub key: Key,
+    pub cost: Cost,
+    /// `exempt = <expression>`: when true, the call skips the limit.
+    pub exempt: Option<Expr>,
+    pub limiter: Option<Expr>,
+    /// `on_error = ...`: the `FailurePolicy` variant.
+    pub on_error: Option<&'static str>,
+    /// `mode = shadow`.
+    pub shadow: bool,
+    /// `lease = N`: tokens taken per backend call and served in process.
+    pub lease: Option<u64>,
+    /// `on_limit = wait(max = ...)`, in microseconds.
+    pub wait_us: Option<u64>,
+}
+
+/// Where a call's quota comes from.
+pub(crate) enum QuotaArg {
+    /// The attribute's numbers, checked at compile time (the defaults of a
+    /// named rule).
+    Fixed(Fixed),
+    /// `quota = <expression>`, evaluated at each call.
+    PerCall(Expr),
+}
+
+/// A quota stated in the attribute.
+pub(crate) struct Fixed {
     pub algorithm: Algorithm,
     /// The bucket size, or the window's limit.
     pub capacity: u64,
@@ -55,15 +84,6 @@ pub(crate) struct Check {
     pub rate: Rate,
     /// Zero for bucket algorithms.
     pub window_us: u64,
-    pub key: Key,
-    pub cost: Cost,
-    pub limiter: Option<Expr>,
-    /// `on_error = ...`: the `FailurePolicy` variant.
-    pub on_error: Option<&'static str>,
-    /// `mode = shadow`.
-    pub shadow: bool,
-    /// `on_limit = wait(max = ...)`, in microseconds.
-    pub wait_us: Option<u64>,
 }
 
 pub(crate) enum Key {
@@ -331,102 +351,19 @@ fn result_error_type(ty: &Type) -> Option<Span> {
 impl Function<'_> {
     /// Checks one attribute's options against this function.
     pub(crate) fn check(&self, args: Args) -> syn::Result<Check> {
-        let missing = |option: &str, fix: &str| {
-            args.error_at_attribute(&format!("`#[rate_limit]` needs a `{option}`; add {fix}"))
-        };
         let key = match &args.key {
             Some(key) => key,
             None => {
-                return Err(missing(
-                    "key",
-                    "`key = \"name:<param>\"`, which says whose bucket a call takes from",
+                return Err(args.error_at_attribute(
+                    "`#[rate_limit]` needs a `key`; add `key = \"name:<param>\"`, which says \
+                     whose bucket a call takes from",
                 ))
             }
         };
-        let algorithm = match &args.algorithm {
-            Some(ident) => Algorithm::parse(ident)?,
-            None => Algorithm(0),
-        };
-        // An option the algorithm does not take is an error at its value.
-        let (unwanted, wanted) = if algorithm.is_windowed() {
-            (
-                [("capacity", &args.capacity), ("rate", &args.rate)],
-                ["limit", "window"],
-            )
-        } else {
-            (
-                [("limit", &args.limit), ("window", &args.window)],
-                ["capacity", "rate"],
-            )
-        };
-        for (option, value) in unwanted {
-            if let Some(value) = value {
-                return Err(syn::Error::new_spanned(
-                    value,
-                    format!(
-                        "`{}` takes {}, not `{option}`; write `{} = ...` and `{} = ...`",
-                        algorithm.name(),
-                        algorithm.expected(),
-                        wanted[0],
-                        wanted[1]
-                    ),
-                ));
-            }
-        }
-        let (capacity_value, rate, window_us) =
-            if algorithm.is_windowed() {
-                let needs = |option: &str, fix: &str| {
-                    args.error_at_attribute(&format!(
-                        "`algorithm = {}` needs a `{option}`; add {fix}",
-                        algorithm.name()
-                    ))
-                };
-                let limit = args.limit.as_ref().ok_or_else(|| {
-                    needs("limit", "`limit = N`, the most calls admitted per window")
-                })?;
-                let window = args.window.as_ref().ok_or_else(|| {
-                    needs(
-                        "window",
-                        "`window = \"1m\"` (or \"1s\", \"1h\", \"1d\", \"10s\"...)",
-                    )
-                })?;
-                let limit_value = positive_integer(limit, "limit")?;
-                let window_us = window_value(window)?;
-                let rate = Rate::from_parts(u128::from(limit_value), u128::from(window_us))
-                    .map_err(|_| syn::Error::new_spanned(limit, TOO_LARGE))?;
-                if u128::from(limit_value) * u128::from(window_us / 1_000) > MAX_EXACT {
-                    return Err(syn::Error::new_spanned(limit, TOO_LARGE));
-                }
-                (limit_value, rate, window_us)
-            } else {
-                let capacity = match &args.capacity {
-                    Some(capacity) => capacity,
-                    None => {
-                        return Err(missing(
-                            "capacity",
-                            "`capacity = N`, the largest burst of calls admitted",
-                        ))
-                    }
-                };
-                let rate = match &args.rate {
-                    Some(rate) => rate,
-                    None => return Err(missing(
-                        "rate",
-                        "`rate = \"N/s\"` (or `\"N/min\"`, `\"N/h\"`...), how fast spent tokens \
-                         come back",
-                    )),
-                };
-                let capacity_value = positive_integer(capacity, "capacity")?;
-                let rate = rate_value(rate)?;
-                if !fits(capacity_value, rate) {
-                    return Err(syn::Error::new_spanned(capacity, TOO_LARGE));
-                }
-                (capacity_value, rate, 0)
-            };
-        let capacity_name = if algorithm.is_windowed() {
-            "limit"
-        } else {
-            "capacity"
+        let rule = args.rule.as_ref().map(rule_name).transpose()?;
+        let quota = match &args.quota {
+            Some(expr) => per_call_quota(&args, expr)?,
+            None => QuotaArg::Fixed(fixed_quota(&args)?),
         };
         let key = match key {
             KeyArg::Template(lit) => self.key_template(lit)?,
@@ -438,31 +375,55 @@ impl Function<'_> {
                 lit: Lit::Int(lit), ..
             })) => {
                 let cost = lit.base10_parse::<u64>()?;
-                if cost > capacity_value {
-                    return Err(syn::Error::new(
-                        lit.span(),
-                        format!(
-                            "`cost = {cost}` is greater than `{capacity_name} = {capacity_value}`, \
-                             so no call could ever be admitted; lower the cost or raise the \
-                             {capacity_name}"
-                        ),
-                    ));
+                if let QuotaArg::Fixed(fixed) = &quota {
+                    let capacity_name = if fixed.algorithm.is_windowed() {
+                        "limit"
+                    } else {
+                        "capacity"
+                    };
+                    let capacity = fixed.capacity;
+                    if cost > capacity {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "`cost = {cost}` is greater than `{capacity_name} = {capacity}`, \
+                                 so no call could ever be admitted; lower the cost or raise the \
+                                 {capacity_name}"
+                            ),
+                        ));
+                    }
                 }
                 Cost::Fixed(cost)
             }
             Some(expr) => Cost::Expr(expr.clone()),
         };
+        let lease = match &args.lease {
+            None => None,
+            Some(expr) => {
+                let tokens = positive_integer(expr, "lease")?;
+                if let QuotaArg::Fixed(fixed) = &quota {
+                    if fixed.algorithm.name() == "leaky_bucket" {
+                        return Err(syn::Error::new_spanned(
+                            expr,
+                            "`leaky_bucket` cannot lease tokens: each admission carries its own \
+                             delay; remove `lease` or choose another algorithm",
+                        ));
+                    }
+                }
+                Some(tokens)
+            }
+        };
         Ok(Check {
+            lease,
             krate: match &args.krate {
                 Some(path) => path.to_token_stream(),
                 None => quote!(::ratelimit),
             },
-            algorithm,
-            capacity: capacity_value,
-            rate,
-            window_us,
+            quota,
+            rule,
             key,
             cost,
+            exempt: args.exempt.clone(),
             limiter: args.limiter.clone(),
             on_error: args.on_error.as_ref().map(failure_policy).transpose()?,
             shadow: args
@@ -653,6 +614,188 @@ fn elements_path<'a>(
         }
     }
     None
+}
+
+/// The attribute's own quota: `capacity` and `rate`, or `limit` and
+/// `window`, for its algorithm.
+fn fixed_quota(args: &Args) -> syn::Result<Fixed> {
+    let missing = |option: &str, fix: &str| {
+        args.error_at_attribute(&format!("`#[rate_limit]` needs a `{option}`; add {fix}"))
+    };
+    let algorithm = match &args.algorithm {
+        Some(ident) => Algorithm::parse(ident)?,
+        None => Algorithm(0),
+    };
+    // An option the algorithm does not take is an error at its value.
+    let (unwanted, wanted) = if algorithm.is_windowed() {
+        (
+            [("capacity", &args.capacity), ("rate", &args.rate)],
+            ["limit", "window"],
+        )
+    } else {
+        (
+            [("limit", &args.limit), ("window", &args.window)],
+            ["capacity", "rate"],
+        )
+    };
+    for (option, value) in unwanted {
+        if let Some(value) = value {
+            return Err(syn::Error::new_spanned(
+                value,
+                format!(
+                    "`{}` takes {}, not `{option}`; write `{} = ...` and `{} = ...`",
+                    algorithm.name(),
+                    algorithm.expected(),
+                    wanted[0],
+                    wanted[1]
+                ),
+            ));
+        }
+    }
+    if algorithm.is_windowed() {
+        let needs = |option: &str, fix: &str| {
+            args.error_at_attribute(&format!(
+                "`algorithm = {}` needs a `{option}`; add {fix}",
+                algorithm.name()
+            ))
+        };
+        let limit = args
+            .limit
+            .as_ref()
+            .ok_or_else(|| needs("limit", "`limit = N`, the most calls admitted per window"))?;
+        let window = args.window.as_ref().ok_or_else(|| {
+            needs(
+                "window",
+                "`window = \"1m\"` (or \"1s\", \"1h\", \"1d\", \"10s\"...)",
+            )
+        })?;
+        let limit_value = positive_integer(limit, "limit")?;
+        let window_us = window_value(window)?;
+        let rate = Rate::from_parts(u128::from(limit_value), u128::from(window_us))
+            .map_err(|_| syn::Error::new_spanned(limit, TOO_LARGE))?;
+        if u128::from(limit_value) * u128::from(window_us / 1_000) > MAX_EXACT {
+            return Err(syn::Error::new_spanned(limit, TOO_LARGE));
+        }
+        Ok(Fixed {
+            algorithm,
+            capacity: limit_value,
+            rate,
+            window_us,
+        })
+    } else {
+        let capacity = match &args.capacity {
+            Some(capacity) => capacity,
+            None => {
+                return Err(missing(
+                    "capacity",
+                    "`capacity = N`, the largest burst of calls admitted",
+                ))
+            }
+        };
+        let rate = match &args.rate {
+            Some(rate) => rate,
+            None => {
+                return Err(missing(
+                    "rate",
+                    "`rate = \"N/s\"` (or `\"N/min\"`, `\"N/h\"`...), how fast spent tokens \
+                     come back",
+                ))
+            }
+        };
+        let capacity_value = positive_integer(capacity, "capacity")?;
+        let rate = rate_value(rate)?;
+        if !fits(capacity_value, rate) {
+            return Err(syn::Error::new_spanned(capacity, TOO_LARGE));
+        }
+        Ok(Fixed {
+            algorithm,
+            capacity: capacity_value,
+            rate,
+            window_us: 0,
+        })
+    }
+}
+
+/// `quota = <expression>`: it chooses the whole quota, so no option that
+/// states one may be given too.
+fn per_call_quota(args: &Args, expr: &Expr) -> syn::Result<QuotaArg> {
+    if let Some(rule) = &args.rule {
+        return Err(syn::Error::new_spanned(
+            rule,
+            "`quota = ...` chooses each call's quota, so `rule` cannot name one too; remove \
+             `rule`, or look the rule up in the expression, such as \
+             `quota = limiter.rules().get(\"vip\").unwrap_or(DEFAULT)`",
+        ));
+    }
+    let stated: [(&str, Option<&dyn ToTokens>); 5] = [
+        (
+            "algorithm",
+            args.algorithm.as_ref().map(|a| a as &dyn ToTokens),
+        ),
+        (
+            "capacity",
+            args.capacity.as_ref().map(|e| e as &dyn ToTokens),
+        ),
+        ("rate", args.rate.as_ref().map(|e| e as &dyn ToTokens)),
+        ("limit", args.limit.as_ref().map(|e| e as &dyn ToTokens)),
+        ("window", args.window.as_ref().map(|e| e as &dyn ToTokens)),
+    ];
+    for (option, value) in stated {
+        if let Some(value) = value {
+            return Err(syn::Error::new_spanned(
+                value,
+                format!(
+                    "`quota = ...` chooses each call's quota, so `{option}` cannot be given too; \
+                     remove `{option}`, or remove `quota` for a fixed quota"
+                ),
+            ));
+        }
+    }
+    if let Expr::Lit(lit) = expr {
+        return Err(syn::Error::new_spanned(
+            lit,
+            "`quota` must be an expression giving a `Quota` at each call, such as \
+             `quota = tier_quota(&user)`; for a fixed quota write `capacity = ...` and \
+             `rate = ...` instead",
+        ));
+    }
+    Ok(QuotaArg::PerCall(expr.clone()))
+}
+
+/// `rule = "order_submit"`: a string literal, a name the runtime accepts
+/// (mirrors `ratelimit_core`'s rule names, so any rule can be published).
+fn rule_name(expr: &Expr) -> syn::Result<LitStr> {
+    let Expr::Lit(ExprLit {
+        lit: Lit::Str(name),
+        ..
+    }) = expr
+    else {
+        return Err(syn::Error::new_spanned(
+            expr,
+            "`rule` must be a string literal naming the rule, such as `rule = \"order_submit\"`",
+        ));
+    };
+    let value = name.value();
+    if value.is_empty() {
+        return Err(syn::Error::new(
+            name.span(),
+            "`rule` cannot be empty; name the rule, such as `rule = \"order_submit\"`",
+        ));
+    }
+    let valid = value.len() <= 128
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':' | b'/'));
+    if !valid {
+        return Err(syn::Error::new(
+            name.span(),
+            format!(
+                "invalid rule name `{value}`; use 1 to 128 letters, digits and `_`, `-`, `.`, \
+                 `:`, `/`, such as `rule = \"order_submit\"`"
+            ),
+        ));
+    }
+    Ok(name.clone())
 }
 
 /// `capacity = 10`: an integer literal greater than 0.
@@ -955,10 +1098,9 @@ mod tests {
 
     #[test]
     fn numeric_rate_literals_are_checked() {
-        let rate = |attr| {
-            check(attr, SUBMIT)
-                .map(|c| (c.rate.tokens, c.rate.period_us))
-                .ok()
+        let rate = |attr| match check(attr, SUBMIT).ok()?.quota {
+            QuotaArg::Fixed(fixed) => Some((fixed.rate.tokens, fixed.rate.period_us)),
+            QuotaArg::PerCall(_) => None,
         };
         assert_eq!(
             rate("key = \"k\", capacity = 1, rate = 2"),
@@ -1083,6 +1225,68 @@ mod tests {
             "`cost = 6` is greater than `capacity = 5`, so no call could ever be admitted; \
              lower the cost or raise the capacity"
         );
+    }
+
+    #[test]
+    fn a_named_rule_keeps_the_attribute_numbers_as_its_defaults() {
+        let check = check(
+            "key = \"k\", rule = \"api/v1:search\", capacity = 3, rate = 1",
+            SUBMIT,
+        )
+        .unwrap();
+        assert_eq!(check.rule.unwrap().value(), "api/v1:search");
+        assert!(matches!(
+            check.quota,
+            QuotaArg::Fixed(Fixed { capacity: 3, .. })
+        ));
+        assert_eq!(
+            error("key = \"k\", rule = \"\", capacity = 3, rate = 1", SUBMIT),
+            "`rule` cannot be empty; name the rule, such as `rule = \"order_submit\"`"
+        );
+        assert!(error(
+            "key = \"k\", rule = \"a b\", capacity = 3, rate = 1",
+            SUBMIT
+        )
+        .starts_with("invalid rule name `a b`"));
+        assert!(
+            error("key = \"k\", rule = NAME, capacity = 3, rate = 1", SUBMIT)
+                .starts_with("`rule` must be a string literal")
+        );
+        assert!(
+            error("key = \"k\", rule = \"r\", rate = 1", SUBMIT).contains("needs a `capacity`"),
+            "a named rule needs its defaults"
+        );
+    }
+
+    #[test]
+    fn a_per_call_quota_replaces_every_option_that_states_one() {
+        let check = check(
+            "key = \"k\", quota = tier(&user_id), cost = 500, exempt = user_id == 0",
+            SUBMIT,
+        )
+        .unwrap();
+        assert!(matches!(check.quota, QuotaArg::PerCall(_)));
+        assert!(check.exempt.is_some());
+        for option in [
+            "capacity = 1",
+            "rate = 1",
+            "limit = 1",
+            "window = \"1s\"",
+            "algorithm = gcra",
+        ] {
+            let name = option.split(' ').next().unwrap();
+            assert_eq!(
+                error(&format!("key = \"k\", quota = q, {option}"), SUBMIT),
+                format!(
+                    "`quota = ...` chooses each call's quota, so `{name}` cannot be given too; \
+                     remove `{name}`, or remove `quota` for a fixed quota"
+                )
+            );
+        }
+        assert!(error("key = \"k\", quota = q, rule = \"r\"", SUBMIT)
+            .starts_with("`quota = ...` chooses each call's quota, so `rule` cannot name one too"));
+        assert!(error("key = \"k\", quota = 10", SUBMIT)
+            .starts_with("`quota` must be an expression giving a `Quota`"));
     }
 
     #[test]

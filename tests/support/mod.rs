@@ -176,6 +176,24 @@ impl RedisServer {
         self.dir.path().join("redis.log")
     }
 
+    /// Script calls (`EVALSHA`) the server has run since the last
+    /// `CONFIG RESETSTAT`, from `INFO commandstats`.
+    pub async fn script_calls(&self) -> u64 {
+        let mut connection = self.connection().await;
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .unwrap_or_default();
+        stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()

@@ -10,7 +10,7 @@ impl From<RateLimited> for Limited {
     }
 }
 
-#[rate_limit(key = "tb:<id>", algorithm = token_bucket, capacity = 2, rate = "1/min", limiter = l)]
+#[rate_limit(key = "tb:<id>", algorithm = token_bucket, capacity = 2, rate = "1/min", lease = 2, limiter = l)]
 async fn token_bucket(l: &Limiter, id: u8) -> Result<(), Limited> {
     Ok(())
 }

@@ -31,7 +31,19 @@ async fn free() -> ::std::result::Result<(), Error> {
     ::std::result::Result::Ok(())
 }
 
+fn tier(user: &::std::primitive::u32) -> ::ratelimit::Quota {
+    let _ = user;
+    ::std::result::Result::unwrap(::ratelimit::Quota::per_second(1))
+}
+
+#[::ratelimit::rate_limit(rule = "named", key = "named:<user>", capacity = 2, rate = 1, limiter = ::ratelimit::global())]
+#[::ratelimit::rate_limit(key = "tiered:<user>", quota = tier(&user), exempt = user == 0)]
+async fn rules(user: ::std::primitive::u32) -> ::std::result::Result<(), Error> {
+    ::std::result::Result::Ok(())
+}
+
 fn main() {
     let _ = Account { tenant: 1 }.act("a", 1);
     let _ = free();
+    let _ = rules(1);
 }

@@ -1,0 +1,718 @@
+//! Rules kept in Redis, shared by every instance: a hash of rule texts (field
+//! = rule name, value = the rule's text form) and a channel on which a change
+//! is announced (message = the rule's name, or `*` for all of them).
+//!
+//! Each instance reads the whole hash when it starts, applies each announced
+//! change as it arrives, and reads the whole hash again every
+//! [`reload_every`](RedisRuleSourceBuilder::reload_every), so a change whose
+//! message was missed (the instance was disconnected, or someone wrote the
+//! hash with `HSET` alone) is applied all the same.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher as _;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use redis::aio::ConnectionLike;
+use redis::{AsyncConnectionConfig, RedisError};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::error::Error;
+use crate::limiter::Limiter;
+use crate::quota::Quota;
+use crate::rules::{is_valid_name, RuleError, Rules};
+
+/// The hash that holds the rules unless [`RedisRuleSourceBuilder::hash`]
+/// names another. Outside the limiter's default `rl:` prefix, so no rate
+/// limit key can collide with it.
+pub const DEFAULT_RULES_HASH: &str = "ratelimit:rules";
+
+/// The channel on which changes are announced unless
+/// [`RedisRuleSourceBuilder::channel`] names another.
+pub const DEFAULT_RULES_CHANNEL: &str = "ratelimit:rules:changed";
+
+/// How often the whole hash is read again by default.
+pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(10);
+
+/// Keeps a [`Rules`] in step with rules stored in Redis, until dropped.
+///
+/// Start one per instance, on the limiter whose rules it keeps:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use ratelimit_core::{Limiter, RedisRuleSource};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::builder().redis("redis://10.0.0.5:6379").build()?;
+/// let rules = RedisRuleSource::builder("redis://10.0.0.5:6379")
+///     .reload_every(Duration::from_secs(10))
+///     .start(&limiter)?;
+/// rules.ready().await; // optional: wait for the first read of the hash
+///
+/// // Anywhere, any instance: validated, stored, announced; every instance
+/// // applies it within moments.
+/// RedisRuleSource::publish("redis://10.0.0.5:6379", "order_submit", "capacity=20 rate=5/s").await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// What it guarantees:
+///
+/// - a rule in the hash is applied on every instance as soon as its message
+///   arrives, and in any case at the next periodic read;
+/// - an invalid rule text is rejected with an error logged (once per text),
+///   and the rule it would replace stays in force;
+/// - a rule removed from the hash is removed from [`Rules`], so the
+///   attribute's own numbers apply again; rules the application set itself
+///   under other names are left alone;
+/// - when Redis is unreachable the rules in force stay as they are, and the
+///   source reconnects with a jittered backoff (up to
+///   [`max_backoff`](RedisRuleSourceBuilder::max_backoff)); it logs the
+///   outage once, and again when it is over. It never panics.
+#[must_use = "the source stops when dropped"]
+pub struct RedisRuleSource {
+    task: tokio::task::JoinHandle<()>,
+    ready: watch::Receiver<bool>,
+}
+
+impl RedisRuleSource {
+    /// Starts configuring a source reading Redis at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisRuleSourceBuilder {
+        RedisRuleSourceBuilder {
+            url: url.into(),
+            hash: DEFAULT_RULES_HASH.to_owned(),
+            channel: DEFAULT_RULES_CHANNEL.to_owned(),
+            reload_every: DEFAULT_RELOAD_EVERY,
+            timeout: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+
+    /// Validates `rule` (the [text form](RuleError)), stores it as the rule
+    /// `name` in the default hash and announces it on the default channel,
+    /// in one transaction. Returns the quota every instance will apply.
+    ///
+    /// An invalid name or rule is an error, and nothing is written.
+    pub async fn publish(url: &str, name: &str, rule: &str) -> Result<Quota, PublishError> {
+        Self::builder(url).publish(name, rule).await
+    }
+
+    /// Removes the rule `name` from the default hash and announces it: every
+    /// instance goes back to the attribute's own numbers. Returns whether the
+    /// rule was there.
+    pub async fn remove(url: &str, name: &str) -> Result<bool, PublishError> {
+        Self::builder(url).remove(name).await
+    }
+
+    /// Waits until the whole hash has been read once: until then, only the
+    /// rules set before the source started are in force.
+    pub async fn ready(&self) {
+        let mut ready = self.ready.clone();
+        // An error means the task ended, which only `stop` and drop do.
+        let _ = ready.wait_for(|ready| *ready).await;
+    }
+
+    /// Whether the whole hash has been read at least once.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Stops following Redis. The rules in force stay as they are.
+    pub fn stop(self) {}
+}
+
+impl Drop for RedisRuleSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl fmt::Debug for RedisRuleSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRuleSource")
+            .field("ready", &self.is_ready())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`RedisRuleSource`], and publishes rules to the same hash
+/// and channel.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisRuleSourceBuilder {
+    url: String,
+    hash: String,
+    channel: String,
+    reload_every: Duration,
+    timeout: Duration,
+    max_backoff: Duration,
+}
+
+impl RedisRuleSourceBuilder {
+    /// The hash holding the rules (default [`DEFAULT_RULES_HASH`]).
+    pub fn hash(mut self, hash: impl Into<String>) -> Self {
+        self.hash = hash.into();
+        self
+    }
+
+    /// The channel announcing changes (default [`DEFAULT_RULES_CHANNEL`]).
+    pub fn channel(mut self, channel: impl Into<String>) -> Self {
+        self.channel = channel.into();
+        self
+    }
+
+    /// How often the whole hash is read again, in case a message was missed
+    /// (default [`DEFAULT_RELOAD_EVERY`], 10 s).
+    pub fn reload_every(mut self, every: Duration) -> Self {
+        self.reload_every = every;
+        self
+    }
+
+    /// The bound on connecting and on every command (default 1 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The longest wait between two reconnection attempts (default 1 s):
+    /// attempts start 50 ms apart and double up to this.
+    pub fn max_backoff(mut self, max: Duration) -> Self {
+        self.max_backoff = max;
+        self
+    }
+
+    /// Starts keeping `limiter`'s [rules](Limiter::rules) in step with Redis.
+    pub fn start(self, limiter: &Limiter) -> Result<RedisRuleSource, Error> {
+        self.spawn(limiter.rules())
+    }
+
+    /// Starts keeping `rules` in step with Redis, on the current Tokio
+    /// runtime. Fails on an invalid URL or configuration, or outside a
+    /// runtime; never because Redis is unreachable, which the source waits
+    /// out.
+    ///
+    /// ```
+    /// use ratelimit_core::{Error, RedisRuleSource, Rules};
+    ///
+    /// let rules = Rules::new();
+    /// let outside = RedisRuleSource::builder("redis://127.0.0.1:6379").spawn(&rules);
+    /// assert!(matches!(outside, Err(Error::Config(_))), "no runtime to run on");
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// // Nothing listens on port 1: the source keeps trying, the rules stay.
+    /// let source = RedisRuleSource::builder("redis://127.0.0.1:1").spawn(&rules)?;
+    /// tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    /// assert!(!source.is_ready());
+    /// drop(source); // stops it
+    /// # Ok::<(), Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn spawn(self, rules: &Rules) -> Result<RedisRuleSource, Error> {
+        let client = redis::Client::open(self.url.as_str())?;
+        for (what, value) in [
+            ("the reload period", self.reload_every),
+            ("the timeout", self.timeout),
+            ("the longest backoff", self.max_backoff),
+        ] {
+            if value.is_zero() {
+                return Err(Error::Config(format!(
+                    "{what} of a rule source must be greater than zero"
+                )));
+            }
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::Config("a rule source runs on a Tokio runtime; start it from within one".into())
+        })?;
+        let (ready_tx, ready) = watch::channel(false);
+        let follower = Follower {
+            client,
+            config: self,
+            rules: rules.clone(),
+            loaded: HashSet::new(),
+            rejected: HashMap::new(),
+            ready: ready_tx,
+        };
+        Ok(RedisRuleSource {
+            task: runtime.spawn(follower.run()),
+            ready,
+        })
+    }
+
+    /// [`RedisRuleSource::publish`] to this builder's hash and channel.
+    ///
+    /// The rule is checked before anything is sent:
+    ///
+    /// ```
+    /// use ratelimit_core::{PublishError, RedisRuleSource};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let rules = RedisRuleSource::builder("redis://127.0.0.1:6379").hash("shop:rules");
+    /// let err = rules.publish("checkout", "capacity=10 rate=10/fortnight").await.unwrap_err();
+    /// assert!(matches!(err, PublishError::InvalidRule { .. }));
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "invalid rule `checkout`: invalid rate `10/fortnight`; expected a form such as \
+    ///      \"5/s\", \"100/min\", \"3600/h\" or \"1000/d\""
+    /// );
+    /// let err = rules.publish("*", "capacity=10 rate=10/s").await.unwrap_err();
+    /// assert!(matches!(err, PublishError::InvalidName(_)));
+    /// # });
+    /// ```
+    pub async fn publish(&self, name: &str, rule: &str) -> Result<Quota, PublishError> {
+        validate(name, rule)?;
+        let mut connection = self.connect().await?;
+        self.publish_on(&mut connection, name, rule).await
+    }
+
+    /// [`RedisRuleSource::remove`] from this builder's hash.
+    pub async fn remove(&self, name: &str) -> Result<bool, PublishError> {
+        check_name(name)?;
+        let mut connection = self.connect().await?;
+        self.remove_on(&mut connection, name).await
+    }
+
+    /// [`publish`](Self::publish) on a connection the caller already has.
+    pub async fn publish_on<C: ConnectionLike + Send>(
+        &self,
+        connection: &mut C,
+        name: &str,
+        rule: &str,
+    ) -> Result<Quota, PublishError> {
+        let quota = validate(name, rule)?;
+        let write = redis::pipe()
+            .atomic()
+            .hset(&self.hash, name, rule.trim())
+            .ignore()
+            .publish(&self.channel, name)
+            .ignore()
+            .to_owned();
+        within(self.timeout, write.query_async::<()>(connection))
+            .await
+            .map_err(Lost::into_error)?;
+        Ok(quota)
+    }
+
+    /// [`remove`](Self::remove) on a connection the caller already has.
+    pub async fn remove_on<C: ConnectionLike + Send>(
+        &self,
+        connection: &mut C,
+        name: &str,
+    ) -> Result<bool, PublishError> {
+        check_name(name)?;
+        let write = redis::pipe()
+            .atomic()
+            .hdel(&self.hash, name)
+            .publish(&self.channel, name)
+            .ignore()
+            .to_owned();
+        let (removed,): (u64,) = within(self.timeout, write.query_async(connection))
+            .await
+            .map_err(Lost::into_error)?;
+        Ok(removed > 0)
+    }
+
+    async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
+        let client = redis::Client::open(self.url.as_str())?;
+        within(
+            self.timeout,
+            client.get_multiplexed_async_connection_with_config(&self.connection_config()),
+        )
+        .await
+        .map_err(Lost::into_error)
+    }
+
+    fn connection_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+    }
+}
+
+fn validate(name: &str, rule: &str) -> Result<Quota, PublishError> {
+    check_name(name)?;
+    rule.parse().map_err(|error| PublishError::InvalidRule {
+        name: name.to_owned(),
+        error,
+    })
+}
+
+fn check_name(name: &str) -> Result<(), PublishError> {
+    if is_valid_name(name) {
+        Ok(())
+    } else {
+        Err(PublishError::InvalidName(name.to_owned()))
+    }
+}
+
+/// Why a rule could not be published or removed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// A name the attribute could not use.
+    #[error(
+        "invalid rule name `{0}`; use 1 to 128 letters, digits and `_`, `-`, `.`, `:`, `/`, \
+         as in `rule = \"order_submit\"`"
+    )]
+    InvalidName(String),
+    /// A rule text that does not parse; nothing was written.
+    #[error("invalid rule `{name}`: {error}")]
+    InvalidRule {
+        /// The rule's name.
+        name: String,
+        /// What is wrong with its text.
+        #[source]
+        error: RuleError,
+    },
+    /// Redis failed or did not answer in time.
+    #[error(transparent)]
+    Redis(#[from] Error),
+}
+
+/// Why a connection to Redis is given up.
+enum Lost {
+    Redis(RedisError),
+    Timeout(Duration),
+    Closed,
+}
+
+impl Lost {
+    fn into_error(self) -> Error {
+        match self {
+            Lost::Redis(error) => Error::Redis(error),
+            Lost::Timeout(timeout) => Error::Timeout(timeout),
+            Lost::Closed => Error::UnexpectedReply("the connection was closed".into()),
+        }
+    }
+
+    /// Whether the connection must be replaced, rather than the command
+    /// tried again later (a server error such as `WRONGTYPE` does not
+    /// improve by reconnecting).
+    fn is_connection(&self) -> bool {
+        match self {
+            Lost::Redis(error) => {
+                error.is_io_error()
+                    || error.is_connection_dropped()
+                    || error.is_unrecoverable_error()
+            }
+            Lost::Timeout(_) | Lost::Closed => true,
+        }
+    }
+}
+
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Lost::Redis(error) => write!(f, "{error}"),
+            Lost::Timeout(timeout) => write!(f, "no answer within {timeout:?}"),
+            Lost::Closed => f.write_str("the subscription connection was closed"),
+        }
+    }
+}
+
+async fn within<T>(
+    timeout: Duration,
+    future: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, Lost> {
+    match tokio::time::timeout(timeout, future).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(Lost::Redis(error)),
+        Err(_) => Err(Lost::Timeout(timeout)),
+    }
+}
+
+/// The task behind a [`RedisRuleSource`].
+struct Follower {
+    client: redis::Client,
+    config: RedisRuleSourceBuilder,
+    rules: Rules,
+    /// The names this source set: a name gone from the hash is removed only
+    /// if the source set it, never one the application set on its own.
+    loaded: HashSet<String>,
+    /// The last rejected text of each rule, so that an invalid rule is
+    /// logged once rather than at every reload.
+    rejected: HashMap<String, String>,
+    ready: watch::Sender<bool>,
+}
+
+impl Follower {
+    async fn run(mut self) {
+        let mut attempt = 0u32;
+        let mut outage_since: Option<Instant> = None;
+        loop {
+            let lost = match self.follow(&mut attempt, &mut outage_since).await {
+                Err(lost) => lost,
+                Ok(never) => match never {},
+            };
+            if outage_since.is_none() {
+                outage_since = Some(Instant::now());
+                tracing::warn!(
+                    hash = %self.config.hash,
+                    error = %lost,
+                    "rule source cannot reach Redis; the rules in force stay as they are while it reconnects"
+                );
+            } else {
+                tracing::debug!(error = %lost, attempt, "rule source still cannot reach Redis");
+            }
+            tokio::time::sleep(self.backoff(attempt)).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// 50 ms doubling up to `max_backoff`, each wait jittered by ±25% so that
+    /// instances do not reconnect in step.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let base = Duration::from_millis(50)
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.config.max_backoff);
+        let jitter = RandomState::new().hash_one(attempt) % 501;
+        base.mul_f64(0.75 + jitter as f64 / 1_000.0)
+    }
+
+    /// Subscribes, reads the whole hash, then applies announced changes and
+    /// reads the hash again periodically, until the connection is lost.
+    async fn follow(
+        &mut self,
+        attempt: &mut u32,
+        outage_since: &mut Option<Instant>,
+    ) -> Result<Infallible, Lost> {
+        let timeout = self.config.timeout;
+        let pubsub = within(timeout, self.client.get_async_pubsub()).await?;
+        let (mut sink, mut messages) = pubsub.split();
+        within(timeout, sink.subscribe(&self.config.channel)).await?;
+        let mut connection = within(
+            timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&self.config.connection_config()),
+        )
+        .await?;
+        // Subscribed before reading: a change made in between is in the
+        // read, or in a message, or both; never in neither.
+        self.reload(&mut connection).await?;
+        self.ready.send_replace(true);
+        *attempt = 0;
+        if let Some(since) = outage_since.take() {
+            tracing::info!(
+                hash = %self.config.hash,
+                after = ?since.elapsed(),
+                "rule source reached Redis again and read the rules"
+            );
+        }
+        let every = self.config.reload_every;
+        let mut reload = tokio::time::interval_at(Instant::now() + every, every);
+        reload.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            let result = tokio::select! {
+                message = messages.next() => match message {
+                    Some(message) => self.on_message(&mut connection, message.get_payload_bytes()).await,
+                    None => return Err(Lost::Closed),
+                },
+                _ = reload.tick() => {
+                    // The subscription's connection can die silently; a
+                    // ping finds out.
+                    match within(timeout, sink.ping::<redis::Value>()).await {
+                        Ok(_) => self.reload(&mut connection).await,
+                        Err(lost) => Err(lost),
+                    }
+                }
+            };
+            match result {
+                Err(lost) if lost.is_connection() => return Err(lost),
+                Err(error) => tracing::error!(
+                    hash = %self.config.hash,
+                    %error,
+                    "rule source could not read the rules; the rules in force stay as they are"
+                ),
+                Ok(()) => {}
+            }
+        }
+    }
+
+    async fn on_message(
+        &mut self,
+        connection: &mut redis::aio::MultiplexedConnection,
+        payload: &[u8],
+    ) -> Result<(), Lost> {
+        let name = match std::str::from_utf8(payload) {
+            Ok(name) if is_valid_name(name.trim()) => name.trim(),
+            Ok(all) if all.trim().is_empty() || all.trim() == "*" => {
+                return self.reload(connection).await
+            }
+            _ => {
+                tracing::warn!(
+                    channel = %self.config.channel,
+                    message = %String::from_utf8_lossy(payload),
+                    "rule source got a message that names no rule; reading every rule"
+                );
+                return self.reload(connection).await;
+            }
+        };
+        let text: Option<Vec<u8>> = within(
+            self.config.timeout,
+            redis::cmd("HGET")
+                .arg(&self.config.hash)
+                .arg(name)
+                .query_async(connection),
+        )
+        .await?;
+        let change = self.change(name, text.as_deref());
+        self.rules.apply(change.as_slice());
+        Ok(())
+    }
+
+    /// Reads the whole hash and applies every difference at once.
+    async fn reload(
+        &mut self,
+        connection: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), Lost> {
+        // Bytes, not strings: one field that is not UTF-8 must not stop the
+        // others from loading.
+        let stored: Vec<(Vec<u8>, Vec<u8>)> = within(
+            self.config.timeout,
+            redis::cmd("HGETALL")
+                .arg(&self.config.hash)
+                .query_async(connection),
+        )
+        .await?;
+        let mut changes = Vec::new();
+        let mut present = HashSet::new();
+        for (name, text) in &stored {
+            match std::str::from_utf8(name) {
+                Ok(name) if is_valid_name(name) => {
+                    present.insert(name.to_owned());
+                    changes.extend(self.change(name, Some(text)));
+                }
+                _ => {
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    if self.rejected.get(&name).map(String::as_bytes) != Some(text) {
+                        tracing::error!(
+                            hash = %self.config.hash,
+                            rule = %name,
+                            "rule source ignores a field that is not a valid rule name; use 1 to \
+                             128 letters, digits and `_`, `-`, `.`, `:`, `/`"
+                        );
+                        self.rejected
+                            .insert(name, String::from_utf8_lossy(text).into_owned());
+                    }
+                }
+            }
+        }
+        let gone: Vec<String> = self
+            .loaded
+            .iter()
+            .filter(|name| !present.contains(*name))
+            .cloned()
+            .collect();
+        for name in gone {
+            changes.extend(self.change(&name, None));
+        }
+        self.rejected
+            .retain(|name, _| present.contains(name) || !is_valid_name(name));
+        self.rules.apply(&changes);
+        Ok(())
+    }
+
+    /// What to do to `rules` for the rule `name` now stored as `text`
+    /// (`None`: not in the hash): nothing, set it, or remove it. Logs what
+    /// it does.
+    fn change(&mut self, name: &str, text: Option<&[u8]>) -> Option<(String, Option<Quota>)> {
+        let Some(text) = text else {
+            self.rejected.remove(name);
+            if !self.loaded.remove(name) {
+                return None;
+            }
+            tracing::info!(
+                rule = name,
+                "rule removed from Redis; the attribute's own quota applies again"
+            );
+            return Some((name.to_owned(), None));
+        };
+        let text = String::from_utf8_lossy(text);
+        match text.parse::<Quota>() {
+            Ok(quota) => {
+                self.rejected.remove(name);
+                let fresh = self.loaded.insert(name.to_owned());
+                if !fresh && self.rules.get(name) == Some(quota) {
+                    return None;
+                }
+                tracing::info!(rule = name, %quota, "rule changed from Redis");
+                Some((name.to_owned(), Some(quota)))
+            }
+            Err(error) => {
+                if self.rejected.get(name).map(String::as_str) != Some(text.as_ref()) {
+                    tracing::error!(
+                        rule = name,
+                        text = %text,
+                        %error,
+                        kept = ?self.rules.get(name),
+                        "invalid rule in Redis rejected; the rule in force stays"
+                    );
+                    self.rejected.insert(name.to_owned(), text.into_owned());
+                }
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_bound_with_jitter() {
+        let (tx, _) = watch::channel(false);
+        let follower = Follower {
+            client: redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            config: RedisRuleSource::builder("redis://127.0.0.1:1"),
+            rules: Rules::new(),
+            loaded: HashSet::new(),
+            rejected: HashMap::new(),
+            ready: tx,
+        };
+        for attempt in 0..40 {
+            let wait = follower.backoff(attempt);
+            let base = Duration::from_millis(50)
+                .saturating_mul(1 << attempt.min(16))
+                .min(Duration::from_secs(1));
+            assert!(
+                wait >= base.mul_f64(0.75) && wait <= base.mul_f64(1.25),
+                "attempt {attempt}: {wait:?} around {base:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn changes_keep_rules_the_application_set_and_reject_invalid_texts() {
+        let (tx, _) = watch::channel(false);
+        let rules = Rules::new();
+        let mine = Quota::per_second(1).unwrap();
+        rules.set("mine", mine);
+        let mut follower = Follower {
+            client: redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            config: RedisRuleSource::builder("redis://127.0.0.1:1"),
+            rules: rules.clone(),
+            loaded: HashSet::new(),
+            rejected: HashMap::new(),
+            ready: tx,
+        };
+        // Not loaded by the source: not its to remove.
+        assert_eq!(follower.change("mine", None), None);
+        let set = follower.change("r", Some(b"capacity=5 rate=1/s")).unwrap();
+        rules.apply(std::slice::from_ref(&set));
+        assert_eq!(rules.get("r").unwrap().capacity(), 5);
+        assert_eq!(follower.change("r", Some(b"capacity=5 rate=1/s")), None);
+        assert_eq!(follower.change("r", Some(b"capacity=zero")), None);
+        assert_eq!(follower.rejected["r"], "capacity=zero");
+        assert_eq!(
+            follower.change("r", None),
+            Some(("r".to_owned(), None)),
+            "a loaded rule gone from the hash is removed"
+        );
+        assert_eq!(rules.get("mine"), Some(mine));
+    }
+}

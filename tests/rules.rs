@@ -1,0 +1,369 @@
+//! Named rules changed at run time through Redis: two instances (two
+//! limiters, each with its own `RedisRuleSource`) on one private
+//! redis-server, and a `#[rate_limit(rule = ...)]` function whose admissions
+//! show which quota each instance applies.
+
+mod support;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit::{rate_limit, Limiter, PublishError, RateLimited, RedisRuleSource, RuleError};
+use redis::AsyncCommands;
+use support::RedisServer;
+use tokio::time::Instant;
+
+const HASH: &str = ratelimit::DEFAULT_RULES_HASH;
+const CHANNEL: &str = ratelimit::DEFAULT_RULES_CHANNEL;
+
+/// How soon every instance must apply an announced change.
+const ANNOUNCED: Duration = Duration::from_secs(1);
+
+#[rate_limit(rule = "probe", key = "probe:<round>", capacity = 2, rate = "1/h", limiter = limiter)]
+async fn probe(limiter: &Limiter, round: u64) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+static ROUND: AtomicU64 = AtomicU64::new(0);
+
+/// How many calls in a row `limiter` admits on a key no call used before.
+async fn admitted(limiter: &Limiter) -> usize {
+    let round = ROUND.fetch_add(1, Ordering::Relaxed);
+    let mut admitted = 0;
+    while admitted < 20 && probe(limiter, round).await.is_ok() {
+        admitted += 1;
+    }
+    admitted
+}
+
+/// One instance of a service: its limiter and the source keeping its rules.
+struct Instance {
+    limiter: Limiter,
+    _source: RedisRuleSource,
+}
+
+async fn instance(server: &RedisServer, reload_every: Duration) -> Instance {
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a limiter on the private redis-server");
+    let source = RedisRuleSource::builder(server.url())
+        .reload_every(reload_every)
+        .start(&limiter)
+        .expect("a rule source on the private redis-server");
+    tokio::time::timeout(Duration::from_secs(10), source.ready())
+        .await
+        .unwrap_or_else(|_| panic!("the rule source never read the rules\n{}", server.log()));
+    Instance {
+        limiter,
+        _source: source,
+    }
+}
+
+async fn two_instances(server: &RedisServer, reload_every: Duration) -> [Instance; 2] {
+    logs();
+    [
+        instance(server, reload_every).await,
+        instance(server, reload_every).await,
+    ]
+}
+
+/// Waits until `check` holds on every instance, failing past `within` with
+/// what each instance last showed.
+async fn on_every_instance<T, F>(
+    instances: &[Instance],
+    within: Duration,
+    what: &str,
+    check: impl Fn(Limiter) -> F,
+) where
+    F: Future<Output = Result<(), T>>,
+    T: std::fmt::Debug,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        let mut last = Vec::new();
+        for instance in instances {
+            if let Err(seen) = check(instance.limiter.clone()).await {
+                last.push(seen);
+            }
+        }
+        if last.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not on every instance within {within:?}; last seen {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every instance admits `expected` calls on a fresh key, within `within`.
+async fn admits(instances: &[Instance], expected: usize, within: Duration, what: &str) {
+    on_every_instance(instances, within, what, |limiter| async move {
+        match admitted(&limiter).await {
+            n if n == expected => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+}
+
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("ratelimit=info")
+        .with_test_writer()
+        .try_init();
+}
+
+#[tokio::test]
+async fn a_published_rule_reaches_every_instance_within_a_second() {
+    let server = RedisServer::start();
+    let instances = two_instances(&server, Duration::from_secs(60)).await;
+    admits(&instances, 2, ANNOUNCED, "the attribute's own capacity").await;
+
+    let quota = RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+        .await
+        .expect("publish a valid rule");
+    assert_eq!(quota.capacity(), 5);
+    admits(&instances, 5, ANNOUNCED, "capacity 2 -> 5").await;
+
+    // Any algorithm: a fixed window of 3 an hour.
+    RedisRuleSource::publish(
+        &server.url(),
+        "probe",
+        "algorithm=fixed_window limit=3 window=1h",
+    )
+    .await
+    .unwrap();
+    admits(&instances, 3, ANNOUNCED, "a fixed window of 3").await;
+    let mut redis = server.connection().await;
+    let stored: String = redis.hget(HASH, "probe").await.unwrap();
+    assert_eq!(stored, "algorithm=fixed_window limit=3 window=1h");
+    for instance in &instances {
+        let stats = instance.limiter.stats();
+        assert_eq!(
+            stats.fallbacks(),
+            0,
+            "every decision was Redis's: {stats:?}"
+        );
+    }
+}
+
+#[rate_limit(rule = "switch", key = "switch:<user>", capacity = 2, rate = "1/h", limiter = limiter)]
+async fn switch(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rule_can_change_algorithm_under_keys_that_hold_state() {
+    let server = RedisServer::start();
+    let instances = two_instances(&server, Duration::from_secs(60)).await;
+    let limiter = &instances[0].limiter;
+    switch(limiter, 1).await.unwrap();
+    switch(limiter, 1).await.unwrap();
+    let denied = switch(limiter, 1).await.unwrap_err();
+    assert_eq!(denied.key, "switch:1");
+
+    // The key holds a token bucket's state; the rule moves to a sliding log,
+    // and back.
+    RedisRuleSource::publish(
+        &server.url(),
+        "switch",
+        "algorithm=sliding_log limit=1 window=1h",
+    )
+    .await
+    .unwrap();
+    on_every_instance(&instances, ANNOUNCED, "the sliding log", |limiter| {
+        let rule = limiter.rules().get("switch");
+        async move { rule.map(|_| ()).ok_or("not yet") }
+    })
+    .await;
+    switch(limiter, 1).await.expect("a fresh log for the key");
+    let denied = switch(limiter, 1).await.unwrap_err();
+    assert_eq!(
+        (denied.key.as_str(), denied.limit, denied.rule),
+        ("switch:1", 1, Some("switch")),
+        "denials name the attribute's key"
+    );
+    RedisRuleSource::remove(&server.url(), "switch")
+        .await
+        .unwrap();
+    on_every_instance(&instances, ANNOUNCED, "the defaults", |limiter| {
+        let rule = limiter.rules().get("switch");
+        async move { rule.map_or(Ok(()), Err) }
+    })
+    .await;
+    assert!(
+        switch(limiter, 1).await.is_err(),
+        "the token bucket's state is still spent"
+    );
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.fallbacks(), stats.errors),
+        (0, 0),
+        "no key met another algorithm's state: {stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_rule_is_rejected_and_the_old_one_keeps_working() {
+    let server = RedisServer::start();
+    let instances = two_instances(&server, Duration::from_secs(60)).await;
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+        .await
+        .unwrap();
+    admits(&instances, 5, ANNOUNCED, "capacity 5").await;
+
+    // The helper validates before it writes anything.
+    let err = RedisRuleSource::publish(&server.url(), "probe", "capacity=0 rate=1/h")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            PublishError::InvalidRule {
+                error: RuleError::Quota(ratelimit::QuotaError::ZeroCapacity),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "invalid rule `probe`: capacity must be greater than 0"
+    );
+    let err = RedisRuleSource::publish(&server.url(), "*", "capacity=1 rate=1/h")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PublishError::InvalidName(_)), "{err:?}");
+    let mut redis = server.connection().await;
+    let stored: String = redis.hget(HASH, "probe").await.unwrap();
+    assert_eq!(stored, "capacity=5 rate=1/h", "nothing was written");
+
+    // Written by hand, past the helper: every instance rejects it.
+    let _: () = redis
+        .hset(HASH, "probe", "capacity=lots rate=1/h")
+        .await
+        .unwrap();
+    let _: () = redis.publish(CHANNEL, "probe").await.unwrap();
+    // Messages are applied in order: once the next one is applied, the
+    // invalid one was handled.
+    RedisRuleSource::publish(&server.url(), "marker", "capacity=1 rate=1/s")
+        .await
+        .unwrap();
+    on_every_instance(&instances, ANNOUNCED, "the marker rule", |limiter| {
+        let marker = limiter.rules().get("marker");
+        async move { marker.map(|_| ()).ok_or("no marker") }
+    })
+    .await;
+    admits(
+        &instances,
+        5,
+        Duration::ZERO,
+        "the old rule after an invalid one",
+    )
+    .await;
+    // A full read keeps it too.
+    let _: () = redis.publish(CHANNEL, "*").await.unwrap();
+    RedisRuleSource::publish(&server.url(), "marker", "capacity=2 rate=1/s")
+        .await
+        .unwrap();
+    on_every_instance(&instances, ANNOUNCED, "the second marker", |limiter| {
+        let marker = limiter.rules().get("marker").map(|q| q.capacity());
+        async move { (marker == Some(2)).then_some(()).ok_or(marker) }
+    })
+    .await;
+    admits(
+        &instances,
+        5,
+        Duration::ZERO,
+        "the old rule after a full read",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn removing_a_rule_reverts_every_instance_to_the_attribute_defaults() {
+    let server = RedisServer::start();
+    let instances = two_instances(&server, Duration::from_secs(60)).await;
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=7 rate=1/h")
+        .await
+        .unwrap();
+    admits(&instances, 7, ANNOUNCED, "capacity 7").await;
+
+    assert!(RedisRuleSource::remove(&server.url(), "probe")
+        .await
+        .unwrap());
+    admits(&instances, 2, ANNOUNCED, "back to the attribute's capacity").await;
+    assert!(
+        !RedisRuleSource::remove(&server.url(), "probe")
+            .await
+            .unwrap(),
+        "removed already"
+    );
+}
+
+#[tokio::test]
+async fn the_periodic_read_applies_changes_made_without_a_message() {
+    let server = RedisServer::start();
+    let instances = two_instances(&server, Duration::from_millis(200)).await;
+    // A rule the application set itself is not the source's to remove.
+    for instance in &instances {
+        instance
+            .limiter
+            .rules()
+            .set_text("local_only", "capacity=1 rate=1/s")
+            .unwrap();
+    }
+    let mut redis = server.connection().await;
+    let _: () = redis
+        .hset(HASH, "probe", "algorithm=gcra capacity=4 rate=1/h")
+        .await
+        .unwrap();
+    let period = Duration::from_secs(3);
+    admits(&instances, 4, period, "an HSET with no PUBLISH").await;
+
+    let _: () = redis.hdel(HASH, "probe").await.unwrap();
+    admits(&instances, 2, period, "an HDEL with no PUBLISH").await;
+    for instance in &instances {
+        assert!(instance.limiter.rules().get("local_only").is_some());
+    }
+}
+
+#[tokio::test]
+async fn the_source_follows_redis_through_a_restart() {
+    let mut server = RedisServer::start();
+    let instances = two_instances(&server, Duration::from_millis(500)).await;
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+        .await
+        .unwrap();
+    admits(&instances, 5, ANNOUNCED, "capacity 5").await;
+
+    // Restarted with nothing saved: the hash is gone, so are its rules.
+    server.restart();
+    let reconnect = Duration::from_secs(5);
+    on_every_instance(
+        &instances,
+        reconnect,
+        "the rule gone with Redis",
+        |limiter| {
+            let rule = limiter.rules().get("probe");
+            async move { rule.map_or(Ok(()), Err) }
+        },
+    )
+    .await;
+    // Announced on the new server: applied by the new subscriptions.
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=4 rate=1/h")
+        .await
+        .unwrap();
+    admits(
+        &instances,
+        4,
+        reconnect,
+        "a rule published after the restart",
+    )
+    .await;
+}
