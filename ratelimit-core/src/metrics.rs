@@ -65,22 +65,60 @@ impl StatsSnapshot {
     }
 }
 
-#[derive(Default)]
+/// Counters striped over cache lines by thread, so threads deciding at once
+/// do not contend on one line; a snapshot sums the stripes.
 pub(crate) struct Stats {
-    counts: [AtomicU64; 6],
-    cache_hits: AtomicU64,
+    stripes: Box<[Stripe]>,
+}
+
+const STRIPES: usize = 8;
+/// Where `cache_hit` counts, after the outcomes.
+const CACHE_HITS: usize = 6;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Stripe {
+    counts: [AtomicU64; 7],
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+        }
+    }
+}
+
+fn stripe_index() -> usize {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    INDEX.with(|i| *i)
 }
 
 impl Stats {
     pub(crate) fn record(&self, rule: &'static str, outcome: Outcome) {
-        self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        self.add(outcome as usize);
         // Direct calls without a rule name share one label value.
         let rule = if rule.is_empty() { "unnamed" } else { rule };
         metrics::counter!("ratelimit_decisions_total", "rule" => rule, "outcome" => outcome.label()).increment(1);
     }
 
+    fn add(&self, counter: usize) {
+        self.stripes[stripe_index()].counts[counter].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn total(&self, counter: usize) -> u64 {
+        self.stripes
+            .iter()
+            .map(|s| s.counts[counter].load(Ordering::Relaxed))
+            .sum()
+    }
+
     pub(crate) fn cache_hit(&self) {
-        self.cache_hits.fetch_add(1, Ordering::Relaxed);
+        self.add(CACHE_HITS);
         metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
     }
 
@@ -92,12 +130,12 @@ impl Stats {
             Outcome::ShadowDenied,
         ]
         .iter()
-        .map(|o| self.counts[*o as usize].load(Ordering::Relaxed))
+        .map(|o| self.total(*o as usize))
         .sum()
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
-        let get = |o: Outcome| self.counts[o as usize].load(Ordering::Relaxed);
+        let get = |o: Outcome| self.total(o as usize);
         StatsSnapshot {
             allowed: get(Outcome::Allowed),
             denied: get(Outcome::Denied),
@@ -105,7 +143,7 @@ impl Stats {
             fallback_denied: get(Outcome::FallbackDenied),
             shadow_denied: get(Outcome::ShadowDenied),
             errors: get(Outcome::Error),
-            denied_from_cache: self.cache_hits.load(Ordering::Relaxed),
+            denied_from_cache: self.total(CACHE_HITS),
         }
     }
 }
