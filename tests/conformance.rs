@@ -245,7 +245,7 @@ fn sliding_window_stays_within_its_documented_error() {
 #[test]
 fn gcra_and_token_bucket_admit_the_same_sequences_within_the_bucket_bound() {
     let b = Backends::start();
-    for rate in ["3/s", "7/min", "1000/s"] {
+    for rate in ["3/s", "7/min", "50/s"] {
         let token_bucket = bucket(Algorithm::TokenBucket, 5, rate);
         let gcra = bucket(Algorithm::Gcra, 5, rate);
         let r: Rate = rate.parse().unwrap();

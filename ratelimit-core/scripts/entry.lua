@@ -33,6 +33,7 @@ if ARGV[1] == 'refund' then
   end
   return {}
 end
+local flat = {}
 local replies = {}
 local writes = {}
 local denied = false
@@ -47,7 +48,10 @@ for i = 1, #KEYS do
     replies[i], writes[i] = reply, write
     if reply[1] ~= 1 then denied = true end
   else
-    replies[i] = decide(KEYS[i], now, cost, true, p1, p2, p3, p4)
+    -- Deciding one key at a time: append the reply as it comes.
+    local reply = decide(KEYS[i], now, cost, true, p1, p2, p3, p4)
+    local n = #flat
+    flat[n + 1], flat[n + 2], flat[n + 3], flat[n + 4], flat[n + 5] = reply[1], reply[2], reply[3], reply[4], reply[5]
   end
 end
 if all and not denied then
@@ -56,7 +60,6 @@ if all and not denied then
   end
 end
 
-local flat = {}
 for i = 1, #replies do
   for j = 1, 5 do flat[#flat + 1] = replies[i][j] end
 end

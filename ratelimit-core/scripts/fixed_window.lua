@@ -7,11 +7,11 @@
 ALGORITHMS[2] = function(key, now, cost, commit, limit, window)
   local index = divmod(now, window)
   local count = 0
-  local stored = load(key, 2, 2)
-  if stored == false then return CORRUPT end
+  local s_index, s_count = load(key, '^(%d+):(%d+)$')
+  if s_index == false then return CORRUPT end
   -- A stored window at or after ours (the clock went back) still counts.
-  if stored and stored[1] >= index then
-    index, count = stored[1], stored[2]
+  if s_index and s_index >= index then
+    index, count = s_index, s_count
   end
   local until_end = (index + 1) * window - now
   if until_end < 0 then until_end = 0 end

@@ -15,10 +15,10 @@ local function gcra(key, now, cost, commit, tokens, period, capacity, leaky)
   -- A full_at in the past means a full bucket. A clock that went backwards
   -- finds full_at further away, so it sees fewer tokens, never more.
   local full_at, rem = now, 0
-  local stored = load(key, 1, 2)
-  if stored == false then return CORRUPT end
-  if stored and stored[1] >= now then
-    full_at, rem = stored[1], stored[2] or 0
+  local s_full_at, s_rem = load(key, '^(%d+):?(%d*)$')
+  if s_full_at == false then return CORRUPT end
+  if s_full_at and s_full_at >= now then
+    full_at, rem = s_full_at, s_rem or 0
   end
 
   local debt = (full_at - now) * tokens + rem

@@ -42,23 +42,15 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- The numbers of the string at `key` ("a", "a:b" or "a:b:c"), nil when
--- absent, and false for anything this algorithm did not write.
-local function load(key, min_fields, max_fields)
+-- The numbers of the string at `key`, matched by `pattern` (digits and
+-- colons, such as '^(%d+):(%d+)$'): nil when absent, false for anything this
+-- algorithm did not write. One match call: this runs for every decision.
+local function load(key, pattern)
   local stored = redis.call('GET', key)
   if not stored then return nil end
-  local values = {}
-  for part in string.gmatch(stored, '[^:]+') do
-    if not string.match(part, '^%d+$') then
-      values = nil
-      break
-    end
-    values[#values + 1] = tonumber(part)
-  end
-  if not values or #values < min_fields or #values > max_fields then
-    return false
-  end
-  return values
+  local a, b, c = string.match(stored, pattern)
+  if not a then return false end
+  return tonumber(a), tonumber(b), tonumber(c)
 end
 
 local function store(key, value, ttl_us)

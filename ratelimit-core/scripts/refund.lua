@@ -7,24 +7,24 @@ local REFUNDS = {}
 
 -- Token bucket: the level rises by the cost, up to the capacity.
 REFUNDS[0] = function(key, now, cost, tokens, period, capacity)
-  local stored = load(key, 2, 2)
-  if not stored then return end
+  local s_level, s_updated = load(key, '^(%d+):(%d+)$')
+  if not s_level then return end
   local depth = capacity * period
-  local level = math.min(depth, stored[1] + cost * period)
-  local lag = stored[2] - now
+  local level = math.min(depth, s_level + cost * period)
+  local lag = s_updated - now
   if lag < 0 then lag = 0 end
   if level >= depth and lag == 0 then
     redis.call('DEL', key)
   else
-    store(key, int(level) .. ':' .. int(stored[2]), lag + div_ceil(depth - level, tokens))
+    store(key, int(level) .. ':' .. int(s_updated), lag + div_ceil(depth - level, tokens))
   end
 end
 
 -- GCRA and the leaky bucket: the debt shrinks by the cost.
 local function refund_gcra(key, now, cost, tokens, period)
-  local stored = load(key, 1, 2)
-  if not stored or stored[1] < now then return end
-  local debt = (stored[1] - now) * tokens + (stored[2] or 0) - cost * period
+  local s_full_at, s_rem = load(key, '^(%d+):?(%d*)$')
+  if not s_full_at or s_full_at < now then return end
+  local debt = (s_full_at - now) * tokens + (s_rem or 0) - cost * period
   if debt <= 0 then
     redis.call('DEL', key)
     return
@@ -39,15 +39,15 @@ REFUNDS[5] = refund_gcra
 
 -- Fixed window: the current window's count falls by the cost.
 REFUNDS[2] = function(key, now, cost, limit, window)
-  local stored = load(key, 2, 2)
-  if not stored or stored[1] < divmod(now, window) then return end
-  local count = stored[2] - cost
+  local s_index, s_count = load(key, '^(%d+):(%d+)$')
+  if not s_index or s_index < divmod(now, window) then return end
+  local count = s_count - cost
   if count <= 0 then
     redis.call('DEL', key)
   else
-    local until_end = (stored[1] + 1) * window - now
+    local until_end = (s_index + 1) * window - now
     if until_end < 1 then until_end = 1 end
-    store(key, int(stored[1]) .. ':' .. int(count), until_end)
+    store(key, int(s_index) .. ':' .. int(count), until_end)
   end
 end
 
@@ -58,11 +58,11 @@ end
 
 -- Sliding window: the current window's count falls by the cost.
 REFUNDS[4] = function(key, now, cost, limit, window)
-  local stored = load(key, 3, 3)
-  if not stored or stored[1] < divmod(now, window) then return end
-  local current = stored[2] - cost
+  local s_index, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
+  if not s_index or s_index < divmod(now, window) then return end
+  local current = s_current - cost
   if current < 0 then current = 0 end
-  local ttl = (stored[1] + 2) * window - now
+  local ttl = (s_index + 2) * window - now
   if ttl < 1 then ttl = 1 end
-  store(key, int(stored[1]) .. ':' .. int(current) .. ':' .. int(stored[3]), ttl)
+  store(key, int(s_index) .. ':' .. int(current) .. ':' .. int(s_previous), ttl)
 end

@@ -8,13 +8,13 @@ ALGORITHMS[4] = function(key, now, cost, commit, limit, window)
   local window_ms = window / 1000
   local now_index = divmod(now, window)
   local index, current, previous = now_index, 0, 0
-  local stored = load(key, 3, 3)
-  if stored == false then return CORRUPT end
-  if stored then
-    if stored[1] >= now_index then
-      index, current, previous = stored[1], stored[2], stored[3]
-    elseif stored[1] + 1 == now_index then
-      previous = stored[2]
+  local s_index, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
+  if s_index == false then return CORRUPT end
+  if s_index then
+    if s_index >= now_index then
+      index, current, previous = s_index, s_current, s_previous
+    elseif s_index + 1 == now_index then
+      previous = s_current
     end
   end
   local start = index * window

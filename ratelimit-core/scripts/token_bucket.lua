@@ -10,10 +10,10 @@ ALGORITHMS[0] = function(key, now, cost, commit, tokens, period, capacity)
   local inc = cost * period
 
   local level, updated = depth, now
-  local stored = load(key, 2, 2)
-  if stored == false then return CORRUPT end
-  if stored then
-    level, updated = stored[1], stored[2]
+  local s_level, s_updated = load(key, '^(%d+):(%d+)$')
+  if s_level == false then return CORRUPT end
+  if s_level then
+    level, updated = s_level, s_updated
   end
   if now > updated then
     -- Compared in time rather than multiplied, so a long idle gap cannot overflow.
