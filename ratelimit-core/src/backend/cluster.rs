@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use super::redis::{decode, Request, SCRIPT};
+use super::redis::{decode, invoke, Request, SCRIPT};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -106,7 +106,7 @@ impl ClusterBackend {
                 invocation.key(key);
                 request.push_to(&mut invocation);
             }
-            Ok::<Vec<i64>, Error>(invocation.invoke_async(&mut connection).await?)
+            Ok::<Vec<i64>, Error>(invoke(&invocation, &mut connection).await?)
         };
         tokio::time::timeout(self.timeout, work)
             .await

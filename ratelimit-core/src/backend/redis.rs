@@ -42,6 +42,29 @@ pub(crate) static SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
     ))
 });
 
+/// Runs `invocation`. `Script` answers NOSCRIPT by loading the script and
+/// retrying once; a `SCRIPT FLUSH` (or a restart) landing between that load
+/// and the retry makes the retry fail with NOSCRIPT too, so it is tried a
+/// couple more times rather than reported as a backend failure.
+pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
+    invocation: &redis::ScriptInvocation<'_>,
+    connection: &mut C,
+) -> Result<Vec<i64>, redis::RedisError> {
+    let mut attempts = 0;
+    loop {
+        match invocation.invoke_async(connection).await {
+            Err(error)
+                if attempts < 2
+                    && error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                attempts += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// One key's request: the seven script fields after the key.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Request {
@@ -221,7 +244,7 @@ impl RedisBackend {
             Request::new(quota, *cost, now).push_to(&mut invocation);
         }
         let reply: Vec<i64> =
-            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
+            tokio::time::timeout(self.timeout, invoke(&invocation, &mut connection))
                 .await
                 .map_err(|_| Error::Timeout(self.timeout))??;
         if reply.len() != 5 * requests.len() {
@@ -273,7 +296,7 @@ async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) {
         invocation.key(&job.key);
         job.request.push_to(&mut invocation);
     }
-    let reply: Result<Vec<i64>, redis::RedisError> = invocation.invoke_async(&mut connection).await;
+    let reply: Result<Vec<i64>, redis::RedisError> = invoke(&invocation, &mut connection).await;
     let results: Vec<Result<Decision, Error>> = match reply {
         Ok(reply) => {
             if reply.len() == 5 * jobs.len() {
