@@ -15,7 +15,10 @@
 
 local time_now = nil
 local function now_of(arg)
-  if arg ~= '' then return tonumber(arg) end
+  if arg ~= '' then
+    grace_ms = 1000
+    return tonumber(arg)
+  end
   if not time_now then
     local t = redis.call('TIME')
     time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])

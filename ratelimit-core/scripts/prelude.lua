@@ -53,6 +53,15 @@ local function load(key, pattern)
   return tonumber(a), tonumber(b), tonumber(c)
 end
 
+-- Extra expiry, in milliseconds, when the caller's clock decides: Redis
+-- expires keys on its own clock, which may run ahead of the caller's. State
+-- kept past its use never changes a decision, so a longer expiry is safe.
+local grace_ms = 0
+
+local function expiry_ms(ttl_us)
+  return div_ceil(ttl_us, 1000) + grace_ms
+end
+
 local function store(key, value, ttl_us)
-  redis.call('SET', key, value, 'PX', div_ceil(ttl_us, 1000))
+  redis.call('SET', key, value, 'PX', expiry_ms(ttl_us))
 end

@@ -42,7 +42,7 @@ ALGORITHMS[3] = function(key, now, cost, commit, limit, window)
         seq = seq + 1
       until redis.call('ZADD', key, 'NX', score, score .. ':' .. seq) == 1
     end
-    redis.call('PEXPIRE', key, div_ceil(reset, 1000))
+    redis.call('PEXPIRE', key, expiry_ms(reset))
   end
   if commit then
     write()
