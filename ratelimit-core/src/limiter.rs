@@ -379,7 +379,11 @@ impl Limiter {
     /// and each consumes, or none consumes and the denial names the dimension
     /// that denied, with the longest `retry_after` among those that denied.
     /// A backend fault is handled by the limiter's [`FailurePolicy`], as in
-    /// [`acquire`](Self::acquire).
+    /// [`acquire`](Self::acquire). A check that names one key twice can never
+    /// be decided as written: it is denied as never admittable
+    /// ([`DenialCause::CostExceedsCapacity`], `retry_after` of
+    /// [`Duration::MAX`]) and logged as an error; [`decide_all`](Self::decide_all)
+    /// reports it as [`Error::Config`].
     ///
     /// ```
     /// use ratelimit_core::{Dimension, Limiter, Quota};
