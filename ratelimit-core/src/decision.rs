@@ -31,6 +31,15 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// An admission by [`FailurePolicy::Open`](crate::FailurePolicy::Open):
+    /// the backend failed, so nothing is known of the quota's state.
+    pub(crate) fn fail_open(limit: u64) -> Self {
+        Self {
+            fallback: true,
+            ..Self::from_micros(true, limit, 0, 0, 0, 0)
+        }
+    }
+
     pub(crate) fn from_micros(
         allowed: bool,
         limit: u64,

@@ -291,27 +291,38 @@ impl Limiter {
             self.inner.stats.cache_hit();
             return Ok(cached);
         }
+        let result = self.guarded(backend.decide(quota, key, cost)).await;
+        if let (Some(cache), Ok(decision)) = (&self.inner.deny_cache, &result) {
+            if !decision.allowed {
+                cache.insert(quota, key, cost, asked_us, decision);
+            }
+        }
+        result
+    }
+
+    /// Runs one backend call through the circuit breaker: skipped while it
+    /// is open, timed, and its outcome recorded.
+    async fn guarded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let backend = self.inner.backend.name();
         let breaker = &self.inner.breaker;
         let permit = breaker.permit();
         if permit == Permit::Skip {
             return Err(Error::CircuitOpen);
         }
         let started = Instant::now();
-        let result = backend.decide(quota, key, cost).await;
-        crate::metrics::backend_latency(backend.name(), started.elapsed());
-        if let (Some(cache), Ok(decision)) = (&self.inner.deny_cache, &result) {
-            if !decision.allowed {
-                cache.insert(quota, key, cost, asked_us, decision);
-            }
-        }
+        let result = call.await;
+        crate::metrics::backend_latency(backend, started.elapsed());
         if let Some(state) = breaker.record(permit, result.is_ok()) {
-            crate::metrics::circuit_state(backend.name(), state);
+            crate::metrics::circuit_state(backend, state);
             match state {
                 CircuitState::Open => tracing::warn!(
-                    backend = backend.name(),
+                    backend,
                     "rate limit backend keeps failing; circuit open, calls skip it until a probe succeeds"
                 ),
-                _ => tracing::info!(backend = backend.name(), "rate limit backend answers again; circuit closed"),
+                _ => tracing::info!(backend, "rate limit backend answers again; circuit closed"),
             }
         }
         result
@@ -346,15 +357,8 @@ impl Limiter {
         if !backend.can_fail() {
             return backend.decide_all(&requests).await;
         }
-        let breaker = &self.inner.breaker;
-        let permit = breaker.permit();
-        if permit == Permit::Skip {
-            return Err(Error::CircuitOpen);
-        }
         let asked_us = self.inner.cache_clock.now_micros();
-        let started = Instant::now();
-        let result = backend.decide_all(&requests).await;
-        crate::metrics::backend_latency(backend.name(), started.elapsed());
+        let result = self.guarded(backend.decide_all(&requests)).await;
         if let (Some(cache), Ok(decisions)) = (&self.inner.deny_cache, &result) {
             // A dimension denied in an all-or-nothing call is denied on its own
             // too. One that admitted got its tokens back (across Redis Cluster
@@ -367,9 +371,6 @@ impl Limiter {
                     cache.forget(d.key);
                 }
             }
-        }
-        if let Some(state) = breaker.record(permit, result.is_ok()) {
-            crate::metrics::circuit_state(backend.name(), state);
         }
         result
     }
@@ -415,11 +416,7 @@ impl Limiter {
                 Ok(decisions)
             }
             Ok(decisions) => {
-                let (dimension, decision) = dimensions
-                    .iter()
-                    .zip(&decisions)
-                    .filter(|(_, d)| !d.allowed)
-                    .max_by_key(|(_, d)| d.retry_after)
+                let (dimension, decision) = longest_denial(dimensions, &decisions)
                     .unwrap_or((&dimensions[0], &decisions[0]));
                 let denied = RateLimited::new(
                     dimension.key,
@@ -474,12 +471,7 @@ impl Limiter {
                             .collect();
                         let mut decisions = self.inner.local.decide_all(&requests);
                         decisions.iter_mut().for_each(|d| d.fallback = true);
-                        match dimensions
-                            .iter()
-                            .zip(&decisions)
-                            .filter(|(_, d)| !d.allowed)
-                            .max_by_key(|(_, d)| d.retry_after)
-                        {
+                        match longest_denial(dimensions, &decisions) {
                             None => {
                                 self.inner.stats.record(rule, Outcome::FallbackAllowed);
                                 Ok(decisions)
@@ -512,15 +504,7 @@ impl Limiter {
                         self.inner.stats.record(rule, Outcome::FallbackAllowed);
                         Ok(dimensions
                             .iter()
-                            .map(|d| Decision {
-                                allowed: true,
-                                limit: d.quota.capacity(),
-                                remaining: 0,
-                                retry_after: Duration::ZERO,
-                                reset_after: Duration::ZERO,
-                                delay: Duration::ZERO,
-                                fallback: true,
-                            })
+                            .map(|d| Decision::fail_open(d.quota.capacity()))
                             .collect())
                     }
                 }
@@ -641,15 +625,7 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         let now = self.inner.cache_clock.now_micros();
         if let Some(left) = self.inner.leases.take(quota, key, cost, now) {
-            return Ok(Decision {
-                allowed: true,
-                limit: quota.capacity(),
-                remaining: left,
-                retry_after: Duration::ZERO,
-                reset_after: Duration::ZERO,
-                delay: Duration::ZERO,
-                fallback: false,
-            });
+            return Ok(Decision::from_micros(true, quota.capacity(), left, 0, 0, 0));
         }
         let lease = lease.min(quota.capacity()).max(cost);
         let decision = self.decide_quietly(quota, key, lease).await?;
@@ -678,15 +654,7 @@ impl Limiter {
         self.warn_throttled(key, &error, policy);
         match policy {
             FailurePolicy::Open => (
-                Ok(Decision {
-                    allowed: true,
-                    limit: quota.capacity(),
-                    remaining: 0,
-                    retry_after: Duration::ZERO,
-                    reset_after: Duration::ZERO,
-                    delay: Duration::ZERO,
-                    fallback: true,
-                }),
+                Ok(Decision::fail_open(quota.capacity())),
                 Outcome::FallbackAllowed,
             ),
             FailurePolicy::Closed => (
@@ -757,6 +725,19 @@ impl Limiter {
             );
         }
     }
+}
+
+/// Among the dimensions that denied, the one whose `retry_after` is longest:
+/// the whole check cannot succeed before it.
+fn longest_denial<'a, 'd>(
+    dimensions: &'a [Dimension<'d>],
+    decisions: &'a [Decision],
+) -> Option<(&'a Dimension<'d>, &'a Decision)> {
+    dimensions
+        .iter()
+        .zip(decisions)
+        .filter(|(_, d)| !d.allowed)
+        .max_by_key(|(_, d)| d.retry_after)
 }
 
 /// The default configuration is valid; this is never reached.
