@@ -40,7 +40,6 @@ pub const fn is_value_char(c: char) -> bool {
 #[derive(Debug, Default)]
 pub struct KeyBuilder {
     key: String,
-    scratch: String,
 }
 
 impl KeyBuilder {
@@ -56,30 +55,14 @@ impl KeyBuilder {
 
     /// Appends a value, escaped (see the module documentation).
     pub fn push_value<T: fmt::Display + ?Sized>(&mut self, value: &T) {
-        self.scratch.clear();
-        // Writing into a String cannot fail; a Display impl that errors
-        // leaves what it wrote so far, which still escapes safely.
-        let _ = write!(self.scratch, "{value}");
-        escape_value(&self.scratch, &mut self.key);
+        push_escaped_value(&mut self.key, value, Escaping::Value);
     }
 
     /// Appends the whole key given by `key = <expression>`: `%`, `{` and `}` are
     /// escaped so the value cannot choose a Redis Cluster hash tag, and a value
     /// longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its digest.
     pub fn push_whole<T: fmt::Display + ?Sized>(&mut self, value: &T) {
-        self.scratch.clear();
-        let _ = write!(self.scratch, "{value}");
-        let start = self.key.len();
-        for c in self.scratch.chars() {
-            match c {
-                '%' | '{' | '}' => push_escaped(&mut self.key, c),
-                c => self.key.push(c),
-            }
-        }
-        if self.key.len() - start > MAX_WHOLE_KEY_LEN {
-            self.key.truncate(start);
-            push_digest(self.scratch.as_bytes(), &mut self.key);
-        }
+        push_escaped_value(&mut self.key, value, Escaping::Whole);
     }
 
     /// The finished key.
@@ -90,18 +73,80 @@ impl KeyBuilder {
 
 /// Escapes one value into `out`.
 pub fn escape_value(value: &str, out: &mut String) {
+    push_escaped_value(out, value, Escaping::Value);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Escaping {
+    /// A template placeholder: everything outside the value characters.
+    Value,
+    /// A whole key: only what could choose a hash tag, and `%` itself.
+    Whole,
+}
+
+/// Formats `value` straight into `out`, escaped, with no copy of the value;
+/// when the escaped form outgrows its bound, replaces it by the digest of
+/// the value's `Display` output.
+fn push_escaped_value<T: fmt::Display + ?Sized>(out: &mut String, value: &T, escaping: Escaping) {
     let start = out.len();
-    for c in value.chars() {
-        if is_value_char(c) {
-            out.push(c);
-        } else {
-            push_escaped(out, c);
+    let max = match escaping {
+        Escaping::Value => MAX_VALUE_LEN,
+        Escaping::Whole => MAX_WHOLE_KEY_LEN,
+    };
+    let mut escaper = Escaper {
+        out,
+        start,
+        max,
+        escaping,
+        too_long: false,
+    };
+    // Writing into a String cannot fail; a Display impl that errors leaves
+    // what it wrote so far, which is still escaped.
+    let _ = write!(escaper, "{value}");
+    if escaper.too_long {
+        out.truncate(start);
+        let mut hasher = Hasher(Sha256::new());
+        let _ = write!(hasher, "{value}");
+        push_digest(hasher.0.finalize().as_slice(), out);
+    }
+}
+
+struct Escaper<'a> {
+    out: &'a mut String,
+    start: usize,
+    max: usize,
+    escaping: Escaping,
+    too_long: bool,
+}
+
+impl fmt::Write for Escaper<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        for c in text.chars() {
+            if self.too_long {
+                break;
+            }
+            let plain = match self.escaping {
+                Escaping::Value => is_value_char(c),
+                Escaping::Whole => !matches!(c, '%' | '{' | '}'),
+            };
+            if plain {
+                self.out.push(c);
+            } else {
+                push_escaped(self.out, c);
+            }
+            self.too_long = self.out.len() - self.start > self.max;
         }
-        if out.len() - start > MAX_VALUE_LEN {
-            out.truncate(start);
-            push_digest(value.as_bytes(), out);
-            return;
-        }
+        Ok(())
+    }
+}
+
+/// Feeds a value's `Display` output to SHA-256 without collecting it.
+struct Hasher(Sha256);
+
+impl fmt::Write for Hasher {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        self.0.update(text.as_bytes());
+        Ok(())
     }
 }
 
@@ -115,10 +160,10 @@ fn push_escaped(out: &mut String, c: char) {
     }
 }
 
-/// `%_` then 128 bits of SHA-256 in lowercase hex. Escaping writes `%` only
-/// before two uppercase hex digits, so this form never equals an escaped value.
-fn push_digest(value: &[u8], out: &mut String) {
-    let digest = Sha256::digest(value);
+/// `%_` then 128 bits of the SHA-256 `digest` in lowercase hex. Escaping
+/// writes `%` only before two uppercase hex digits, so this form never equals
+/// an escaped value.
+fn push_digest(digest: &[u8], out: &mut String) {
     out.push_str("%_");
     for b in &digest[..16] {
         let _ = write!(out, "{b:02x}");
