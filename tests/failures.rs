@@ -138,13 +138,20 @@ impl Load {
     }
 }
 
+/// A private server, a limiter on it with `policy`, and 16 callers whose
+/// decisions Redis is already answering.
+async fn under_load(policy: FailurePolicy) -> (RedisServer, Limiter, Load) {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, policy);
+    let load = Load::start(&limiter, 16);
+    load.until_redis_decides(50, Duration::from_secs(5)).await;
+    (server, limiter, load)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_is_answered_by_the_policy_and_nothing_hangs() {
     for policy in POLICIES {
-        let mut server = RedisServer::start();
-        let limiter = limiter(&server, policy);
-        let load = Load::start(&limiter, 16);
-        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        let (mut server, limiter, load) = under_load(policy).await;
         server.kill();
         tokio::time::sleep(Duration::from_millis(500)).await;
         let fallbacks = load
@@ -160,10 +167,7 @@ async fn a_killed_server_is_answered_by_the_policy_and_nothing_hangs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_times_out_then_the_breaker_answers_until_it_thaws() {
     for policy in POLICIES {
-        let server = RedisServer::start();
-        let limiter = limiter(&server, policy);
-        let load = Load::start(&limiter, 16);
-        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        let (server, limiter, load) = under_load(policy).await;
         server.freeze();
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_ne!(
@@ -186,10 +190,7 @@ async fn a_frozen_server_times_out_then_the_breaker_answers_until_it_thaws() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_is_used_again_within_a_second_of_its_return() {
     for policy in POLICIES {
-        let mut server = RedisServer::start();
-        let limiter = limiter(&server, policy);
-        let load = Load::start(&limiter, 16);
-        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        let (mut server, limiter, load) = under_load(policy).await;
         server.kill();
         tokio::time::sleep(Duration::from_millis(300)).await;
         server.restart();
@@ -227,10 +228,7 @@ async fn script_flush_under_load_reaches_no_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_reconnects_by_itself() {
     for policy in POLICIES {
-        let server = RedisServer::start();
-        let limiter = limiter(&server, policy);
-        let load = Load::start(&limiter, 16);
-        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        let (server, limiter, load) = under_load(policy).await;
         let mut redis = server.connection().await;
         for _ in 0..3 {
             let killed: i64 = redis::cmd("CLIENT")
@@ -249,10 +247,7 @@ async fn a_killed_connection_reconnects_by_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_answering_errors_is_a_backend_failure_not_a_denial() {
     for policy in POLICIES {
-        let server = RedisServer::start();
-        let limiter = limiter(&server, policy);
-        let load = Load::start(&limiter, 16);
-        load.until_redis_decides(50, Duration::from_secs(5)).await;
+        let (server, limiter, load) = under_load(policy).await;
         let mut redis = server.connection().await;
         // Writes now fail with OOM errors.
         let _: () = redis::cmd("CONFIG")
