@@ -129,9 +129,11 @@ fn field(info: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn total_calls(commandstats: &str) -> f64 {
+/// Calls of the commands whose commandstats line starts with `prefix`.
+fn calls(commandstats: &str, prefix: &str) -> f64 {
     commandstats
         .lines()
+        .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.split("calls=").nth(1))
         .filter_map(|v| v.split(',').next()?.parse::<f64>().ok())
         .sum()
@@ -265,12 +267,15 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         let memory_after = field(&info(&mut inspect, "memory").await, "used_memory");
         let dbsize: f64 = redis::cmd("DBSIZE").query_async(&mut inspect).await?;
         json.push_str(&format!(
-            ", \"redis_cmds_per_decision\": {:.2}, \"redis_busy\": {:.3}, \"redis_keys\": {dbsize}, \
+            ", \"redis_cmds_per_decision\": {:.2}, \"decisions_per_script_call\": {:.1}, \
+             \"redis_busy\": {:.3}, \"redis_cpu_s_per_100k\": {:.3}, \"redis_keys\": {dbsize}, \
              \"redis_bytes_per_key\": {:.1}",
             // The INFO, CONFIG, DBSIZE calls of this report are a handful
             // against millions of decisions.
-            total_calls(&commandstats) / decisions.max(1) as f64,
+            calls(&commandstats, "cmdstat_") / decisions.max(1) as f64,
+            decisions as f64 / calls(&commandstats, "cmdstat_evalsha").max(1.0),
             redis_cpu / elapsed,
+            redis_cpu * 100_000.0 / decisions.max(1) as f64,
             (memory_after - memory_before) / dbsize.max(1.0),
         ));
     }

@@ -319,6 +319,46 @@ async fn state_expires_once_the_bucket_is_full_again_and_denials_write_nothing()
 }
 
 #[tokio::test]
+async fn a_value_another_writer_left_is_an_error_never_a_decision() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let mut redis = server.connection().await;
+    // Values no algorithm of this crate writes, then another algorithm's state.
+    let sliding_window = Quota::sliding_window(5, Duration::from_secs(1)).unwrap();
+    limiter.decide(&sliding_window, "sw", 1).await.unwrap();
+    let foreign: Vec<(&str, String)> = vec![
+        ("text", "hello".into()),
+        ("float", "1.5".into()),
+        ("negative", "-3".into()),
+        ("sw", redis.get("rl:sw").await.unwrap()),
+    ];
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+    ] {
+        let quota = Quota::builder(algorithm)
+            .capacity(5)
+            .rate(Rate::per_second(1).unwrap())
+            .build()
+            .unwrap();
+        for (name, value) in &foreign {
+            let key = format!("{algorithm}:{name}");
+            let _: () = redis.set(format!("rl:{key}"), value).await.unwrap();
+            // A fresh limiter each time: errors in a row would open its breaker.
+            match redis_limiter(&server).decide(&quota, &key, 1).await {
+                Err(Error::UnexpectedReply(message)) => {
+                    assert!(message.contains("another writer"), "{message}")
+                }
+                other => panic!("{algorithm} read {value:?} as {other:?}"),
+            }
+            let kept: String = redis.get(format!("rl:{key}")).await.unwrap();
+            assert_eq!(&kept, value, "{algorithm} overwrote {value:?}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn script_flush_between_calls_is_invisible_to_the_caller() {
     let server = RedisServer::start();
     let limiter = redis_limiter(&server);

@@ -5,9 +5,11 @@
 --          'all': admit all or none: decide every key, then write only if
 --          every one admits (the keys must be distinct);
 --          'refund': give back each key's cost (see refund.lua); no reply
--- then for each key, 7 fields:
---   algorithm (the index of Algorithm::ALL), cost, now in µs or '' for Redis
---   TIME, and the algorithm's numbers p1..p4
+-- then groups of 8 fields, each for the next `count` keys in KEYS order:
+--   count, algorithm (the index of Algorithm::ALL), cost, now in µs or ''
+--   for Redis TIME, and the algorithm's numbers p1..p4
+-- Concurrent decisions on one quota form one group, so a key costs Redis one
+-- argument, not eight.
 --
 -- Reply: 5 numbers per key (see the prelude). A key whose value this
 -- algorithm did not write answers allowed = -1; in 'each' mode the others are
@@ -20,50 +22,51 @@ local function now_of(arg)
     return tonumber(arg)
   end
   if not time_now then
-    local t = redis.call('TIME')
+    local t = call('TIME')
     time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return time_now
 end
 
-local all = ARGV[1] == 'all'
-if ARGV[1] == 'refund' then
-  for i = 1, #KEYS do
-    local base = 1 + (i - 1) * 7
-    local refund = REFUNDS[tonumber(ARGV[base + 1])]
-    refund(KEYS[i], now_of(ARGV[base + 3]), tonumber(ARGV[base + 2]),
-      tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7]))
-  end
-  return {}
-end
-local flat = {}
-local replies = {}
-local writes = {}
-local denied = false
-for i = 1, #KEYS do
-  local base = 1 + (i - 1) * 7
-  local decide = ALGORITHMS[tonumber(ARGV[base + 1])]
-  local cost = tonumber(ARGV[base + 2])
-  local now = now_of(ARGV[base + 3])
-  local p1, p2, p3, p4 = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
-  if all then
-    local reply, write = decide(KEYS[i], now, cost, false, p1, p2, p3, p4)
-    replies[i], writes[i] = reply, write
-    if reply[1] ~= 1 then denied = true end
+local mode = ARGV[1]
+local commit = mode == 'each'
+local out, n = {}, 0
+local writes, denied = {}, false
+local last = 0
+for g = 2, #ARGV, 8 do
+  local first = last + 1
+  last = last + tonumber(ARGV[g])
+  local algorithm, cost, now = tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), now_of(ARGV[g + 3])
+  local p1, p2, p3, p4 = tonumber(ARGV[g + 4]), tonumber(ARGV[g + 5]), tonumber(ARGV[g + 6]), tonumber(ARGV[g + 7])
+  if mode == 'refund' then
+    local refund = REFUNDS[algorithm]
+    for i = first, last do
+      refund(KEYS[i], now, cost, p1, p2, p3, p4)
+    end
   else
-    -- Deciding one key at a time: append the reply as it comes.
-    local reply = decide(KEYS[i], now, cost, true, p1, p2, p3, p4)
-    local n = #flat
-    flat[n + 1], flat[n + 2], flat[n + 3], flat[n + 4], flat[n + 5] = reply[1], reply[2], reply[3], reply[4], reply[5]
+    local decide = ALGORITHMS[algorithm]
+    -- One read for the group: a command costs Redis far more than a key.
+    -- (The sliding log keeps a sorted set and reads it itself.)
+    local reads = algorithm ~= SLIDING_LOG
+    local values, seen = {}, {}
+    if reads then values = call('MGET', unpack(KEYS, first, last)) end
+    for i = first, last do
+      local key, stored = KEYS[i], values[i - first + 1]
+      -- A key named again in the group was read before its earlier decision wrote.
+      if reads then
+        if seen[key] then stored = call('GET', key) else seen[key] = true end
+      end
+      local allowed, remaining, retry, reset, delay, write = decide(key, stored, now, cost, commit, p1, p2, p3, p4)
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed, remaining, retry, reset, delay
+      n = n + 5
+      if allowed ~= 1 then denied = true end
+      writes[i] = write
+    end
   end
 end
-if all and not denied then
-  for i = 1, #KEYS do
+if not commit and not denied then
+  for i = 1, last do
     if writes[i] then writes[i]() end
   end
 end
-
-for i = 1, #replies do
-  for j = 1, 5 do flat[#flat + 1] = replies[i][j] end
-end
-return flat
+return out

@@ -4,11 +4,11 @@
 --
 -- p1 limit, p2 window in µs. State: "<window index>:<count>".
 
-ALGORITHMS[2] = function(key, now, cost, commit, limit, window)
+ALGORITHMS[2] = function(key, stored, now, cost, commit, limit, window)
   local index = divmod(now, window)
   local count = 0
-  local s_index, s_count = load(key, '^(%d+):(%d+)$')
-  if s_index == false then return CORRUPT end
+  local s_index, s_count = parse(stored, '^(%d+):(%d+)$')
+  if s_index == false then return corrupt() end
   -- A stored window at or after ours (the clock went back) still counts.
   if s_index and s_index >= index then
     index, count = s_index, s_count
@@ -17,15 +17,14 @@ ALGORITHMS[2] = function(key, now, cost, commit, limit, window)
   if until_end < 0 then until_end = 0 end
 
   if count + cost > limit then
-    return {0, limit - count, until_end, until_end, 0}
+    return 0, limit - count, until_end, until_end, 0
   end
   count = count + cost
-  local reply = {1, limit - count, 0, until_end, 0}
-  if cost == 0 then return reply end
+  if cost == 0 then return 1, limit - count, 0, until_end, 0 end
   local value = int(index) .. ':' .. int(count)
   if commit then
     store(key, value, until_end)
-    return reply
+    return 1, limit - count, 0, until_end, 0
   end
-  return reply, function() store(key, value, until_end) end
+  return 1, limit - count, 0, until_end, 0, function() store(key, value, until_end) end
 end

@@ -14,7 +14,7 @@ REFUNDS[0] = function(key, now, cost, tokens, period, capacity)
   local lag = s_updated - now
   if lag < 0 then lag = 0 end
   if level >= depth and lag == 0 then
-    redis.call('DEL', key)
+    call('DEL', key)
   else
     store(key, int(level) .. ':' .. int(s_updated), lag + div_ceil(depth - level, tokens))
   end
@@ -22,11 +22,11 @@ end
 
 -- GCRA and the leaky bucket: the debt shrinks by the cost.
 local function refund_gcra(key, now, cost, tokens, period)
-  local s_full_at, s_rem = load(key, '^(%d+):?(%d*)$')
+  local s_full_at, s_rem = parse_full_at(call('GET', key))
   if not s_full_at or s_full_at < now then return end
-  local debt = (s_full_at - now) * tokens + (s_rem or 0) - cost * period
+  local debt = (s_full_at - now) * tokens + s_rem - cost * period
   if debt <= 0 then
-    redis.call('DEL', key)
+    call('DEL', key)
     return
   end
   local whole, rem = divmod(debt, tokens)
@@ -43,7 +43,7 @@ REFUNDS[2] = function(key, now, cost, limit, window)
   if not s_index or s_index < divmod(now, window) then return end
   local count = s_count - cost
   if count <= 0 then
-    redis.call('DEL', key)
+    call('DEL', key)
   else
     local until_end = (s_index + 1) * window - now
     if until_end < 1 then until_end = 1 end
@@ -53,7 +53,7 @@ end
 
 -- Sliding log: the newest `cost` admissions are removed.
 REFUNDS[3] = function(key, now, cost)
-  redis.call('ZPOPMAX', key, cost)
+  call('ZPOPMAX', key, cost)
 end
 
 -- Sliding window: the current window's count falls by the cost.

@@ -5,34 +5,35 @@
 --
 -- p1 limit, p2 window in µs.
 
-ALGORITHMS[3] = function(key, now, cost, commit, limit, window)
+local SLIDING_LOG = 3
+ALGORITHMS[SLIDING_LOG] = function(key, _, now, cost, commit, limit, window)
   local cutoff = now - window
   if cutoff < 0 then cutoff = 0 end
   local after_cutoff = '(' .. int(cutoff)
 
   -- Instants after the cutoff count, including any ahead of a clock that went back.
-  local count = redis.call('ZCOUNT', key, after_cutoff, '+inf')
+  local count = call('ZCOUNT', key, after_cutoff, '+inf')
   local newest = nil
   if count > 0 then
-    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    newest = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
   end
 
   if count + cost > limit then
     -- The request fits once the oldest `excess` admissions have left.
     local excess = count + cost - limit
-    local oldest = redis.call('ZRANGEBYSCORE', key, after_cutoff, '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
+    local oldest = call('ZRANGEBYSCORE', key, after_cutoff, '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
     local reset = 0
     if newest then reset = newest + window - now end
-    return {0, limit - count, tonumber(oldest[2]) + window - now, reset, 0}
+    return 0, limit - count, tonumber(oldest[2]) + window - now, reset, 0
   end
 
   local latest = now
   if newest and newest > now then latest = newest end
   local reset = latest + window - now
-  local reply = {1, limit - count - cost, 0, reset, 0}
-  if cost == 0 then return reply end
+  local remaining = limit - count - cost
+  if cost == 0 then return 1, remaining, 0, reset, 0 end
   local function write()
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
+    call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
     -- Members must be unique even for admissions in the same microsecond, from
     -- any instance: number them past the count, skipping any already taken.
     local seq = count
@@ -40,13 +41,13 @@ ALGORITHMS[3] = function(key, now, cost, commit, limit, window)
     for _ = 1, cost do
       repeat
         seq = seq + 1
-      until redis.call('ZADD', key, 'NX', score, score .. ':' .. seq) == 1
+      until call('ZADD', key, 'NX', score, score .. ':' .. seq) == 1
     end
-    redis.call('PEXPIRE', key, expiry_ms(reset))
+    call('PEXPIRE', key, expiry_ms(reset))
   end
   if commit then
     write()
-    return reply
+    return 1, remaining, 0, reset, 0
   end
-  return reply, write
+  return 1, remaining, 0, reset, 0, write
 end

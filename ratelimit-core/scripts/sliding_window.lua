@@ -4,12 +4,12 @@
 --
 -- p1 limit, p2 window in µs. State: "<index>:<current>:<previous>".
 
-ALGORITHMS[4] = function(key, now, cost, commit, limit, window)
+ALGORITHMS[4] = function(key, stored, now, cost, commit, limit, window)
   local window_ms = window / 1000
   local now_index = divmod(now, window)
   local index, current, previous = now_index, 0, 0
-  local s_index, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
-  if s_index == false then return CORRUPT end
+  local s_index, s_current, s_previous = parse(stored, '^(%d+):(%d+):(%d+)$')
+  if s_index == false then return corrupt() end
   if s_index then
     if s_index >= now_index then
       index, current, previous = s_index, s_current, s_previous
@@ -55,17 +55,17 @@ ALGORITHMS[4] = function(key, now, cost, commit, limit, window)
       end
       retry_at = finish + e * 1000
     end
-    return {0, divmod(positive(capacity - used), window_ms), retry_at - now, positive(reset_at(current) - now), 0}
+    return 0, (divmod(positive(capacity - used), window_ms)), retry_at - now, positive(reset_at(current) - now), 0
   end
 
   local new_current = current + cost
   local reset = positive(reset_at(new_current) - now)
-  local reply = {1, divmod(capacity - used - cost * window_ms, window_ms), 0, reset, 0}
-  if cost == 0 then return reply end
+  local remaining = divmod(capacity - used - cost * window_ms, window_ms)
+  if cost == 0 then return 1, remaining, 0, reset, 0 end
   local value = int(index) .. ':' .. int(new_current) .. ':' .. int(previous)
   if commit then
     store(key, value, reset)
-    return reply
+    return 1, remaining, 0, reset, 0
   end
-  return reply, function() store(key, value, reset) end
+  return 1, remaining, 0, reset, 0, function() store(key, value, reset) end
 end

@@ -3,22 +3,26 @@
 --
 -- p1 rate tokens, p2 rate period in µs, p3 capacity. State:
 -- "<level>:<updated>", the level in units of 1/tokens µs (one token is
--- `period` units), so refill is exact for any rate.
+-- `period` units), so refill is exact for any rate. The default algorithm:
+-- its divisions are written inline.
 
-ALGORITHMS[0] = function(key, now, cost, commit, tokens, period, capacity)
+ALGORITHMS[0] = function(key, stored, now, cost, commit, tokens, period, capacity)
   local depth = capacity * period
   local inc = cost * period
 
   local level, updated = depth, now
-  local s_level, s_updated = load(key, '^(%d+):(%d+)$')
-  if s_level == false then return CORRUPT end
-  if s_level then
-    level, updated = s_level, s_updated
+  if stored then
+    local s_level, s_updated = match(stored, '^(%d+):(%d+)$')
+    if not s_level then return corrupt() end
+    level, updated = tonumber(s_level), tonumber(s_updated)
   end
   if now > updated then
     -- Compared in time rather than multiplied, so a long idle gap cannot overflow.
     local elapsed = now - updated
-    if elapsed >= div_ceil(depth - level, tokens) then
+    local gap = depth - level
+    local to_full = floor(gap / tokens)
+    if to_full * tokens < gap then to_full = to_full + 1 end
+    if elapsed >= to_full then
       level = depth
     else
       level = level + elapsed * tokens
@@ -29,16 +33,22 @@ ALGORITHMS[0] = function(key, now, cost, commit, tokens, period, capacity)
   local lag = updated - now
 
   if inc > level then
-    return {0, divmod(level, period), lag + div_ceil(inc - level, tokens), lag + div_ceil(depth - level, tokens), 0}
+    return 0, floor(level / period), lag + div_ceil(inc - level, tokens), lag + div_ceil(depth - level, tokens), 0
   end
   level = level - inc
-  local reset = lag + div_ceil(depth - level, tokens)
-  local reply = {1, divmod(level, period), 0, reset, 0}
-  if inc == 0 then return reply end
-  local value = int(level) .. ':' .. int(updated)
+  local gap = depth - level
+  local reset = floor(gap / tokens)
+  if reset * tokens < gap then reset = reset + 1 end
+  reset = lag + reset
+  local remaining = floor(level / period)
+  if inc == 0 then return 1, remaining, 0, reset, 0 end
+  local value = format('%d:%d', level, updated)
+  local ttl_ms = floor(reset / 1000)
+  if ttl_ms * 1000 < reset then ttl_ms = ttl_ms + 1 end
+  local px = format('%d', ttl_ms + grace_ms)
   if commit then
-    store(key, value, reset)
-    return reply
+    call('SET', key, value, 'PX', px)
+    return 1, remaining, 0, reset, 0
   end
-  return reply, function() store(key, value, reset) end
+  return 1, remaining, 0, reset, 0, function() call('SET', key, value, 'PX', px) end
 end

@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use super::redis::{decode, invoke, Request, SCRIPT};
+use super::redis::{decode, invocation, invoke, Request};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -100,12 +100,7 @@ impl ClusterBackend {
     ) -> Result<Vec<i64>, Error> {
         let work = async {
             let mut connection = self.connection().await?;
-            let mut invocation = SCRIPT.prepare_invoke();
-            invocation.arg(mode);
-            for (key, request) in keys.iter().zip(requests) {
-                invocation.key(key);
-                request.push_to(&mut invocation);
-            }
+            let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
             Ok::<Vec<i64>, Error>(invoke(&invocation, &mut connection).await?)
         };
         tokio::time::timeout(self.timeout, work)

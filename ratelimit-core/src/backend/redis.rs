@@ -65,8 +65,8 @@ pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
     }
 }
 
-/// One key's request: the seven script fields after the key.
-#[derive(Debug, Clone, Copy)]
+/// One key's request: what the script needs besides the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Request {
     pub algorithm: u64,
     pub cost: u64,
@@ -82,7 +82,8 @@ impl Request {
         let params = if algorithm.is_windowed() {
             [quota.capacity(), quota.window_us(), 0, 0]
         } else {
-            [rate.tokens(), rate.period_us(), quota.capacity(), 0]
+            let leaky = u64::from(algorithm == Algorithm::LeakyBucket);
+            [rate.tokens(), rate.period_us(), quota.capacity(), leaky]
         };
         Self {
             algorithm: Algorithm::ALL
@@ -95,8 +96,10 @@ impl Request {
         }
     }
 
-    pub(crate) fn push_to(&self, invocation: &mut redis::ScriptInvocation<'_>) {
-        invocation.arg(self.algorithm).arg(self.cost);
+    /// Adds the group of eight fields that stands for `count` keys with
+    /// this request.
+    fn push_group(&self, count: usize, invocation: &mut redis::ScriptInvocation<'_>) {
+        invocation.arg(count).arg(self.algorithm).arg(self.cost);
         match self.now {
             Some(now) => invocation.arg(now),
             None => invocation.arg(""),
@@ -105,6 +108,33 @@ impl Request {
             invocation.arg(p);
         }
     }
+}
+
+/// Prepares one script call in `mode` for `requests`, in order: their keys,
+/// and one group of fields for each run of equal requests (concurrent
+/// decisions on one quota make one group, so Redis reads one argument a key).
+pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
+    mode: &str,
+    requests: impl IntoIterator<Item = (&'a K, Request)>,
+) -> redis::ScriptInvocation<'static> {
+    let mut invocation = SCRIPT.prepare_invoke();
+    invocation.arg(mode);
+    let mut run: Option<(Request, usize)> = None;
+    for (key, request) in requests {
+        invocation.key(key.as_ref());
+        run = match run {
+            Some((current, count)) if current == request => Some((current, count + 1)),
+            Some((current, count)) => {
+                current.push_group(count, &mut invocation);
+                Some((request, 1))
+            }
+            None => Some((request, 1)),
+        };
+    }
+    if let Some((current, count)) = run {
+        current.push_group(count, &mut invocation);
+    }
+    invocation
 }
 
 /// Reads one key's five numbers of a script reply.
@@ -237,12 +267,13 @@ impl RedisBackend {
             .iter()
             .map(|(_, key, _)| self.full_key(key))
             .collect();
-        let mut invocation = SCRIPT.prepare_invoke();
-        invocation.arg("all");
-        for ((quota, _, cost), key) in requests.iter().zip(&keys) {
-            invocation.key(key);
-            Request::new(quota, *cost, now).push_to(&mut invocation);
-        }
+        let invocation = invocation(
+            "all",
+            requests
+                .iter()
+                .zip(&keys)
+                .map(|((quota, _, cost), key)| (key, Request::new(quota, *cost, now))),
+        );
         let reply: Vec<i64> =
             tokio::time::timeout(self.timeout, invoke(&invocation, &mut connection))
                 .await
@@ -290,12 +321,7 @@ async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connection: Connec
 }
 
 async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) {
-    let mut invocation = SCRIPT.prepare_invoke();
-    invocation.arg("each");
-    for job in &jobs {
-        invocation.key(&job.key);
-        job.request.push_to(&mut invocation);
-    }
+    let invocation = invocation("each", jobs.iter().map(|job| (&job.key, job.request)));
     let reply: Result<Vec<i64>, redis::RedisError> = invoke(&invocation, &mut connection).await;
     let results: Vec<Result<Decision, Error>> = match reply {
         Ok(reply) => {
