@@ -22,8 +22,8 @@ pin() { if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then taskset -
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then taskset -p -c 0 "$(cat "$dir/redis.pid")" >/dev/null; fi
 
 json() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d['$1'])"; }
-echo "| algorithm | bytes per key (100k keys, 10-char key + \`rl:\`) | Redis commands per decision | decisions/s (64 in flight) | p50 µs | p99 µs | Redis busy |"
-echo "|---|---|---|---|---|---|---|"
+echo "| algorithm | bytes per key (100k keys, 10-char key + \`rl:\`) | Redis commands per decision | Redis CPU s per 100k | decisions/s (64 in flight) | p50 µs | p99 µs | Redis busy |"
+echo "|---|---|---|---|---|---|---|---|"
 for algorithm in token_bucket gcra leaky_bucket fixed_window sliding_window sliding_log; do
   redis-cli -p "$port" flushall >/dev/null
   # Memory: one decision per key; a slow refill keeps every key alive.
@@ -34,7 +34,8 @@ for algorithm in token_bucket gcra leaky_bucket fixed_window sliding_window slid
   run=$(pin "$loadgen" --workload w2 --keys "$KEYS" --capacity 10 --rate 2 --algorithm "$algorithm" \
     --concurrency 64 --seconds "$SECONDS_PER_RUN" --redis "$url" --stats 2>/dev/null)
   rate=$(echo "$run" | python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(round(d['decisions']/d['elapsed_s']))")
-  printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$algorithm" \
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$algorithm" \
     "$(echo "$fill" | json redis_bytes_per_key)" "$(echo "$run" | json redis_cmds_per_decision)" \
+    "$(echo "$run" | json redis_cpu_s_per_100k)" \
     "$rate" "$(echo "$run" | json p50_us)" "$(echo "$run" | json p99_us)" "$(echo "$run" | json redis_busy)"
 done

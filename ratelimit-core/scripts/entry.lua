@@ -9,11 +9,13 @@
 --   count, algorithm (the index of Algorithm::ALL), cost, now in µs or ''
 --   for Redis TIME, and the algorithm's numbers p1..p4
 -- Concurrent decisions on one quota form one group, so a key costs Redis one
--- argument, not eight.
+-- argument, not eight. The keys of a group are distinct (the caller starts a
+-- new group where a key repeats): the group's values are read before any of
+-- its decisions writes.
 --
--- Reply: 5 numbers per key (see the prelude). A key whose value this
--- algorithm did not write answers allowed = -1; in 'each' mode the others are
--- still decided, in 'all' mode nothing is written.
+-- Reply: each key's answer in KEYS order (see the prelude and the algorithm's
+-- file). A key whose value this algorithm did not write answers -1 first; in
+-- 'each' mode the others are still decided, in 'all' mode nothing is written.
 
 local time_now = nil
 local function now_of(arg)
@@ -30,8 +32,6 @@ end
 
 local mode = ARGV[1]
 local commit = mode == 'each'
-local out, n = {}, 0
-local writes, denied = {}, false
 local last = 0
 for g = 2, #ARGV, 8 do
   local first = last + 1
@@ -44,24 +44,10 @@ for g = 2, #ARGV, 8 do
       refund(KEYS[i], now, cost, p1, p2, p3, p4)
     end
   else
-    local decide = ALGORITHMS[algorithm]
     -- One read for the group: a command costs Redis far more than a key.
-    -- (The sliding log keeps a sorted set and reads it itself.)
-    local reads = algorithm ~= SLIDING_LOG
-    local values, seen = {}, {}
-    if reads then values = call('MGET', unpack(KEYS, first, last)) end
-    for i = first, last do
-      local key, stored = KEYS[i], values[i - first + 1]
-      -- A key named again in the group was read before its earlier decision wrote.
-      if reads then
-        if seen[key] then stored = call('GET', key) else seen[key] = true end
-      end
-      local allowed, remaining, retry, reset, delay, write = decide(key, stored, now, cost, commit, p1, p2, p3, p4)
-      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed, remaining, retry, reset, delay
-      n = n + 5
-      if allowed ~= 1 then denied = true end
-      writes[i] = write
-    end
+    local values = {}
+    if algorithm ~= SLIDING_LOG then values = call('MGET', unpack(KEYS, first, last)) end
+    ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3, p4)
   end
 end
 if not commit and not denied then

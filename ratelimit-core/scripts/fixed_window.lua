@@ -4,7 +4,7 @@
 --
 -- p1 limit, p2 window in µs. State: "<window index>:<count>".
 
-ALGORITHMS[2] = function(key, stored, now, cost, commit, limit, window)
+ALGORITHMS[2] = each_key(function(key, stored, now, cost, commit, limit, window)
   local index = divmod(now, window)
   local count = 0
   local s_index, s_count = parse(stored, '^(%d+):(%d+)$')
@@ -27,4 +27,4 @@ ALGORITHMS[2] = function(key, stored, now, cost, commit, limit, window)
     return 1, limit - count, 0, until_end, 0
   end
   return 1, limit - count, 0, until_end, 0, function() store(key, value, until_end) end
-end
+end)

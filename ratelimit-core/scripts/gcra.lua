@@ -2,8 +2,11 @@
 -- twin of src/algorithm/gcra.rs.
 --
 -- p1 rate tokens (reduced numerator), p2 rate period in µs (reduced
--- denominator), p3 capacity, p4 1 for the leaky bucket (which reports the
--- delay before the request's turn), else 0.
+-- denominator), p3 capacity.
+--
+-- Reply: one number a key, the debt before the request in units (-1 for a
+-- foreign value); the decision follows from it, the quota and the cost
+-- (gcra::decide_debt on the caller's side, the same arithmetic as below).
 --
 -- State: "<full_at>" or "<full_at>:<rem>": the bucket is full again (the queue
 -- drained) at full_at + rem / tokens µs. Time is counted in units of 1/tokens
@@ -11,7 +14,7 @@
 -- Most states are a bare number, which Redis keeps inside the key's object,
 -- with no string allocated.
 --
--- The most common path of the script: its divisions are written inline.
+-- The most common path of the script: it loops over its group itself.
 
 -- The stored full_at and rem: nil when absent, false for a foreign value.
 local function parse_full_at(stored)
@@ -23,52 +26,42 @@ local function parse_full_at(stored)
   return tonumber(a), tonumber(b)
 end
 
-local function gcra(key, stored, now, cost, commit, tokens, period, capacity, leaky)
+ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period, capacity)
   local depth = capacity * period
   local inc = cost * period
+  for i = first, last do
+    -- A full_at in the past means a full bucket. A clock that went backwards
+    -- finds full_at further away, so it sees fewer tokens, never more.
+    local full_at, rem = now, 0
+    local s_full_at, s_rem = parse_full_at(values[i - first + 1])
+    if s_full_at and s_full_at >= now then
+      full_at, rem = s_full_at, s_rem
+    end
+    local debt = (full_at - now) * tokens + rem
+    local new_debt = debt + inc
 
-  -- A full_at in the past means a full bucket. A clock that went backwards
-  -- finds full_at further away, so it sees fewer tokens, never more.
-  local full_at, rem = now, 0
-  local s_full_at, s_rem = parse_full_at(stored)
-  if s_full_at == false then return corrupt() end
-  if s_full_at and s_full_at >= now then
-    full_at, rem = s_full_at, s_rem
+    n = n + 1
+    if s_full_at == false then
+      out[n] = -1
+      denied = true
+    else
+      -- The debt alone answers: the caller derives the rest of the decision.
+      out[n] = debt
+      if new_debt > depth then
+        denied = true
+      elseif inc > 0 then
+        local reset = floor(new_debt / tokens)
+        if reset * tokens < new_debt then reset = reset + 1 end
+        local sum = rem + inc
+        local carry = floor(sum / tokens)
+        local new_rem = sum - carry * tokens
+        if new_rem > 0 then
+          keep(i, format('%d:%d', full_at + carry, new_rem), reset, commit)
+        else
+          keep(i, format('%d', full_at + carry), reset, commit)
+        end
+      end
+    end
   end
-
-  local debt = (full_at - now) * tokens + rem
-  local new_debt = debt + inc
-  if new_debt > depth then
-    local left = depth - debt
-    if left < 0 then left = 0 end
-    return 0, floor(left / period), div_ceil(new_debt - depth, tokens), div_ceil(debt, tokens), 0
-  end
-
-  local delay = 0
-  if leaky == 1 then delay = div_ceil(debt, tokens) end
-  local reset = floor(new_debt / tokens)
-  if reset * tokens < new_debt then reset = reset + 1 end
-  local remaining = floor((depth - new_debt) / period)
-  if inc == 0 then return 1, remaining, 0, reset, delay end
-
-  local sum = rem + inc
-  local carry = floor(sum / tokens)
-  local new_rem = sum - carry * tokens
-  local value
-  if new_rem > 0 then
-    value = format('%d:%d', full_at + carry, new_rem)
-  else
-    value = format('%d', full_at + carry)
-  end
-  local ttl_ms = floor(reset / 1000)
-  if ttl_ms * 1000 < reset then ttl_ms = ttl_ms + 1 end
-  local px = format('%d', ttl_ms + grace_ms)
-  if commit then
-    call('SET', key, value, 'PX', px)
-    return 1, remaining, 0, reset, delay
-  end
-  return 1, remaining, 0, reset, delay, function() call('SET', key, value, 'PX', px) end
 end
-
-ALGORITHMS[1] = gcra
-ALGORITHMS[5] = gcra
+ALGORITHMS[5] = ALGORITHMS[1]

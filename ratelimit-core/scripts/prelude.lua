@@ -3,20 +3,25 @@
 -- decides for every key the call names. See entry.lua for the arguments and
 -- the reply.
 --
--- Every algorithm function has the form
---   decide(key, stored, now, cost, commit, p1, p2, p3, p4)
---     -> allowed (0|1), remaining, retry_after_us, reset_after_us, delay_us[, write]
--- where `stored` is the key's string value, read for the whole group of keys
--- by one MGET (false when absent; unused by the sliding log, which keeps a
--- sorted set).
--- When the decision consumes, it stores the new state at once if `commit`,
--- and otherwise also returns `write`, a function that stores it: so several
--- keys can be decided first and written only if all of them admit. A value
--- the algorithm did not write answers allowed = -1 (see `corrupt`).
+-- Every algorithm is a function that decides for a group of keys:
+--   ALGORITHMS[a](first, last, values, now, cost, commit, p1, p2, p3, p4)
+-- for KEYS[first..last] (distinct keys, one quota and cost), where values[j]
+-- is the string value of KEYS[first + j - 1], read for the whole group by one
+-- MGET (false when absent; the sliding log keeps a sorted set and reads it
+-- itself). For each key in order it appends its answer to `out` (the bucket
+-- algorithms: the numbers their decision follows from, see their files; the
+-- others: allowed (1, 0, or -1 for a value the algorithm did not write),
+-- remaining, retry_after_us, reset_after_us, delay_us) and sets `denied`
+-- when the key is not admitted. When a decision consumes, it stores the new
+-- state at once if `commit`, and otherwise sets writes[i], a function that
+-- stores it: so several keys can be decided first and written only if all of
+-- them admit.
 --
--- This runs for every decision, many per call: values are returned rather
--- than put in tables, library functions are reached through locals, and
--- integers are formatted as integers (see `int`).
+-- This runs for every decision, many per call: the bucket algorithms loop
+-- over their group themselves, with their divisions inline, and answer with
+-- as few numbers as their decision needs; library functions are reached
+-- through locals, and integers are formatted as integers, each expiry once
+-- (see `int` and `store`). The others decide key by key through `each_key`.
 --
 -- Time is in integer microseconds and every number stays below 2^53 (the
 -- quota's constructors check it), so Lua's doubles hold them exactly. A denial
@@ -30,8 +35,34 @@ local match = string.match
 
 local ALGORITHMS = {}
 
+-- The reply, each key's numbers in KEYS order, and its length.
+local out, n = {}, 0
+-- Whether some key was not admitted, and the writes 'all' mode defers.
+local denied, writes = false, {}
+
+local function answer(allowed, remaining, retry, reset, delay)
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed, remaining, retry, reset, delay
+  n = n + 5
+  if allowed ~= 1 then denied = true end
+end
+
 local function corrupt()
   return -1, 0, 0, 0, 0
+end
+
+-- An algorithm that decides one key at a time, as
+--   decide(key, stored, now, cost, commit, p1, p2, p3, p4)
+--     -> allowed, remaining, retry_after_us, reset_after_us, delay_us[, write]
+-- made a group function.
+local function each_key(decide)
+  return function(first, last, values, now, cost, commit, p1, p2, p3, p4)
+    for i = first, last do
+      local allowed, remaining, retry, reset, delay, write =
+        decide(KEYS[i], values[i - first + 1], now, cost, commit, p1, p2, p3, p4)
+      answer(allowed, remaining, retry, reset, delay)
+      writes[i] = write
+    end
+  end
 end
 
 -- Floor division of integers 0 <= a < 2^53 by b >= 1 is exact in doubles:
@@ -80,6 +111,27 @@ local function expiry_ms(ttl_us)
   return int(div_ceil(ttl_us, 1000) + grace_ms)
 end
 
+-- PX arguments already formatted in this call: many keys share an expiry.
+local px_of = {}
+
 local function store(key, value, ttl_us)
-  call('SET', key, value, 'PX', expiry_ms(ttl_us))
+  local ms = floor(ttl_us / 1000)
+  if ms * 1000 < ttl_us then ms = ms + 1 end
+  ms = ms + grace_ms
+  local px = px_of[ms]
+  if not px then
+    px = format('%d', ms)
+    px_of[ms] = px
+  end
+  call('SET', key, value, 'PX', px)
+end
+
+-- Stores KEYS[i]'s new state now if `commit`, else once every key admits.
+local function keep(i, value, ttl_us, commit)
+  local key = KEYS[i]
+  if commit then
+    store(key, value, ttl_us)
+  else
+    writes[i] = function() store(key, value, ttl_us) end
+  end
 end

@@ -6,7 +6,7 @@
 -- p1 limit, p2 window in µs.
 
 local SLIDING_LOG = 3
-ALGORITHMS[SLIDING_LOG] = function(key, _, now, cost, commit, limit, window)
+ALGORITHMS[SLIDING_LOG] = each_key(function(key, _, now, cost, commit, limit, window)
   local cutoff = now - window
   if cutoff < 0 then cutoff = 0 end
   local after_cutoff = '(' .. int(cutoff)
@@ -50,4 +50,4 @@ ALGORITHMS[SLIDING_LOG] = function(key, _, now, cost, commit, limit, window)
     return 1, remaining, 0, reset, 0
   end
   return 1, remaining, 0, reset, 0, write
-end
+end)

@@ -4,7 +4,7 @@
 --
 -- p1 limit, p2 window in µs. State: "<index>:<current>:<previous>".
 
-ALGORITHMS[4] = function(key, stored, now, cost, commit, limit, window)
+ALGORITHMS[4] = each_key(function(key, stored, now, cost, commit, limit, window)
   local window_ms = window / 1000
   local now_index = divmod(now, window)
   local index, current, previous = now_index, 0, 0
@@ -68,4 +68,4 @@ ALGORITHMS[4] = function(key, stored, now, cost, commit, limit, window)
     return 1, remaining, 0, reset, 0
   end
   return 1, remaining, 0, reset, 0, function() store(key, value, reset) end
-end
+end)

@@ -24,9 +24,7 @@ pub(super) fn decide(
     leaky: bool,
 ) -> (Decision, bool) {
     let tokens = quota.rate().tokens();
-    let period = quota.rate().period_us();
-    let depth = quota.depth();
-    let inc = cost * period;
+    let inc = cost * quota.rate().period_us();
 
     // A full_at in the past means a full bucket. A clock that went backwards
     // finds full_at further away, so it sees fewer tokens, never more.
@@ -35,32 +33,9 @@ pub(super) fn decide(
         _ => (now, 0),
     };
     let debt = (full_at - now) * tokens + rem;
-    let new_debt = debt + inc;
-
-    if new_debt > depth {
-        // Denied: nothing is written. The request fits once the debt has
-        // shrunk by the excess.
-        let d = decision(
-            quota,
-            false,
-            depth.saturating_sub(debt) / period,
-            (new_debt - depth).div_ceil(tokens),
-            debt.div_ceil(tokens),
-            0,
-        );
-        return (d, false);
-    }
-
-    let delay = if leaky { debt.div_ceil(tokens) } else { 0 };
-    let d = decision(
-        quota,
-        true,
-        (depth - new_debt) / period,
-        0,
-        new_debt.div_ceil(tokens),
-        delay,
-    );
-    if inc == 0 {
+    let d = decide_debt(quota, debt, cost, leaky);
+    // A denial writes nothing, nor does a request of no cost.
+    if !d.allowed || inc == 0 {
         return (d, false);
     }
     let total = rem + inc;
@@ -69,6 +44,36 @@ pub(super) fn decide(
         rem: total % tokens,
     });
     (d, true)
+}
+
+/// The decision on a request of `cost` when the bucket owes `debt` units
+/// before it. The Redis script answers with the debt alone and this turns it
+/// into the decision, for both backends.
+pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> Decision {
+    let tokens = quota.rate().tokens();
+    let period = quota.rate().period_us();
+    let depth = quota.depth();
+    let new_debt = debt + cost * period;
+    if new_debt > depth {
+        // The request fits once the debt has shrunk by the excess.
+        return decision(
+            quota,
+            false,
+            depth.saturating_sub(debt) / period,
+            (new_debt - depth).div_ceil(tokens),
+            debt.div_ceil(tokens),
+            0,
+        );
+    }
+    let delay = if leaky { debt.div_ceil(tokens) } else { 0 };
+    decision(
+        quota,
+        true,
+        (depth - new_debt) / period,
+        0,
+        new_debt.div_ceil(tokens),
+        delay,
+    )
 }
 
 #[cfg(test)]

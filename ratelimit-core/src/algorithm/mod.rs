@@ -12,10 +12,10 @@
 //! - a clock that goes backwards never admits more than it would have.
 
 mod fixed_window;
-mod gcra;
+pub(crate) mod gcra;
 mod sliding_log;
 mod sliding_window;
-mod token_bucket;
+pub(crate) mod token_bucket;
 
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};

@@ -40,9 +40,29 @@ pub(super) fn decide(
     }
     // How long until refill resumes (non-zero only after the clock went back).
     let lag = updated - now;
+    let d = decide_level(quota, level, lag, cost);
+    // A denial writes nothing, nor does a request of no cost.
+    if !d.allowed || inc == 0 {
+        return (d, false);
+    }
+    *state = Some(State::Bucket {
+        level: level - inc,
+        updated,
+    });
+    (d, true)
+}
 
+/// The decision on a request of `cost` when the bucket holds `level` units
+/// after refill, which resumes in `lag` µs (non-zero only after the clock
+/// went back). The Redis script answers with the level and lag alone and this
+/// turns them into the decision, for both backends.
+pub(crate) fn decide_level(quota: &Quota, level: u64, lag: u64, cost: u64) -> Decision {
+    let tokens = quota.rate().tokens();
+    let period = quota.rate().period_us();
+    let depth = quota.depth();
+    let inc = cost * period;
     if inc > level {
-        let d = decision(
+        return decision(
             quota,
             false,
             level / period,
@@ -50,22 +70,16 @@ pub(super) fn decide(
             lag + (depth - level).div_ceil(tokens),
             0,
         );
-        return (d, false);
     }
-    level -= inc;
-    let d = decision(
+    let level = level - inc;
+    decision(
         quota,
         true,
         level / period,
         0,
         lag + (depth - level).div_ceil(tokens),
         0,
-    );
-    if inc == 0 {
-        return (d, false);
-    }
-    *state = Some(State::Bucket { level, updated });
-    (d, true)
+    )
 }
 
 #[cfg(test)]

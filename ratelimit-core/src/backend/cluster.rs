@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use super::redis::{decode, invocation, invoke, Request};
+use super::redis::{decode_one, decode_reply, invocation, invoke, Request};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -122,7 +122,7 @@ impl ClusterBackend {
                 &[Request::new(quota, cost, self.now())],
             )
             .await?;
-        decode(quota, &key, &reply)
+        decode_one(&reply, quota, cost, &key)
     }
 
     /// All or nothing over keys that may live on different slots.
@@ -142,23 +142,24 @@ impl ClusterBackend {
         let first_slot = keys.first().map(|k| slot(k.as_bytes()));
         if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
             let reply = self.call("all", &keys, &calls).await?;
-            if reply.len() != 5 * requests.len() {
-                return Err(Error::UnexpectedReply(format!("{reply:?}")));
-            }
-            return reply
-                .chunks(5)
-                .zip(requests.iter().zip(&keys))
-                .map(|(r, ((quota, _, _), key))| decode(quota, key, r))
-                .collect();
+            return decode_reply(
+                &reply,
+                requests
+                    .iter()
+                    .zip(&keys)
+                    .map(|((quota, _, cost), key)| (*quota, *cost, key.as_str())),
+            )?
+            .into_iter()
+            .collect();
         }
         // Across slots: consume in order; on a denial (or a failure), give
         // back what the earlier dimensions took.
         let mut decisions = Vec::with_capacity(requests.len());
-        for (i, ((quota, _, _), key)) in requests.iter().zip(&keys).enumerate() {
+        for (i, ((quota, _, cost), key)) in requests.iter().zip(&keys).enumerate() {
             let outcome = self
                 .call("each", std::slice::from_ref(key), &calls[i..=i])
                 .await
-                .and_then(|reply| decode(quota, key, &reply));
+                .and_then(|reply| decode_one(&reply, quota, *cost, key));
             let admitted = matches!(&outcome, Ok(d) if d.allowed);
             if !admitted {
                 for j in 0..i {

@@ -8,6 +8,7 @@
 //! Redis's own work per decision is what bounds throughput, and one script
 //! call deciding for many keys costs far less than as many calls.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::algorithm::{gcra, token_bucket};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -82,8 +84,7 @@ impl Request {
         let params = if algorithm.is_windowed() {
             [quota.capacity(), quota.window_us(), 0, 0]
         } else {
-            let leaky = u64::from(algorithm == Algorithm::LeakyBucket);
-            [rate.tokens(), rate.period_us(), quota.capacity(), leaky]
+            [rate.tokens(), rate.period_us(), quota.capacity(), 0]
         };
         Self {
             algorithm: Algorithm::ALL
@@ -111,52 +112,108 @@ impl Request {
 }
 
 /// Prepares one script call in `mode` for `requests`, in order: their keys,
-/// and one group of fields for each run of equal requests (concurrent
-/// decisions on one quota make one group, so Redis reads one argument a key).
+/// and one group of fields for each run of equal requests on distinct keys
+/// (concurrent decisions on one quota make one group, so Redis reads one
+/// argument a key). A key named again starts a new group: the script reads a
+/// group's values before any of its decisions writes.
 pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
     mode: &str,
     requests: impl IntoIterator<Item = (&'a K, Request)>,
 ) -> redis::ScriptInvocation<'static> {
     let mut invocation = SCRIPT.prepare_invoke();
     invocation.arg(mode);
-    let mut run: Option<(Request, usize)> = None;
+    let mut run: Option<Request> = None;
+    let mut run_keys: HashSet<&str> = HashSet::new();
     for (key, request) in requests {
-        invocation.key(key.as_ref());
-        run = match run {
-            Some((current, count)) if current == request => Some((current, count + 1)),
-            Some((current, count)) => {
-                current.push_group(count, &mut invocation);
-                Some((request, 1))
+        let key = key.as_ref();
+        if let Some(current) = run {
+            if current != request || run_keys.contains(key) {
+                current.push_group(run_keys.len(), &mut invocation);
+                run_keys.clear();
             }
-            None => Some((request, 1)),
-        };
+        }
+        run = Some(request);
+        run_keys.insert(key);
+        invocation.key(key);
     }
-    if let Some((current, count)) = run {
-        current.push_group(count, &mut invocation);
+    if let Some(current) = run {
+        current.push_group(run_keys.len(), &mut invocation);
     }
     invocation
 }
 
-/// Reads one key's five numbers of a script reply.
-pub(crate) fn decode(quota: &Quota, key: &str, reply: &[i64]) -> Result<Decision, Error> {
-    match *reply {
-        [allowed @ (0 | 1), remaining, retry, reset, delay]
-            if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 =>
-        {
-            Ok(Decision::from_micros(
-                allowed == 1,
-                quota.capacity(),
-                remaining as u64,
-                retry as u64,
-                reset as u64,
-                delay as u64,
-            ))
+/// How many numbers the script answers for one key of `algorithm`: the
+/// bucket algorithms answer with the state their decision follows from.
+fn answer_len(algorithm: Algorithm) -> usize {
+    match algorithm {
+        Algorithm::Gcra | Algorithm::LeakyBucket => 1,
+        Algorithm::TokenBucket => 2,
+        _ => 5,
+    }
+}
+
+/// Reads each key's decision from a script reply, in order: `keys` gives
+/// each key's quota, cost and full name. A reply of the wrong length is one
+/// error for the whole call.
+pub(crate) fn decode_reply<'a>(
+    reply: &[i64],
+    keys: impl IntoIterator<Item = (&'a Quota, u64, &'a str)>,
+) -> Result<Vec<Result<Decision, Error>>, Error> {
+    let unexpected = || Error::UnexpectedReply(format!("{reply:?}"));
+    let mut rest = reply;
+    let mut decisions = Vec::new();
+    for (quota, cost, key) in keys {
+        let len = answer_len(quota.algorithm());
+        if rest.len() < len {
+            return Err(unexpected());
         }
-        [-1, ..] => Err(Error::UnexpectedReply(format!(
-            "the value at `{key}` was not written by `{}`; another writer or algorithm uses this key",
-            quota.algorithm()
+        let (answer, tail) = rest.split_at(len);
+        rest = tail;
+        decisions.push(decode(quota, cost, key, answer));
+    }
+    if !rest.is_empty() {
+        return Err(unexpected());
+    }
+    Ok(decisions)
+}
+
+/// The decision of a script call on one key.
+pub(crate) fn decode_one(
+    reply: &[i64],
+    quota: &Quota,
+    cost: u64,
+    key: &str,
+) -> Result<Decision, Error> {
+    decode_reply(reply, [(quota, cost, key)])?
+        .pop()
+        .unwrap_or_else(|| Err(Error::UnexpectedReply(format!("{reply:?}"))))
+}
+
+/// One key's decision from its answer (see `answer_len`).
+fn decode(quota: &Quota, cost: u64, key: &str, answer: &[i64]) -> Result<Decision, Error> {
+    let algorithm = quota.algorithm();
+    match (algorithm, answer) {
+        (_, [-1, ..]) => Err(Error::UnexpectedReply(format!(
+            "the value at `{key}` was not written by `{algorithm}`; another writer or algorithm uses this key"
         ))),
-        _ => Err(Error::UnexpectedReply(format!("{reply:?}"))),
+        (Algorithm::Gcra | Algorithm::LeakyBucket, &[debt]) if debt >= 0 => Ok(
+            gcra::decide_debt(quota, debt as u64, cost, algorithm == Algorithm::LeakyBucket),
+        ),
+        (Algorithm::TokenBucket, &[level, lag]) if level >= 0 && lag >= 0 => Ok(
+            token_bucket::decide_level(quota, level as u64, lag as u64, cost),
+        ),
+        (
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow,
+            &[allowed @ (0 | 1), remaining, retry, reset, delay],
+        ) if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 => Ok(Decision::from_micros(
+            allowed == 1,
+            quota.capacity(),
+            remaining as u64,
+            retry as u64,
+            reset as u64,
+            delay as u64,
+        )),
+        _ => Err(Error::UnexpectedReply(format!("{answer:?}"))),
     }
 }
 
@@ -278,14 +335,15 @@ impl RedisBackend {
             tokio::time::timeout(self.timeout, invoke(&invocation, &mut connection))
                 .await
                 .map_err(|_| Error::Timeout(self.timeout))??;
-        if reply.len() != 5 * requests.len() {
-            return Err(Error::UnexpectedReply(format!("{reply:?}")));
-        }
-        reply
-            .chunks(5)
-            .zip(requests.iter().zip(&keys))
-            .map(|(r, ((quota, _, _), key))| decode(quota, key, r))
-            .collect()
+        decode_reply(
+            &reply,
+            requests
+                .iter()
+                .zip(&keys)
+                .map(|((quota, _, cost), key)| (*quota, *cost, key.as_str())),
+        )?
+        .into_iter()
+        .collect()
     }
 }
 
@@ -324,19 +382,23 @@ async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) {
     let invocation = invocation("each", jobs.iter().map(|job| (&job.key, job.request)));
     let reply: Result<Vec<i64>, redis::RedisError> = invoke(&invocation, &mut connection).await;
     let results: Vec<Result<Decision, Error>> = match reply {
-        Ok(reply) => {
-            if reply.len() == 5 * jobs.len() {
-                reply
-                    .chunks(5)
-                    .zip(&jobs)
-                    .map(|(r, job)| decode(&job.quota, &job.key, r))
-                    .collect()
-            } else {
+        Ok(reply) => match decode_reply(
+            &reply,
+            jobs.iter()
+                .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
+        ) {
+            Ok(decisions) => decisions,
+            // A reply of the wrong length: every decision of the call fails.
+            Err(error) => {
+                let message = match error {
+                    Error::UnexpectedReply(message) => message,
+                    other => other.to_string(),
+                };
                 jobs.iter()
-                    .map(|_| Err(Error::UnexpectedReply(format!("{reply:?}"))))
+                    .map(|_| Err(Error::UnexpectedReply(message.clone())))
                     .collect()
             }
-        }
+        },
         Err(error) => jobs
             .iter()
             .map(|_| Err(Error::Redis(error.clone())))
