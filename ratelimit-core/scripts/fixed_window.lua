@@ -1,6 +1,6 @@
 -- Fixed window (2): at most `limit` per window aligned to the epoch. The twin
 -- of src/algorithm/fixed_window.rs. The count and the window's expiry are
--- written by one SET ... PX, so a counter can never be left without expiry.
+-- written by one PSETEX, so a counter can never be left without expiry.
 --
 -- p1 limit, p2 window in µs. State: "<window index>:<count>".
 

@@ -33,7 +33,8 @@ ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period,
     -- A full_at in the past means a full bucket. A clock that went backwards
     -- finds full_at further away, so it sees fewer tokens, never more.
     local full_at, rem = now, 0
-    local s_full_at, s_rem = parse_full_at(values[i - first + 1])
+    local stored, s_full_at, s_rem = values[i - first + 1], nil, 0
+    if stored then s_full_at, s_rem = parse_full_at(stored) end
     if s_full_at and s_full_at >= now then
       full_at, rem = s_full_at, s_rem
     end

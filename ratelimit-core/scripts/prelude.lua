@@ -107,14 +107,11 @@ end
 -- kept past its use never changes a decision, so a longer expiry is safe.
 local grace_ms = 0
 
-local function expiry_ms(ttl_us)
-  return int(div_ceil(ttl_us, 1000) + grace_ms)
-end
-
 -- PX arguments already formatted in this call: many keys share an expiry.
 local px_of = {}
 
-local function store(key, value, ttl_us)
+-- The expiry, in whole milliseconds, of state that matters for ttl_us more.
+local function expiry_ms(ttl_us)
   local ms = floor(ttl_us / 1000)
   if ms * 1000 < ttl_us then ms = ms + 1 end
   ms = ms + grace_ms
@@ -123,15 +120,20 @@ local function store(key, value, ttl_us)
     px = format('%d', ms)
     px_of[ms] = px
   end
-  call('SET', key, value, 'PX', px)
+  return px
+end
+
+-- PSETEX is SET ... PX with no options for Redis to parse.
+local function store(key, value, ttl_us)
+  call('PSETEX', key, expiry_ms(ttl_us), value)
 end
 
 -- Stores KEYS[i]'s new state now if `commit`, else once every key admits.
 local function keep(i, value, ttl_us, commit)
-  local key = KEYS[i]
+  local key, px = KEYS[i], expiry_ms(ttl_us)
   if commit then
-    store(key, value, ttl_us)
+    call('PSETEX', key, px, value)
   else
-    writes[i] = function() store(key, value, ttl_us) end
+    writes[i] = function() call('PSETEX', key, px, value) end
   end
 end
