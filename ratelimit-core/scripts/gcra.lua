@@ -1,4 +1,6 @@
--- GCRA (1), and the leaky bucket as a queue on the same arithmetic (5). The
+-- GCRA (1), which is also how the token bucket is kept (0): the instant it is
+-- full again, one number instead of a level and a time, with the same
+-- admissions; and the leaky bucket as a queue on the same arithmetic (5). The
 -- twin of src/algorithm/gcra.rs.
 --
 -- p1 rate tokens (reduced numerator), p2 rate period in µs (reduced
@@ -65,4 +67,5 @@ ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period,
     end
   end
 end
+ALGORITHMS[0] = ALGORITHMS[1]
 ALGORITHMS[5] = ALGORITHMS[1]

@@ -1,5 +1,5 @@
 -- One script holds every algorithm: this prelude, then one file per algorithm
--- (each adds a function to ALGORITHMS), then refund.lua and entry.lua, which
+-- (each adds functions to ALGORITHMS), then refund.lua and entry.lua, which
 -- decides for every key the call names. See entry.lua for the arguments and
 -- the reply.
 --

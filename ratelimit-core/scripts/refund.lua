@@ -5,22 +5,7 @@
 
 local REFUNDS = {}
 
--- Token bucket: the level rises by the cost, up to the capacity.
-REFUNDS[0] = function(key, now, cost, tokens, period, capacity)
-  local s_level, s_updated = load(key, '^(%d+):(%d+)$')
-  if not s_level then return end
-  local depth = capacity * period
-  local level = math.min(depth, s_level + cost * period)
-  local lag = s_updated - now
-  if lag < 0 then lag = 0 end
-  if level >= depth and lag == 0 then
-    call('DEL', key)
-  else
-    store(key, int(level) .. ':' .. int(s_updated), lag + div_ceil(depth - level, tokens))
-  end
-end
-
--- GCRA and the leaky bucket: the debt shrinks by the cost.
+-- The token bucket, GCRA and the leaky bucket: the debt shrinks by the cost.
 local function refund_gcra(key, now, cost, tokens, period)
   local s_full_at, s_rem = parse_full_at(call('GET', key))
   if not s_full_at or s_full_at < now then return end
@@ -34,6 +19,7 @@ local function refund_gcra(key, now, cost, tokens, period)
   if rem > 0 then value = value .. ':' .. int(rem) end
   store(key, value, div_ceil(debt, tokens))
 end
+REFUNDS[0] = refund_gcra
 REFUNDS[1] = refund_gcra
 REFUNDS[5] = refund_gcra
 

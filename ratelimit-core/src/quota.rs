@@ -193,12 +193,13 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// Bursts up to `capacity`, refills at `rate`. State: the level and the
-    /// time of the last refill, one Redis string. The default.
+    /// Bursts up to `capacity`, refills at `rate`. State: one number, the
+    /// instant the bucket is full again (GCRA's theoretical arrival time),
+    /// which admits exactly what a level and a last-refill time would. The
+    /// default.
     TokenBucket,
-    /// The same admissions as the token bucket, with one number of state: the
-    /// instant the bucket is full again (the theoretical arrival time). The
-    /// smallest Redis footprint.
+    /// The token bucket under the name some users know it by: the same
+    /// admissions and the same one number of state.
     Gcra,
     /// At most `limit` per `window`, windows aligned to the epoch. Allows up to
     /// twice the limit across a window boundary, and nothing more.

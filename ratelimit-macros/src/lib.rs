@@ -85,8 +85,8 @@ use proc_macro::TokenStream;
 ///
 /// | `algorithm =` | takes | admits | Redis state per key |
 /// | --- | --- | --- | --- |
-/// | `token_bucket` | `capacity`, `rate` | bursts up to `capacity`, refilled continuously at `rate` | one string: level and last refill |
-/// | `gcra` | `capacity`, `rate` | exactly what the token bucket admits | one number: when the bucket is full again |
+/// | `token_bucket` | `capacity`, `rate` | bursts up to `capacity`, refilled continuously at `rate` | one number: when the bucket is full again |
+/// | `gcra` | `capacity`, `rate` | exactly what the token bucket admits (the same algorithm) | one number |
 /// | `leaky_bucket` | `capacity`, `rate` | a queue of `capacity` drained at `rate`: a call waits its turn, then runs | one number |
 /// | `fixed_window` | `limit`, `window` | `limit` per window aligned to the epoch; up to twice the limit across a boundary | one string |
 /// | `sliding_log` | `limit`, `window` | exactly `limit` in any window of length `window` | a sorted set of up to `limit` members |

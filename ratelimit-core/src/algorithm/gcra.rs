@@ -1,4 +1,10 @@
-//! GCRA, and the leaky bucket as a queue on the same arithmetic.
+//! GCRA, which is also how the token bucket is kept, and the leaky bucket as
+//! a queue on the same arithmetic.
+//!
+//! A token bucket of `capacity` refilled at `rate` holds `capacity` minus
+//! the tokens still owed: keeping the instant it is full again instead of a
+//! level and the time of its last refill is one number instead of two, and
+//! admits exactly the same requests.
 //!
 //! The bucket is kept as one instant, `full_at`: when the bucket will be full
 //! again (the theoretical arrival time). Time is counted in units of
@@ -104,6 +110,19 @@ mod tests {
             "three tokens take 1.5 s"
         );
         assert_eq!(d[3].remaining, 0);
+    }
+
+    #[test]
+    fn the_token_bucket_refills_exactly_and_reports_the_time_to_full() {
+        let quota = Quota::token_bucket(3, "3/s".parse().unwrap()).unwrap();
+        let t = 1_000_000;
+        let d = run(
+            &quota,
+            &[(t, 3), (t, 1), (t + 333_333, 1), (t + 333_334, 1)],
+        );
+        assert!(d[0].allowed && !d[1].allowed && !d[2].allowed && d[3].allowed);
+        assert_eq!(d[1].retry_after.as_micros(), 333_334);
+        assert_eq!(d[1].reset_after.as_micros(), 1_000_000);
     }
 
     #[test]

@@ -15,7 +15,6 @@ mod fixed_window;
 pub(crate) mod gcra;
 mod sliding_log;
 mod sliding_window;
-pub(crate) mod token_bucket;
 
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
@@ -23,10 +22,9 @@ use crate::quota::{Algorithm, Quota};
 /// One key's state in the memory backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
-    /// GCRA and leaky bucket: full (or drained) at `full_at + rem / tokens` µs.
+    /// Token bucket, GCRA and leaky bucket: full (or drained) at
+    /// `full_at + rem / tokens` µs.
     Tat { full_at: u64, rem: u64 },
-    /// Token bucket: `level` in units of 1/tokens µs, as of `updated`.
-    Bucket { level: u64, updated: u64 },
     /// Fixed window: `count` in window number `index`.
     Window { index: u64, count: u64 },
     /// Sliding log: admitted instants, ascending.
@@ -49,8 +47,8 @@ pub(crate) fn decide(
     cost: u64,
 ) -> (Decision, bool) {
     match quota.algorithm() {
-        Algorithm::TokenBucket => token_bucket::decide(quota, state, now, cost),
-        Algorithm::Gcra => gcra::decide(quota, state, now, cost, false),
+        // The token bucket kept as the instant it is full again: GCRA's state.
+        Algorithm::TokenBucket | Algorithm::Gcra => gcra::decide(quota, state, now, cost, false),
         Algorithm::LeakyBucket => gcra::decide(quota, state, now, cost, true),
         Algorithm::FixedWindow => fixed_window::decide(quota, state, now, cost),
         Algorithm::SlidingLog => sliding_log::decide(quota, state, now, cost),

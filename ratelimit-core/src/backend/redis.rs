@@ -16,7 +16,7 @@ use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::algorithm::{gcra, token_bucket};
+use crate::algorithm::gcra;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -34,7 +34,6 @@ const MAX_IN_FLIGHT: usize = 16;
 pub(crate) static SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
     redis::Script::new(concat!(
         include_str!("../../scripts/prelude.lua"),
-        include_str!("../../scripts/token_bucket.lua"),
         include_str!("../../scripts/gcra.lua"),
         include_str!("../../scripts/fixed_window.lua"),
         include_str!("../../scripts/sliding_log.lua"),
@@ -143,11 +142,10 @@ pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
 }
 
 /// How many numbers the script answers for one key of `algorithm`: the
-/// bucket algorithms answer with the state their decision follows from.
+/// bucket algorithms answer with the debt their decision follows from.
 fn answer_len(algorithm: Algorithm) -> usize {
     match algorithm {
-        Algorithm::Gcra | Algorithm::LeakyBucket => 1,
-        Algorithm::TokenBucket => 2,
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => 1,
         _ => 5,
     }
 }
@@ -196,12 +194,9 @@ fn decode(quota: &Quota, cost: u64, key: &str, answer: &[i64]) -> Result<Decisio
         (_, [-1, ..]) => Err(Error::UnexpectedReply(format!(
             "the value at `{key}` was not written by `{algorithm}`; another writer or algorithm uses this key"
         ))),
-        (Algorithm::Gcra | Algorithm::LeakyBucket, &[debt]) if debt >= 0 => Ok(
-            gcra::decide_debt(quota, debt as u64, cost, algorithm == Algorithm::LeakyBucket),
-        ),
-        (Algorithm::TokenBucket, &[level, lag]) if level >= 0 && lag >= 0 => Ok(
-            token_bucket::decide_level(quota, level as u64, lag as u64, cost),
-        ),
+        (Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket, &[debt]) if debt >= 0 => {
+            Ok(gcra::decide_debt(quota, debt as u64, cost, algorithm == Algorithm::LeakyBucket))
+        }
         (
             Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow,
             &[allowed @ (0 | 1), remaining, retry, reset, delay],
