@@ -9,7 +9,7 @@
 -- is the string value of KEYS[first + j - 1], read for the whole group by one
 -- MGET (false when absent; the sliding log keeps a sorted set and reads it
 -- itself). For each key in order it appends its answer to `out` (the bucket
--- algorithms: the numbers their decision follows from, see their files; the
+-- algorithms: the number their decision follows from, see gcra.lua; the
 -- others: allowed (1, 0, or -1 for a value the algorithm did not write),
 -- remaining, retry_after_us, reset_after_us, delay_us) and sets `denied`
 -- when the key is not admitted. When a decision consumes, it stores the new
@@ -17,11 +17,12 @@
 -- stores it: so several keys can be decided first and written only if all of
 -- them admit.
 --
--- This runs for every decision, many per call: the bucket algorithms loop
--- over their group themselves, with their divisions inline, and answer with
--- as few numbers as their decision needs; library functions are reached
--- through locals, and integers are formatted as integers, each expiry once
--- (see `int` and `store`). The others decide key by key through `each_key`.
+-- This runs for every decision, many per call: the bucket algorithms (one
+-- function, in gcra.lua) loop over their group themselves, with their
+-- divisions inline, and answer with the one number their decision follows
+-- from; library functions are reached through locals, and integers are
+-- formatted as integers, each expiry once (see `int` and `expiry_ms`). The
+-- window algorithms decide key by key through `each_key`.
 --
 -- Time is in integer microseconds and every number stays below 2^53 (the
 -- quota's constructors check it), so Lua's doubles hold them exactly. A denial
