@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
-use super::redis::{decode_one, decode_reply, invocation, invoke, Request};
+use super::redis::{decode_all, decode_one, invocation, invoke, Request};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -142,15 +142,7 @@ impl ClusterBackend {
         let first_slot = keys.first().map(|k| slot(k.as_bytes()));
         if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
             let reply = self.call("all", &keys, &calls).await?;
-            return decode_reply(
-                &reply,
-                requests
-                    .iter()
-                    .zip(&keys)
-                    .map(|((quota, _, cost), key)| (*quota, *cost, key.as_str())),
-            )?
-            .into_iter()
-            .collect();
+            return decode_all(&reply, requests, &keys);
         }
         // Across slots: consume in order; on a denial (or a failure), give
         // back what the earlier dimensions took.

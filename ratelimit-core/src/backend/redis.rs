@@ -175,6 +175,24 @@ pub(crate) fn decode_reply<'a>(
     Ok(decisions)
 }
 
+/// The decisions of an all-or-nothing call on `requests`, whose full key
+/// names are `keys`: every one, or the first error.
+pub(crate) fn decode_all(
+    reply: &[i64],
+    requests: &[(&Quota, &str, u64)],
+    keys: &[String],
+) -> Result<Vec<Decision>, Error> {
+    decode_reply(
+        reply,
+        requests
+            .iter()
+            .zip(keys)
+            .map(|((quota, _, cost), key)| (*quota, *cost, key.as_str())),
+    )?
+    .into_iter()
+    .collect()
+}
+
 /// The decision of a script call on one key.
 pub(crate) fn decode_one(
     reply: &[i64],
@@ -330,15 +348,7 @@ impl RedisBackend {
             tokio::time::timeout(self.timeout, invoke(&invocation, &mut connection))
                 .await
                 .map_err(|_| Error::Timeout(self.timeout))??;
-        decode_reply(
-            &reply,
-            requests
-                .iter()
-                .zip(&keys)
-                .map(|((quota, _, cost), key)| (*quota, *cost, key.as_str())),
-        )?
-        .into_iter()
-        .collect()
+        decode_all(&reply, requests, &keys)
     }
 }
 
