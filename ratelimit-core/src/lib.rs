@@ -34,6 +34,8 @@ pub use limiter::{
     CallOptions, Dimension, FailurePolicy, Limiter, LimiterBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 pub use metrics::StatsSnapshot;
+#[doc(hidden)]
+pub use quota::__unit_micros;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};
 #[cfg(feature = "redis")]
 pub use rule_source::{

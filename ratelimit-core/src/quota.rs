@@ -169,6 +169,13 @@ fn parse_decimal(text: &str) -> Option<(u128, u128)> {
     Some((mantissa, 10u128.pow(frac.len() as u32)))
 }
 
+/// The microseconds in one `unit` of a rate or window string (`"ms"`, `"s"`,
+/// `"min"`...), for the `#[rate_limit]` attribute's own duration options.
+#[doc(hidden)]
+pub fn __unit_micros(unit: &str) -> Option<u64> {
+    unit_micros(unit)
+}
+
 fn unit_micros(unit: &str) -> Option<u64> {
     Some(match unit {
         "us" | "µs" | "micro" | "micros" => 1,

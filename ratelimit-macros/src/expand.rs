@@ -260,8 +260,8 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
             let algorithm = Literal::usize_unsuffixed(fixed.algorithm.0);
             let algorithm_name = fixed.algorithm.name();
             let capacity = Literal::u64_unsuffixed(fixed.capacity);
-            let tokens = Literal::u64_unsuffixed(fixed.rate.tokens);
-            let period_us = Literal::u64_unsuffixed(fixed.rate.period_us);
+            let tokens = Literal::u64_unsuffixed(fixed.rate.tokens());
+            let period_us = Literal::u64_unsuffixed(crate::valid::period_us(&fixed.rate));
             let window_us = Literal::u64_unsuffixed(fixed.window_us);
             (
                 quote! {

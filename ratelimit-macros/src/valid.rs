@@ -14,6 +14,8 @@ use syn::{
     PathArguments, ReturnType, Type, UnOp,
 };
 
+use ratelimit_core::{Quota, QuotaError, Rate};
+
 use crate::attr::{closest, Args, KeyArg};
 use crate::key::{Placeholder, Segment, Template, TemplateError};
 
@@ -21,8 +23,6 @@ use crate::key::{Placeholder, Segment, Template, TemplateError};
 /// Lua are exact up to 2^53; one bit is headroom). Mirrors
 /// `ratelimit_core::quota::MAX_EXACT`.
 const MAX_EXACT: u128 = 1 << 52;
-
-const MICROS_PER_SECOND: u128 = 1_000_000;
 
 const TOO_LARGE: &str = "quota too large to compute exactly: capacity times the rate's period \
                          must stay under 2^52 microseconds; lower the capacity or state the rate \
@@ -158,13 +158,7 @@ impl Algorithm {
     }
 }
 
-/// A refill rate as an exact reduced fraction: `tokens` every `period_us`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Rate {
-    pub tokens: u64,
-    pub period_us: u64,
-}
-
+/// Why a `rate` was refused, for the message at its token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RateError {
     Invalid,
@@ -172,90 +166,34 @@ pub(crate) enum RateError {
     TooLarge,
 }
 
-impl Rate {
-    /// `mantissa / scale` tokens per second, from `rate = 2` or `rate = 2.5`.
-    pub(crate) fn per_second(mantissa: u128, scale: u128) -> Result<Self, RateError> {
-        let period = scale
-            .checked_mul(MICROS_PER_SECOND)
-            .ok_or(RateError::TooLarge)?;
-        Self::from_parts(mantissa, period)
-    }
-
-    /// Parses `"100/min"` and the other forms, exactly as the runtime's
-    /// `impl FromStr for ratelimit_core::Rate` does.
-    pub(crate) fn parse(text: &str) -> Result<Self, RateError> {
-        let (amount, per) = text.split_once('/').ok_or(RateError::Invalid)?;
-        let (mantissa, scale) = parse_decimal(amount.trim()).ok_or(RateError::Invalid)?;
-        let per = per.trim();
-        let digits_end = per.find(|c: char| !c.is_ascii_digit()).unwrap_or(per.len());
-        let multiple: u128 = if digits_end == 0 {
-            1
-        } else {
-            per[..digits_end].parse().map_err(|_| RateError::Invalid)?
-        };
-        let unit_us = unit_micros(per[digits_end..].trim()).ok_or(RateError::Invalid)?;
-        let period = multiple
-            .checked_mul(unit_us)
-            .and_then(|p| p.checked_mul(scale))
-            .ok_or(RateError::TooLarge)?;
-        if mantissa == 0 || multiple == 0 {
-            return Err(RateError::Zero);
+impl From<QuotaError> for RateError {
+    fn from(error: QuotaError) -> Self {
+        match error {
+            QuotaError::ZeroRate => RateError::Zero,
+            QuotaError::TooLarge => RateError::TooLarge,
+            _ => RateError::Invalid,
         }
-        Self::from_parts(mantissa, period)
-    }
-
-    fn from_parts(tokens: u128, period_us: u128) -> Result<Self, RateError> {
-        if tokens == 0 || period_us == 0 {
-            return Err(RateError::Zero);
-        }
-        let g = gcd(tokens, period_us);
-        let (tokens, period_us) = (tokens / g, period_us / g);
-        if tokens > MAX_EXACT || period_us > MAX_EXACT {
-            return Err(RateError::TooLarge);
-        }
-        Ok(Rate {
-            tokens: tokens as u64,
-            period_us: period_us as u64,
-        })
     }
 }
 
-/// `"2.50"` -> (250, 100): the value is `mantissa / scale`.
-fn parse_decimal(text: &str) -> Option<(u128, u128)> {
-    let (int, frac) = text.split_once('.').unwrap_or((text, ""));
-    if int.is_empty() && frac.is_empty() {
-        return None;
-    }
-    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if !all_digits(int) || !all_digits(frac) || frac.len() > 18 {
-        return None;
-    }
-    let mantissa = format!("{int}{frac}").parse::<u128>().ok()?;
-    Some((mantissa, 10u128.pow(frac.len() as u32)))
+/// Parses `rate = "100/min"` and the other forms with the runtime's own parser.
+fn parse_rate(text: &str) -> Result<Rate, RateError> {
+    text.parse::<Rate>().map_err(RateError::from)
 }
 
-fn unit_micros(unit: &str) -> Option<u128> {
-    Some(match unit {
-        "us" | "µs" | "micro" | "micros" => 1,
-        "ms" | "milli" | "millis" => 1_000,
-        "s" | "sec" | "secs" | "second" | "seconds" => MICROS_PER_SECOND,
-        "m" | "min" | "mins" | "minute" | "minutes" => 60 * MICROS_PER_SECOND,
-        "h" | "hr" | "hrs" | "hour" | "hours" => 3_600 * MICROS_PER_SECOND,
-        "d" | "day" | "days" => 86_400 * MICROS_PER_SECOND,
-        _ => return None,
-    })
+/// `rate = 2` or `rate = 2.5`: `digits` tokens per second, exactly.
+fn rate_per_second(digits: &str) -> Result<Rate, RateError> {
+    parse_rate(&format!("{digits}/s"))
 }
 
-fn gcd(mut a: u128, mut b: u128) -> u128 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
+/// The rate's period in microseconds (at most 2^52, so the cast is exact).
+pub(crate) fn period_us(rate: &Rate) -> u64 {
+    rate.period().as_micros() as u64
 }
 
 /// Whether a bucket of `capacity` tokens at `rate` stays exact at runtime.
 fn fits(capacity: u64, rate: Rate) -> bool {
-    u128::from(capacity) * u128::from(rate.period_us) <= MAX_EXACT
+    u128::from(capacity) * u128::from(period_us(&rate)) <= MAX_EXACT
 }
 
 /// Checks that the attribute can apply to this function: an `async fn`
@@ -671,7 +609,7 @@ fn fixed_quota(args: &Args) -> syn::Result<Fixed> {
         })?;
         let limit_value = positive_integer(limit, "limit")?;
         let window_us = window_value(window)?;
-        let rate = Rate::from_parts(u128::from(limit_value), u128::from(window_us))
+        let rate = Rate::new(limit_value, std::time::Duration::from_micros(window_us))
             .map_err(|_| syn::Error::new_spanned(limit, TOO_LARGE))?;
         if u128::from(limit_value) * u128::from(window_us / 1_000) > MAX_EXACT {
             return Err(syn::Error::new_spanned(limit, TOO_LARGE));
@@ -888,7 +826,7 @@ fn wait_limit(arg: &crate::attr::OnLimitArg) -> syn::Result<Option<u64>> {
             trimmed[..digits_end]
                 .parse::<u128>()
                 .ok()
-                .zip(unit_micros(trimmed[digits_end..].trim()))
+                .zip(ratelimit_core::__unit_micros(trimmed[digits_end..].trim()).map(u128::from))
                 .and_then(|(count, unit)| count.checked_mul(unit))
                 .filter(|&us| us > 0 && us <= u128::from(u64::MAX))
                 .map(|us| Some(us as u64))
@@ -923,21 +861,11 @@ fn window_value(expr: &Expr) -> syn::Result<u64> {
         return Err(invalid(&format!("`{}`", expr.to_token_stream())));
     };
     let value = text.value();
-    let trimmed = value.trim();
-    let digits_end = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let count: u128 = if digits_end == 0 {
-        1
-    } else {
-        trimmed[..digits_end]
-            .parse()
-            .map_err(|_| invalid(&format!("`{value:?}`")))?
+    let micros = match Quota::parse_window(&value) {
+        Ok(window) => window.as_micros(),
+        Err(QuotaError::TooLarge) => return Err(syn::Error::new_spanned(expr, TOO_LARGE)),
+        Err(_) => return Err(invalid(&format!("`{value:?}`"))),
     };
-    let micros = unit_micros(trimmed[digits_end..].trim())
-        .and_then(|unit| unit.checked_mul(count))
-        .filter(|&us| us > 0 && us % 1_000 == 0)
-        .ok_or_else(|| invalid(&format!("`{value:?}`")))?;
     if micros > MAX_EXACT {
         return Err(syn::Error::new_spanned(expr, TOO_LARGE));
     }
@@ -957,14 +885,11 @@ fn rate_value(expr: &Expr) -> syn::Result<Rate> {
         Expr::Lit(ExprLit { lit, .. }) => {
             let rate = match lit {
                 Lit::Int(int) => match int.base10_digits().parse::<u128>() {
-                    Ok(tokens) => Rate::per_second(tokens, 1),
+                    Ok(_) => rate_per_second(int.base10_digits()),
                     Err(_) => Err(RateError::TooLarge),
                 },
-                Lit::Float(float) => match parse_decimal(float.base10_digits()) {
-                    Some((mantissa, scale)) => Rate::per_second(mantissa, scale),
-                    None => Err(RateError::Invalid),
-                },
-                Lit::Str(text) => Rate::parse(&text.value()),
+                Lit::Float(float) => rate_per_second(float.base10_digits()),
+                Lit::Str(text) => parse_rate(&text.value()),
                 _ => return Err(syn::Error::new_spanned(expr, expected)),
             };
             (lit, rate)
@@ -1003,7 +928,7 @@ mod tests {
     use super::*;
 
     fn fraction(rate: Result<Rate, RateError>) -> Result<(u64, u64), RateError> {
-        rate.map(|rate| (rate.tokens, rate.period_us))
+        rate.map(|rate| (rate.tokens(), period_us(&rate)))
     }
 
     #[test]
@@ -1025,7 +950,7 @@ mod tests {
             ("5./minute", (1, 12_000_000)),
         ];
         for (text, expected) in cases {
-            assert_eq!(fraction(Rate::parse(text)), Ok(expected), "rate {text:?}");
+            assert_eq!(fraction(parse_rate(text)), Ok(expected), "rate {text:?}");
         }
     }
 
@@ -1045,39 +970,35 @@ mod tests {
             "1e3/s",
             "5/-1s",
         ] {
-            assert_eq!(Rate::parse(text), Err(RateError::Invalid), "rate {text:?}");
+            assert_eq!(parse_rate(text), Err(RateError::Invalid), "rate {text:?}");
         }
         for text in ["0/s", "0.0/min", "5/0s"] {
-            assert_eq!(Rate::parse(text), Err(RateError::Zero), "rate {text:?}");
+            assert_eq!(parse_rate(text), Err(RateError::Zero), "rate {text:?}");
         }
         for text in ["1/100000000000d", "9007199254740993/s"] {
-            assert_eq!(Rate::parse(text), Err(RateError::TooLarge), "rate {text:?}");
+            assert_eq!(parse_rate(text), Err(RateError::TooLarge), "rate {text:?}");
         }
     }
 
     #[test]
     fn numeric_rates_are_tokens_per_second() {
+        assert_eq!(fraction(rate_per_second("2")), Ok((1, 500_000)), "rate = 2");
         assert_eq!(
-            fraction(Rate::per_second(2, 1)),
-            Ok((1, 500_000)),
-            "rate = 2"
-        );
-        assert_eq!(
-            fraction(Rate::per_second(5, 10)),
+            fraction(rate_per_second("0.5")),
             Ok((1, 2_000_000)),
             "rate = 0.5"
         );
         assert_eq!(
-            fraction(Rate::per_second(25, 10)),
+            fraction(rate_per_second("2.5")),
             Ok((1, 400_000)),
             "rate = 2.5"
         );
         assert_eq!(
-            fraction(Rate::per_second(3, 1)),
+            fraction(rate_per_second("3")),
             Ok((3, 1_000_000)),
             "rate = 3"
         );
-        assert_eq!(Rate::per_second(0, 1), Err(RateError::Zero), "rate = 0");
+        assert_eq!(rate_per_second("0"), Err(RateError::Zero), "rate = 0");
     }
 
     fn check(attr: &str, item: &str) -> syn::Result<Check> {
@@ -1099,7 +1020,7 @@ mod tests {
     #[test]
     fn numeric_rate_literals_are_checked() {
         let rate = |attr| match check(attr, SUBMIT).ok()?.quota {
-            QuotaArg::Fixed(fixed) => Some((fixed.rate.tokens, fixed.rate.period_us)),
+            QuotaArg::Fixed(fixed) => Some((fixed.rate.tokens(), period_us(&fixed.rate))),
             QuotaArg::PerCall(_) => None,
         };
         assert_eq!(
