@@ -5,11 +5,11 @@
 --          'all': admit all or none: decide every key, then write only if
 --          every one admits (the keys must be distinct);
 --          'refund': give back each key's cost (see refund.lua); no reply
--- then groups of 8 fields, each for the next `count` keys in KEYS order:
+-- then groups of 7 fields, each for the next `count` keys in KEYS order:
 --   count, algorithm (the index of Algorithm::ALL), cost, now in µs or ''
---   for Redis TIME, and the algorithm's numbers p1..p4
+--   for Redis TIME, and the algorithm's numbers p1..p3
 -- Concurrent decisions on one quota form one group, so a key costs Redis one
--- argument, not eight. The keys of a group are distinct (the caller starts a
+-- argument, not seven. The keys of a group are distinct (the caller starts a
 -- new group where a key repeats): the group's values are read before any of
 -- its decisions writes.
 --
@@ -33,21 +33,21 @@ end
 local mode = ARGV[1]
 local commit = mode == 'each'
 local last = 0
-for g = 2, #ARGV, 8 do
+for g = 2, #ARGV, 7 do
   local first = last + 1
   last = last + tonumber(ARGV[g])
   local algorithm, cost, now = tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), now_of(ARGV[g + 3])
-  local p1, p2, p3, p4 = tonumber(ARGV[g + 4]), tonumber(ARGV[g + 5]), tonumber(ARGV[g + 6]), tonumber(ARGV[g + 7])
+  local p1, p2, p3 = tonumber(ARGV[g + 4]), tonumber(ARGV[g + 5]), tonumber(ARGV[g + 6])
   if mode == 'refund' then
     local refund = REFUNDS[algorithm]
     for i = first, last do
-      refund(KEYS[i], now, cost, p1, p2, p3, p4)
+      refund(KEYS[i], now, cost, p1, p2, p3)
     end
   else
     -- One read for the group: a command costs Redis far more than a key.
     local values = {}
     if algorithm ~= SLIDING_LOG then values = call('MGET', unpack(KEYS, first, last)) end
-    ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3, p4)
+    ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3)
   end
 end
 if not commit and not denied then

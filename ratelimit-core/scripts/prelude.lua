@@ -4,7 +4,7 @@
 -- the reply.
 --
 -- Every algorithm is a function that decides for a group of keys:
---   ALGORITHMS[a](first, last, values, now, cost, commit, p1, p2, p3, p4)
+--   ALGORITHMS[a](first, last, values, now, cost, commit, p1, p2, p3)
 -- for KEYS[first..last] (distinct keys, one quota and cost), where values[j]
 -- is the string value of KEYS[first + j - 1], read for the whole group by one
 -- MGET (false when absent; the sliding log keeps a sorted set and reads it
@@ -52,14 +52,14 @@ local function corrupt()
 end
 
 -- An algorithm that decides one key at a time, as
---   decide(key, stored, now, cost, commit, p1, p2, p3, p4)
+--   decide(key, stored, now, cost, commit, p1, p2, p3)
 --     -> allowed, remaining, retry_after_us, reset_after_us, delay_us[, write]
 -- made a group function.
 local function each_key(decide)
-  return function(first, last, values, now, cost, commit, p1, p2, p3, p4)
+  return function(first, last, values, now, cost, commit, p1, p2, p3)
     for i = first, last do
       local allowed, remaining, retry, reset, delay, write =
-        decide(KEYS[i], values[i - first + 1], now, cost, commit, p1, p2, p3, p4)
+        decide(KEYS[i], values[i - first + 1], now, cost, commit, p1, p2, p3)
       answer(allowed, remaining, retry, reset, delay)
       writes[i] = write
     end

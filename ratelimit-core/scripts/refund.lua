@@ -1,7 +1,7 @@
 -- Refunds: give back `cost` just taken from a key, when a later dimension of
 -- an all-or-nothing check on another Redis Cluster slot denied. Never gives
 -- back more than was taken, and never beyond a full quota. REFUNDS[i] has the
--- form refund(key, now, cost, p1, p2, p3, p4).
+-- form refund(key, now, cost, p1, p2, p3).
 
 local REFUNDS = {}
 

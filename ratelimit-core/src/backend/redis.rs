@@ -73,7 +73,7 @@ pub(crate) struct Request {
     pub cost: u64,
     /// The caller's clock, or `None` for Redis `TIME`.
     pub now: Option<u64>,
-    pub params: [u64; 4],
+    pub params: [u64; 3],
 }
 
 impl Request {
@@ -81,9 +81,9 @@ impl Request {
         let rate = quota.rate();
         let algorithm = quota.algorithm();
         let params = if algorithm.is_windowed() {
-            [quota.capacity(), quota.window_us(), 0, 0]
+            [quota.capacity(), quota.window_us(), 0]
         } else {
-            [rate.tokens(), rate.period_us(), quota.capacity(), 0]
+            [rate.tokens(), rate.period_us(), quota.capacity()]
         };
         Self {
             algorithm: Algorithm::ALL
@@ -96,7 +96,7 @@ impl Request {
         }
     }
 
-    /// Adds the group of eight fields that stands for `count` keys with
+    /// Adds the group of seven fields that stands for `count` keys with
     /// this request.
     fn push_group(&self, count: usize, invocation: &mut redis::ScriptInvocation<'_>) {
         invocation.arg(count).arg(self.algorithm).arg(self.cost);
