@@ -104,32 +104,28 @@ pub(crate) enum Cost {
     Expr(Expr),
 }
 
-/// `algorithm = ...`: the names and order of `ratelimit_core::Algorithm::ALL`
-/// (the generated code passes the index and the name, and the runtime checks
-/// at compile time that they agree).
-pub(crate) const ALGORITHMS: [&str; 6] = [
-    "token_bucket",
-    "gcra",
-    "fixed_window",
-    "sliding_log",
-    "sliding_window",
-    "leaky_bucket",
-];
-
+/// `algorithm = ...`: an index into `ratelimit_core::Algorithm::ALL` (the
+/// generated code passes the index and the name, and the runtime checks at
+/// compile time that they agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Algorithm(pub usize);
 
+fn algorithms() -> impl Iterator<Item = &'static str> {
+    ratelimit_core::Algorithm::ALL.into_iter().map(|a| a.name())
+}
+
 impl Algorithm {
+    fn runtime(self) -> ratelimit_core::Algorithm {
+        ratelimit_core::Algorithm::ALL[self.0]
+    }
+
     pub(crate) fn name(self) -> &'static str {
-        ALGORITHMS[self.0]
+        self.runtime().name()
     }
 
     /// Window algorithms take `limit` and `window`; the others `capacity` and `rate`.
     pub(crate) fn is_windowed(self) -> bool {
-        matches!(
-            self.name(),
-            "fixed_window" | "sliding_log" | "sliding_window"
-        )
+        self.runtime().is_windowed()
     }
 
     fn expected(self) -> &'static str {
@@ -142,16 +138,15 @@ impl Algorithm {
 
     fn parse(ident: &Ident) -> syn::Result<Self> {
         let written = ident.unraw().to_string();
-        if let Some(index) = ALGORITHMS.iter().position(|a| *a == written) {
+        if let Some(index) = algorithms().position(|a| a == written) {
             return Ok(Algorithm(index));
         }
-        let expected = ALGORITHMS
-            .iter()
+        let expected = algorithms()
             .map(|a| format!("`{a}`"))
             .collect::<Vec<_>>()
             .join(", ");
         let mut message = format!("unknown algorithm `{written}`; expected one of {expected}");
-        if let Some(closest) = closest(&written, ALGORITHMS.iter().copied()) {
+        if let Some(closest) = closest(&written, algorithms()) {
             message.push_str(&format!("; did you mean `{closest}`?"));
         }
         Err(syn::Error::new(ident.span(), message))
