@@ -186,11 +186,6 @@ pub(crate) fn period_us(rate: &Rate) -> u64 {
     rate.period().as_micros() as u64
 }
 
-/// Whether a bucket of `capacity` tokens at `rate` stays exact at runtime.
-fn fits(capacity: u64, rate: Rate) -> bool {
-    u128::from(capacity) * u128::from(period_us(&rate)) <= MAX_EXACT
-}
-
 /// Checks that the attribute can apply to this function: an `async fn`
 /// returning a `Result`.
 pub(crate) fn function(sig: &syn::Signature) -> syn::Result<Function<'_>> {
@@ -604,15 +599,17 @@ fn fixed_quota(args: &Args) -> syn::Result<Fixed> {
         })?;
         let limit_value = positive_integer(limit, "limit")?;
         let window_us = window_value(window)?;
-        let rate = Rate::new(limit_value, std::time::Duration::from_micros(window_us))
+        // The runtime's own checks: the window is valid by now, so only the
+        // size can be refused.
+        let quota = Quota::builder(algorithm.runtime())
+            .limit(limit_value)
+            .window(std::time::Duration::from_micros(window_us))
+            .build()
             .map_err(|_| syn::Error::new_spanned(limit, TOO_LARGE))?;
-        if u128::from(limit_value) * u128::from(window_us / 1_000) > MAX_EXACT {
-            return Err(syn::Error::new_spanned(limit, TOO_LARGE));
-        }
         Ok(Fixed {
             algorithm,
             capacity: limit_value,
-            rate,
+            rate: quota.rate(),
             window_us,
         })
     } else {
@@ -637,9 +634,13 @@ fn fixed_quota(args: &Args) -> syn::Result<Fixed> {
         };
         let capacity_value = positive_integer(capacity, "capacity")?;
         let rate = rate_value(rate)?;
-        if !fits(capacity_value, rate) {
-            return Err(syn::Error::new_spanned(capacity, TOO_LARGE));
-        }
+        // The runtime's own check; the capacity is positive by now, so only
+        // the size can be refused.
+        Quota::builder(algorithm.runtime())
+            .capacity(capacity_value)
+            .rate(rate)
+            .build()
+            .map_err(|_| syn::Error::new_spanned(capacity, TOO_LARGE))?;
         Ok(Fixed {
             algorithm,
             capacity: capacity_value,
