@@ -1,10 +1,11 @@
 //! The Redis backend: one Lua script holds every algorithm; each call decides
-//! for one or more keys atomically, on one shared, multiplexed,
-//! auto-reconnecting connection.
+//! for one or more keys atomically, on multiplexed, auto-reconnecting
+//! connections.
 //!
 //! Concurrent single-key decisions are batched: while a few script calls are
 //! in flight, the decisions that arrive wait and then go together in the next
-//! call (up to [`MAX_BATCH`]). With no queue, a decision goes at once, alone.
+//! call (up to [`MAX_BATCH`]), on one of [`BATCH_CONNECTIONS`] connections in
+//! turn. With no queue, a decision goes at once, alone.
 //! Redis's own work per decision is what bounds throughput, and one script
 //! call deciding for many keys costs far less than as many calls.
 
@@ -22,8 +23,21 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
 
-/// The most decisions one script call carries.
-const MAX_BATCH: usize = 128;
+/// The most decisions one script call carries. A cap well under the number
+/// of decisions usually waiting splits a burst of arrivals over two or more
+/// calls, so Redis starts on the first while the client still sends the
+/// next: measured on 100,000 keys with 64 decisions in flight, 32 kept Redis
+/// busier and decided more per second than 128, with the same ~20 decisions
+/// per call on average.
+const MAX_BATCH: usize = 32;
+
+/// Connections the batches take turns on. Redis reads every call waiting on
+/// one connection in one pass and sends their replies together at its end,
+/// so with one connection the replies come back in waves and Redis idles
+/// while the client turns a wave around; two connections let it answer one
+/// while the other's next call is on its way (measured: Redis ~97% busy
+/// instead of ~94%).
+const BATCH_CONNECTIONS: usize = 2;
 
 /// Script calls in flight at once from one limiter; decisions arriving while
 /// all are busy queue for the next batch.
@@ -268,25 +282,30 @@ impl RedisBackend {
         })
     }
 
+    /// A new connection manager; it connects on first use.
+    fn new_connection(&self) -> Result<ConnectionManager, Error> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        ConnectionManager::new_lazy_with_config(self.client.clone(), config).map_err(Error::from)
+    }
+
     fn connection(&self) -> Result<ConnectionManager, Error> {
         self.connection
-            .get_or_try_init(|| {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(1));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
+            .get_or_try_init(|| self.new_connection())
             .cloned()
-            .map_err(Error::from)
     }
 
     fn batcher(&self) -> Result<&mpsc::UnboundedSender<Job>, Error> {
         self.batcher.get_or_try_init(|| {
-            let connection = self.connection()?;
+            let mut connections = vec![self.connection()?];
+            while connections.len() < BATCH_CONNECTIONS {
+                connections.push(self.new_connection()?);
+            }
             let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(run_batches(receiver, connection));
+            tokio::spawn(run_batches(receiver, connections));
             Ok(sender)
         })
     }
@@ -353,10 +372,10 @@ impl RedisBackend {
 }
 
 /// Takes decisions off the queue and sends them in batches, with at most
-/// `MAX_IN_FLIGHT` script calls outstanding.
-async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connection: ConnectionManager) {
+/// `MAX_IN_FLIGHT` script calls outstanding, taking turns on `connections`.
+async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connections: Vec<ConnectionManager>) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    loop {
+    for connection in connections.iter().cycle() {
         // Wait for a free slot first: meanwhile, arriving decisions queue up
         // and go together.
         let Ok(slot) = slots.clone().acquire_owned().await else {
