@@ -15,12 +15,22 @@ use proc_macro::TokenStream;
 
 /// Limits how often an `async fn` runs, per key.
 ///
-/// ```ignore
+/// ```
+/// use std::time::Duration;
 /// use ratelimit::{rate_limit, RateLimited};
+/// # struct Item;
+/// # #[derive(Debug)]
+/// # struct Order;
+///
+/// #[derive(Debug)]
+/// enum AppError {
+///     TooManyRequests { retry_after: Duration },
+/// }
 ///
 /// #[rate_limit(key = "order:submit:<user_id>", capacity = 10, rate = "2/s")]
 /// async fn submit_order(user_id: u64, item: Item) -> Result<Order, AppError> {
 ///     // runs only when `user_id` has a token left
+/// #   Ok(Order)
 /// }
 ///
 /// impl From<RateLimited> for AppError {
@@ -28,11 +38,20 @@ use proc_macro::TokenStream;
 ///         AppError::TooManyRequests { retry_after: denied.retry_after }
 ///     }
 /// }
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// for _ in 0..10 {
+///     submit_order(42, Item).await.unwrap();
+/// }
+/// let Err(AppError::TooManyRequests { retry_after }) = submit_order(42, Item).await else {
+///     panic!("the eleventh order in a burst was admitted");
+/// };
+/// assert!(retry_after <= Duration::from_millis(500), "one token comes back every 500 ms");
+/// # });
 /// ```
 ///
-/// (The examples here are not compiled as doctests: this crate cannot depend
-/// on `ratelimit`, which re-exports it. The `ratelimit` crate's documentation
-/// and its tests run them.)
+/// The examples below leave out the error type and the return values; each is
+/// as above.
 ///
 /// Before the body runs, each call builds its key from the arguments and asks
 /// the limiter for tokens from that key's quota: by default a token bucket
@@ -92,13 +111,25 @@ use proc_macro::TokenStream;
 /// | `sliding_log` | `limit`, `window` | exactly `limit` in any window of length `window` | a sorted set of up to `limit` members |
 /// | `sliding_window` | `limit`, `window` | the previous window's count weighted by its overlap, plus the current one's: at most `limit` plus the previous window's count times the share of the current window elapsed | one string |
 ///
-/// ```ignore
+/// ```
+/// # use ratelimit::{rate_limit, RateLimited};
+/// # #[derive(Default)] struct Report;
+/// # #[derive(Default)] struct Request;
+/// # #[derive(Default)] struct Response;
+/// # struct AppError;
+/// # impl From<RateLimited> for AppError { fn from(_: RateLimited) -> Self { AppError } }
 /// #[rate_limit(key = "report:<user>", algorithm = sliding_log, limit = 3, window = "1h")]
-/// async fn report(user: u64) -> Result<Report, AppError> { ... }
+/// async fn report(user: u64) -> Result<Report, AppError> {
+///     // ...
+/// #   Ok(Report)
+/// }
 ///
 /// // Calls reach the partner API at a steady 5 per second; up to 20 wait in line.
 /// #[rate_limit(key = "partner", algorithm = leaky_bucket, capacity = 20, rate = 5)]
-/// async fn call_partner(req: Request) -> Result<Response, AppError> { ... }
+/// async fn call_partner(req: Request) -> Result<Response, AppError> {
+///     // ...
+/// #   Ok(Response)
+/// }
 /// ```
 ///
 /// With `leaky_bucket`, an admitted call sleeps until its turn before the body
@@ -108,18 +139,32 @@ use proc_macro::TokenStream;
 ///
 /// # Failures, waiting and shadow mode
 ///
-/// ```ignore
+/// ```
+/// # use ratelimit::{rate_limit, RateLimited};
+/// # #[derive(Default)] struct Receipt;
+/// # #[derive(Default)] struct Hits;
+/// # struct AppError;
+/// # impl From<RateLimited> for AppError { fn from(_: RateLimited) -> Self { AppError } }
 /// // Never flood the payment provider, even while Redis is down.
 /// #[rate_limit(key = "pay:<merchant>", capacity = 50, rate = 10, on_error = closed)]
-/// async fn charge(merchant: u64, amount: u64) -> Result<Receipt, AppError> { ... }
+/// async fn charge(merchant: u64, amount: u64) -> Result<Receipt, AppError> {
+///     // ...
+/// #   Ok(Receipt)
+/// }
 ///
 /// // A background job may wait up to 2 s for a token rather than fail.
 /// #[rate_limit(key = "sync:<tenant>", capacity = 5, rate = 1, on_limit = wait(max = "2s"))]
-/// async fn sync(tenant: u64) -> Result<(), AppError> { ... }
+/// async fn sync(tenant: u64) -> Result<(), AppError> {
+///     // ...
+/// #   Ok(())
+/// }
 ///
 /// // Roll a new limit out: count and log would-be denials, deny nothing.
 /// #[rate_limit(key = "search:<user>", capacity = 20, rate = 5, mode = shadow)]
-/// async fn search(user: u64, q: &str) -> Result<Hits, AppError> { ... }
+/// async fn search(user: u64, q: &str) -> Result<Hits, AppError> {
+///     // ...
+/// #   Ok(Hits)
+/// }
 /// ```
 ///
 /// A waiting call gives up (returning the denial) as soon as its next chance
@@ -135,14 +180,27 @@ use proc_macro::TokenStream;
 /// removed. A change applies from the next call, and a call sees the old
 /// quota or the new one, never a mix.
 ///
-/// ```ignore
-/// #[rate_limit(rule = "order_submit", key = "order:submit:<user_id>", capacity = 10, rate = 2)]
-/// async fn submit_order(user_id: u64, item: Item) -> Result<Order, AppError> { ... }
+/// ```no_run
+/// # use ratelimit::{rate_limit, RateLimited};
+/// # #[derive(Default)] struct Item;
+/// # #[derive(Default)] struct Order;
+/// # struct AppError;
+/// # impl From<RateLimited> for AppError { fn from(_: RateLimited) -> Self { AppError } }
+/// use ratelimit::RedisRuleSource;
 ///
+/// #[rate_limit(rule = "order_submit", key = "order:submit:<user_id>", capacity = 10, rate = 2)]
+/// async fn submit_order(user_id: u64, item: Item) -> Result<Order, AppError> {
+///     // ...
+/// #   Ok(Order)
+/// }
+///
+/// # async fn configure(url: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// // In process:
 /// ratelimit::global().rules().set_text("order_submit", "capacity=20 rate=5/s")?;
 /// // Or for every instance, through Redis (each runs a `RedisRuleSource`):
 /// RedisRuleSource::publish(url, "order_submit", "algorithm=gcra capacity=20 rate=5/s").await?;
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// Denials and metrics name the rule (rather than the function), so several
@@ -161,7 +219,17 @@ use proc_macro::TokenStream;
 /// limit entirely when true: no key is built and the limiter is not asked
 /// (the `limiter` expression is still evaluated).
 ///
-/// ```ignore
+/// ```
+/// # use ratelimit::{rate_limit, RateLimited};
+/// # #[derive(Default)] struct Request;
+/// # #[derive(Default)] struct Response;
+/// # struct AppError;
+/// # impl From<RateLimited> for AppError { fn from(_: RateLimited) -> Self { AppError } }
+/// # struct User { id: u64, pro: bool, staff: bool }
+/// # impl User { fn is_staff(&self) -> bool { self.staff } }
+/// use std::sync::LazyLock;
+/// use ratelimit::Quota;
+///
 /// static FREE: LazyLock<Quota> = LazyLock::new(|| Quota::per_minute(10).unwrap());
 /// static PRO: LazyLock<Quota> = LazyLock::new(|| Quota::per_minute(100).unwrap());
 ///
@@ -170,7 +238,10 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// #[rate_limit(key = "api:<user.id>", quota = tier_quota(&user), exempt = user.is_staff())]
-/// async fn call_api(user: User, req: Request) -> Result<Response, AppError> { ... }
+/// async fn call_api(user: User, req: Request) -> Result<Response, AppError> {
+///     // ...
+/// #   Ok(Response)
+/// }
 /// ```
 ///
 /// Both are evaluated before the body runs (`exempt` first), so write them
@@ -241,14 +312,35 @@ use proc_macro::TokenStream;
 /// `ratelimit::install` (the memory backend until one is). `limiter = expr`
 /// names another, evaluated at each call:
 ///
-/// ```ignore
+/// ```
+/// # use ratelimit::{rate_limit, RateLimited};
+/// # #[derive(Default)] struct Report;
+/// # #[derive(Default)] struct Hits;
+/// # struct AppError;
+/// # impl From<RateLimited> for AppError { fn from(_: RateLimited) -> Self { AppError } }
+/// use std::sync::LazyLock;
+/// use ratelimit::Limiter;
+///
 /// static LIMITER: LazyLock<Limiter> = LazyLock::new(Limiter::memory);
 ///
-/// #[rate_limit(key = "export:<self.tenant>", capacity = 1, rate = "1/h", limiter = &*LIMITER)]
-/// async fn export(&self) -> Result<Report, AppError> { ... }
+/// struct Service {
+///     tenant: u64,
+///     limiter: Limiter,
+/// }
 ///
-/// #[rate_limit(key = "search:<user>", capacity = 20, rate = 5, limiter = self.limiter)]
-/// async fn search(&self, user: &str) -> Result<Hits, AppError> { ... }
+/// impl Service {
+///     #[rate_limit(key = "export:<self.tenant>", capacity = 1, rate = "1/h", limiter = &*LIMITER)]
+///     async fn export(&self) -> Result<Report, AppError> {
+///         // ...
+/// #       Ok(Report)
+///     }
+///
+///     #[rate_limit(key = "search:<user>", capacity = 20, rate = 5, limiter = self.limiter)]
+///     async fn search(&self, user: &str) -> Result<Hits, AppError> {
+///         // ...
+/// #       Ok(Hits)
+///     }
+/// }
 /// ```
 ///
 /// # Several limits
@@ -256,10 +348,17 @@ use proc_macro::TokenStream;
 /// Stack attributes to enforce several quotas; every one must admit the call,
 /// and they are checked in the order written, the first denial returning:
 ///
-/// ```ignore
+/// ```
+/// # use ratelimit::{rate_limit, RateLimited};
+/// # #[derive(Default)] struct Session;
+/// # struct AppError;
+/// # impl From<RateLimited> for AppError { fn from(_: RateLimited) -> Self { AppError } }
 /// #[rate_limit(key = "login:<user>", capacity = 5, rate = "5/min")]
 /// #[rate_limit(key = "login", capacity = 1000, rate = "1000/min")]
-/// async fn login(user: &str, password: &str) -> Result<Session, AuthError> { ... }
+/// async fn login(user: &str, password: &str) -> Result<Session, AppError> {
+///     // ...
+/// #   Ok(Session)
+/// }
 /// ```
 ///
 /// On one limiter the check is all or nothing: a denied call takes no token
@@ -270,11 +369,13 @@ use proc_macro::TokenStream;
 ///
 /// # A renamed crate
 ///
-/// ```ignore
+/// ```
 /// extern crate ratelimit as rl;
 ///
 /// #[rl::rate_limit(key = "k", capacity = 1, rate = 1, crate = rl)]
-/// async fn f() -> Result<(), Error> { Ok(()) }
+/// async fn f() -> Result<(), rl::RateLimited> {
+///     Ok(())
+/// }
 /// ```
 #[proc_macro_attribute]
 pub fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
