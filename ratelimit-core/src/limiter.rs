@@ -279,7 +279,9 @@ impl Limiter {
         }
         let backend = &self.inner.backend;
         if !backend.can_fail() {
-            return backend.decide(quota, key, cost).await;
+            let decision = backend.decide(quota, key, cost).await;
+            answered_in_process().await;
+            return decision;
         }
         let asked_us = self.inner.cache_clock.now_micros();
         if let Some(cached) = self
@@ -289,6 +291,7 @@ impl Limiter {
             .and_then(|cache| cache.get(quota, key, cost, asked_us))
         {
             self.inner.stats.cache_hit();
+            answered_in_process().await;
             return Ok(cached);
         }
         let result = self.guarded(backend.decide(quota, key, cost)).await;
@@ -355,7 +358,9 @@ impl Limiter {
             .collect();
         let backend = &self.inner.backend;
         if !backend.can_fail() {
-            return backend.decide_all(&requests).await;
+            let decisions = backend.decide_all(&requests).await;
+            answered_in_process().await;
+            return decisions;
         }
         let asked_us = self.inner.cache_clock.now_micros();
         let result = self.guarded(backend.decide_all(&requests)).await;
@@ -625,6 +630,7 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         let now = self.inner.cache_clock.now_micros();
         if let Some(left) = self.inner.leases.take(quota, key, cost, now) {
+            answered_in_process().await;
             return Ok(Decision::from_micros(true, quota.capacity(), left, 0, 0, 0));
         }
         let lease = lease.min(quota.capacity()).max(cost);
@@ -1022,4 +1028,15 @@ impl LimiterBuilder {
             inner: Arc::new(Inner::new(backend, &self, local_clock)),
         })
     }
+}
+
+/// Called when a decision was answered without waiting on anything (the
+/// memory backend, a cached denial, a leased token): takes a unit of the
+/// task's Tokio budget, and yields once the budget is spent, as Tokio's own
+/// channels and sockets do. Without it, a task calling in a loop on a denied
+/// key would keep its thread until the denial expires, and every other task
+/// there (those waiting on Redis replies too) would wait as long. Outside a
+/// Tokio runtime it returns at once.
+async fn answered_in_process() {
+    tokio::task::consume_budget().await;
 }
