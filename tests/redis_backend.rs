@@ -2,7 +2,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -579,6 +579,44 @@ async fn the_deny_cache_keeps_a_flood_on_a_spent_key_off_redis() {
         "{decisions} decisions took {script_calls} script calls"
     );
     assert!(limiter.stats().denied_from_cache > 0);
+}
+
+/// Loops `decide` on a spent key, on a single-threaded runtime, until a task
+/// spawned on the same thread has run; returns the calls it took.
+async fn calls_until_another_task_runs(limiter: &Limiter, quota: &Quota) -> u64 {
+    // Denied once first, so that the Redis limiter's denial is cached and
+    // the loop below never waits on Redis.
+    assert!(!limiter.decide(quota, "spent", 1).await.unwrap().allowed);
+    let ran = Arc::new(AtomicBool::new(false));
+    tokio::spawn({
+        let ran = ran.clone();
+        async move { ran.store(true, Ordering::SeqCst) }
+    });
+    let mut calls = 0;
+    while !ran.load(Ordering::SeqCst) && calls < 1_000_000 {
+        assert!(!limiter.decide(quota, "spent", 1).await.unwrap().allowed);
+        calls += 1;
+    }
+    assert!(
+        ran.load(Ordering::SeqCst),
+        "{calls} denials answered in process never let another task run"
+    );
+    calls
+}
+
+/// Cached denials (and the memory backend) answer at once, yet they take
+/// Tokio budget as Tokio's own resources do: a task looping on a denied key
+/// yields, so the tasks sharing its thread (those waiting on Redis replies
+/// too) are not held up until the denial expires.
+#[tokio::test]
+async fn a_task_looping_on_a_denied_key_lets_its_thread_run_other_tasks() {
+    let server = RedisServer::start();
+    let quota = Quota::new(1, Rate::per_hour(1).unwrap()).unwrap();
+    for limiter in [redis_limiter(&server), Limiter::memory()] {
+        assert!(limiter.decide(&quota, "spent", 1).await.unwrap().allowed);
+        let calls = calls_until_another_task_runs(&limiter, &quota).await;
+        assert!(calls <= 1_000, "the other task ran after {calls} calls");
+    }
 }
 
 /// Token leases: four instances each take ten tokens per Redis call and
