@@ -2,7 +2,8 @@
 //! cost before its `retry_after` (buckets only refill with time, windows only
 //! move forward, other instances only consume more). So the denial is kept in
 //! process until then and answered from there, with no backend call: a flood
-//! on a spent key costs Redis one call per `retry_after`, not one per request.
+//! on a spent key costs Redis one call per `retry_after` and flooding caller,
+//! not one per request.
 //!
 //! A cached answer is for the same cost only, so its `retry_after` (the time
 //! left until the cached instant) and `reset_after` stay exact; `remaining`
