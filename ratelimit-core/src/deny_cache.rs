@@ -1,14 +1,21 @@
 //! The local deny cache: a key denied for a cost cannot be admitted for that
 //! cost before its `retry_after` (buckets only refill with time, windows only
 //! move forward, other instances only consume more). So the denial is kept in
-//! process until then and answered from there, with no backend call: a flood
-//! on a spent key costs Redis one call per `retry_after` and flooding caller,
-//! not one per request.
+//! process until then and answered from there, with no backend call.
 //!
 //! A cached answer is for the same cost only, so its `retry_after` (the time
 //! left until the cached instant) and `reset_after` stay exact; `remaining`
 //! is as of the backend's denial. A larger cost cannot succeed sooner either,
 //! but its own `retry_after` is longer, so it asks the backend.
+//!
+//! An admission that leaves a bucket algorithm's key short of another
+//! request of the same cost is kept too, as the denial that request would
+//! get: the wait is known from the admission's `reset_after`.
+//!
+//! When a cached denial expires, the first caller asks the backend for
+//! everyone (it holds a [`Probe`]); the callers that arrive meanwhile wait
+//! for its answer and look again, so a flood on a hot key costs the backend
+//! about one call per `retry_after` whatever the number of callers.
 //!
 //! Entries are checked against the quota they were made under (a changed
 //! rule misses), dropped when a refund could make them wrong, and bounded in
@@ -17,11 +24,15 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
+use crate::algorithm::gcra;
 use crate::decision::Decision;
-use crate::quota::Quota;
+use crate::quota::{Algorithm, Quota};
 
 const SHARDS: usize = 16;
 
@@ -35,9 +46,45 @@ pub(crate) struct DenyCache {
     shards: Box<[Shard]>,
     hasher: RandomState,
     max_per_shard: usize,
+    /// Numbers the probes, so a probe clears only its own mark.
+    probes: AtomicU64,
 }
 
-#[derive(Clone, Copy)]
+/// What the cache knows of a request.
+pub(crate) enum Lookup<'a> {
+    /// Denied, answered from the cache.
+    Denied(Decision),
+    /// Nothing known: ask the backend.
+    Miss,
+    /// The cached denial has expired: ask the backend, for the callers that
+    /// wait too; they look again once this is dropped.
+    Probe(Probe<'a>),
+    /// Another caller is asking the backend: wait for the value to turn
+    /// `true` (or its sender to go), then look again.
+    Wait(watch::Receiver<bool>),
+}
+
+/// Held by the caller asking the backend after a cached denial expired.
+/// Dropped once the answer is in the cache (or on failure, or when the
+/// caller is cancelled), it drops the expired entry unless a new answer
+/// replaced it, and wakes the waiting callers.
+pub(crate) struct Probe<'a> {
+    cache: &'a DenyCache,
+    key: &'a str,
+    id: u64,
+    done: watch::Sender<bool>,
+}
+
+impl Drop for Probe<'_> {
+    fn drop(&mut self) {
+        if let Some(entries) = self.cache.shard(self.key).get_mut(self.key) {
+            entries.retain(|e| e.probe.as_ref().is_none_or(|(id, _)| *id != self.id));
+        }
+        let _ = self.done.send(true);
+    }
+}
+
+#[derive(Clone)]
 struct Entry {
     quota: Quota,
     /// The cost denied until `until_us`.
@@ -48,6 +95,24 @@ struct Entry {
     decided_us: u64,
     remaining: u64,
     reset_after_us: u64,
+    /// Set once the denial has expired and a caller is asking the backend.
+    probe: Option<(u64, watch::Receiver<bool>)>,
+}
+
+impl Entry {
+    /// The denial as of `now_us`, before `until_us`.
+    fn answer(&self, now_us: u64) -> Decision {
+        let elapsed = now_us.saturating_sub(self.decided_us);
+        Decision {
+            allowed: false,
+            limit: self.quota.capacity(),
+            remaining: self.remaining,
+            retry_after: Duration::from_micros(self.until_us - now_us),
+            reset_after: Duration::from_micros(self.reset_after_us.saturating_sub(elapsed)),
+            delay: Duration::ZERO,
+            fallback: false,
+        }
+    }
 }
 
 impl DenyCache {
@@ -56,6 +121,7 @@ impl DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             max_per_shard: (max_keys / SHARDS).max(1),
+            probes: AtomicU64::new(0),
         }
     }
 
@@ -66,29 +132,81 @@ impl DenyCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The cached denial of `cost` from `key` under `quota` at `now_us`, if any.
-    pub(crate) fn get(&self, quota: &Quota, key: &str, cost: u64, now_us: u64) -> Option<Decision> {
+    /// What is known of a request of `cost` from `key` under `quota` at
+    /// `now_us`.
+    pub(crate) fn lookup<'a>(
+        &'a self,
+        quota: &Quota,
+        key: &'a str,
+        cost: u64,
+        now_us: u64,
+    ) -> Lookup<'a> {
         if cost == 0 {
-            return None;
+            return Lookup::Miss;
         }
-        let entry = *self
-            .shard(key)
-            .get(key)?
-            .iter()
-            .find(|e| e.cost == cost && e.quota == *quota)?;
-        if now_us >= entry.until_us {
-            return None;
+        let mut shard = self.shard(key);
+        let Some(entry) = shard.get_mut(key).and_then(|entries| {
+            entries
+                .iter_mut()
+                .find(|e| e.cost == cost && e.quota == *quota)
+        }) else {
+            return Lookup::Miss;
+        };
+        if now_us < entry.until_us {
+            return Lookup::Denied(entry.answer(now_us));
         }
-        let elapsed = now_us.saturating_sub(entry.decided_us);
-        Some(Decision {
-            allowed: false,
-            limit: quota.capacity(),
-            remaining: entry.remaining,
-            retry_after: Duration::from_micros(entry.until_us - now_us),
-            reset_after: Duration::from_micros(entry.reset_after_us.saturating_sub(elapsed)),
-            delay: Duration::ZERO,
-            fallback: false,
+        if let Some((_, done)) = &entry.probe {
+            return Lookup::Wait(done.clone());
+        }
+        let id = self.probes.fetch_add(1, Ordering::Relaxed);
+        let (done, waiting) = watch::channel(false);
+        entry.probe = Some((id, waiting));
+        Lookup::Probe(Probe {
+            cache: self,
+            key,
+            id,
+            done,
         })
+    }
+
+    /// The cached denial of `cost` from `key` under `quota` at `now_us`, if
+    /// any.
+    #[cfg(test)]
+    fn get(&self, quota: &Quota, key: &str, cost: u64, now_us: u64) -> Option<Decision> {
+        match self.lookup(quota, key, cost, now_us) {
+            Lookup::Denied(denial) => Some(denial),
+            _ => None,
+        }
+    }
+
+    /// Remembers that `admitted`, a backend decision on `cost` asked at
+    /// `asked_us`, left too little for another request of that cost, as the
+    /// denial that request would get (bucket algorithms only: their wait is
+    /// known from the admission).
+    pub(crate) fn insert_spent(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        asked_us: u64,
+        admitted: &Decision,
+    ) {
+        let bucket = matches!(
+            quota.algorithm(),
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket
+        );
+        if !bucket || cost == 0 {
+            return;
+        }
+        if let Some(wait_us) = gcra::wait_after_admission(quota, admitted, cost) {
+            let denial = Decision {
+                allowed: false,
+                retry_after: Duration::from_micros(wait_us),
+                delay: Duration::ZERO,
+                ..*admitted
+            };
+            self.insert(quota, key, cost, asked_us, &denial);
+        }
     }
 
     /// Remembers a backend denial of `cost`, asked at `asked_us` (before the
@@ -111,6 +229,7 @@ impl DenyCache {
             decided_us: asked_us,
             remaining: denial.remaining,
             reset_after_us: denial.reset_after.as_micros() as u64,
+            probe: None,
         };
         let mut shard = self.shard(key);
         if let Some(entries) = shard.get_mut(key) {
@@ -180,6 +299,76 @@ mod tests {
         );
         cache.forget("k");
         assert!(cache.get(&quota, "k", 2, 1_100_000).is_none());
+    }
+
+    #[test]
+    fn an_expired_denial_lets_one_caller_ask_while_the_others_wait() {
+        let cache = DenyCache::new(1_000);
+        let quota = Quota::per_second(5).unwrap();
+        cache.insert(&quota, "k", 1, 1_000_000, &denial(200));
+        let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_200_000) else {
+            panic!("the first caller after expiry should ask the backend");
+        };
+        let Lookup::Wait(waiting) = cache.lookup(&quota, "k", 1, 1_200_001) else {
+            panic!("a second caller should wait for the first");
+        };
+        assert!(
+            matches!(cache.lookup(&quota, "k", 2, 1_200_001), Lookup::Miss),
+            "another cost asks"
+        );
+        assert!(!*waiting.borrow());
+        // The probe's answer, a new denial, lands before the probe is dropped.
+        cache.insert(&quota, "k", 1, 1_200_000, &denial(100));
+        drop(probe);
+        assert!(*waiting.borrow(), "the waiters are woken");
+        let Lookup::Denied(again) = cache.lookup(&quota, "k", 1, 1_200_002) else {
+            panic!("a woken caller finds the new denial");
+        };
+        assert_eq!(again.retry_after, Duration::from_micros(99_998));
+    }
+
+    #[test]
+    fn a_probe_with_no_answer_lets_every_waiter_ask() {
+        let cache = DenyCache::new(1_000);
+        let quota = Quota::per_second(5).unwrap();
+        cache.insert(&quota, "k", 1, 1_000_000, &denial(200));
+        let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_300_000) else {
+            panic!("expected a probe");
+        };
+        let Lookup::Wait(waiting) = cache.lookup(&quota, "k", 1, 1_300_000) else {
+            panic!("expected to wait");
+        };
+        // Failed, admitted with tokens to spare, or cancelled: no new entry.
+        drop(probe);
+        assert!(*waiting.borrow());
+        assert!(matches!(
+            cache.lookup(&quota, "k", 1, 1_300_001),
+            Lookup::Miss
+        ));
+    }
+
+    #[test]
+    fn an_admission_that_spends_the_bucket_is_the_next_request_s_denial() {
+        let cache = DenyCache::new(1_000);
+        let bucket = Quota::new(2, crate::quota::Rate::per_second(4).unwrap()).unwrap();
+        let t = 10_000_000;
+        let decisions = crate::algorithm::testing::run(&bucket, &[(t, 1), (t, 1), (t + 1, 1)]);
+        cache.insert_spent(&bucket, "k", 1, t, &decisions[0]);
+        assert!(cache.get(&bucket, "k", 1, t).is_none(), "one token is left");
+        cache.insert_spent(&bucket, "k", 1, t, &decisions[1]);
+        let cached = cache
+            .get(&bucket, "k", 1, t + 1)
+            .expect("the bucket is spent");
+        // What the bucket itself answers a microsecond later.
+        assert!(!decisions[2].allowed);
+        assert_eq!(cached.retry_after, decisions[2].retry_after);
+        assert_eq!(cached.remaining, 0);
+        assert!(cache.get(&bucket, "k", 2, t + 1).is_none(), "per cost");
+
+        let window = Quota::fixed_window(2, Duration::from_secs(1)).unwrap();
+        let spent = crate::algorithm::testing::run(&window, &[(t, 1), (t, 1)]);
+        cache.insert_spent(&window, "w", 1, t, &spent[1]);
+        assert!(cache.get(&window, "w", 1, t + 1).is_none(), "buckets only");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::breaker::{Breaker, BreakerConfig, CircuitState, Permit};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::deny_cache::DenyCache;
+use crate::deny_cache::{DenyCache, Lookup};
 use crate::error::{DenialCause, Error, RateLimited};
 use crate::lease::Leases;
 use crate::metrics::{Outcome, Stats, StatsSnapshot};
@@ -187,6 +187,9 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     /// The deny cache's clock: the caller's clock when configured.
     cache_clock: Arc<dyn Clock>,
+    /// The backend call timeout, also the longest a caller waits for another
+    /// caller's backend call on the same key.
+    timeout: Duration,
     /// Tokens leased from the backend, served in process.
     leases: Leases,
     lease_ttl: Duration,
@@ -283,20 +286,45 @@ impl Limiter {
             answered_in_process().await;
             return decision;
         }
-        let asked_us = self.inner.cache_clock.now_micros();
-        if let Some(cached) = self
-            .inner
-            .deny_cache
-            .as_ref()
-            .and_then(|cache| cache.get(quota, key, cost, asked_us))
-        {
-            self.inner.stats.cache_hit();
-            answered_in_process().await;
-            return Ok(cached);
+        // Held while this call asks the backend for the callers waiting on
+        // an expired denial of the same request; dropped after the answer is
+        // cached, which wakes them.
+        let mut _probe = None;
+        if let Some(cache) = &self.inner.deny_cache {
+            // A caller woken by a probe looks again (the answer may have
+            // expired already, and another probe begun); once it has waited
+            // as long as a backend call may take, it asks the backend itself.
+            let mut deadline = None;
+            loop {
+                match cache.lookup(quota, key, cost, self.inner.cache_clock.now_micros()) {
+                    Lookup::Denied(cached) => {
+                        self.inner.stats.cache_hit();
+                        answered_in_process().await;
+                        return Ok(cached);
+                    }
+                    Lookup::Miss => break,
+                    Lookup::Probe(probe) => {
+                        _probe = Some(probe);
+                        break;
+                    }
+                    Lookup::Wait(mut done) => {
+                        let deadline = *deadline.get_or_insert_with(|| {
+                            tokio::time::Instant::now() + self.inner.timeout
+                        });
+                        let woken = tokio::time::timeout_at(deadline, done.wait_for(|d| *d));
+                        if woken.await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
         }
+        let asked_us = self.inner.cache_clock.now_micros();
         let result = self.guarded(backend.decide(quota, key, cost)).await;
         if let (Some(cache), Ok(decision)) = (&self.inner.deny_cache, &result) {
-            if !decision.allowed {
+            if decision.allowed {
+                cache.insert_spent(quota, key, cost, asked_us, decision);
+            } else {
                 cache.insert(quota, key, cost, asked_us, decision);
             }
         }
@@ -778,6 +806,7 @@ impl Inner {
             leases: Leases::new(builder.deny_cache_max_keys.max(1)),
             lease_ttl: builder.lease_ttl,
             cache_clock: clock,
+            timeout: builder.timeout,
             rules: crate::rules::Rules::default(),
             stats: Stats::default(),
             denial_log_every,
