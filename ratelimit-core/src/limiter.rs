@@ -953,9 +953,13 @@ impl LimiterBuilder {
     /// The most denials the local deny cache keeps (default 100,000; 0 turns
     /// it off). A key denied for a cost is answered in process, with no
     /// backend call, until its `retry_after`, for that cost: it could not be
-    /// admitted sooner. A cached denial's `remaining` is as of the backend's
-    /// denial. Under more distinct denied keys than
-    /// this, the cache forgets some, which only costs backend calls.
+    /// admitted sooner. An admission that leaves a bucket algorithm's key
+    /// short of another request of the same cost is kept as that request's
+    /// denial. When a cached denial expires, one caller asks the backend and
+    /// the others wait for its answer (at most the [`timeout`](Self::timeout)).
+    /// A cached denial's `remaining` is as of the backend's decision. Under
+    /// more distinct denied keys than this, the cache forgets some, which
+    /// only costs backend calls.
     pub fn deny_cache_max_keys(mut self, keys: usize) -> Self {
         self.deny_cache_max_keys = keys;
         self
