@@ -568,9 +568,10 @@ async fn the_deny_cache_keeps_a_flood_on_a_spent_key_off_redis() {
     }
     let periods = started.elapsed().as_millis() as u64 / 100 + 1;
     let script_calls = server.script_calls().await;
+    // Cached denials never outlast the true wait: every refill is taken.
     assert!(
-        admitted >= 5 && admitted <= 5 + periods,
-        "admitted {admitted}"
+        admitted + 4 >= 5 + periods && admitted <= 5 + periods,
+        "admitted {admitted} over {periods} refills"
     );
     // The first wave, before anything is cached, may reach Redis from every
     // caller; after that, about one decision per refill, not one per caller
@@ -578,7 +579,7 @@ async fn the_deny_cache_keeps_a_flood_on_a_spent_key_off_redis() {
     // still decide each).
     let asked_redis = decisions - limiter.stats().denied_from_cache;
     assert!(
-        asked_redis <= admitted + periods + callers,
+        asked_redis <= admitted + 3 * periods + 2 * callers,
         "{asked_redis} decisions went to Redis for {admitted} admitted over {periods} refills"
     );
     assert!(

@@ -25,13 +25,14 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::algorithm::gcra;
 use crate::decision::Decision;
+use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
 
 const SHARDS: usize = 16;
@@ -48,6 +49,9 @@ pub(crate) struct DenyCache {
     max_per_shard: usize,
     /// Numbers the probes, so a probe clears only its own mark.
     probes: AtomicU64,
+    /// Counts `forget`s: an answer asked for before a `forget` of its key
+    /// (a refund) may be stale, and is not kept.
+    forgets: AtomicU64,
 }
 
 /// What the cache knows of a request.
@@ -59,9 +63,21 @@ pub(crate) enum Lookup<'a> {
     /// The cached denial has expired: ask the backend, for the callers that
     /// wait too; they look again once this is dropped.
     Probe(Probe<'a>),
-    /// Another caller is asking the backend: wait for the value to turn
-    /// `true` (or its sender to go), then look again.
-    Wait(watch::Receiver<bool>),
+    /// Another caller is asking the backend: wait until the value is no
+    /// longer [`ProbeEnd::Asking`] (or its sender is gone), then look again.
+    Wait(watch::Receiver<ProbeEnd>),
+}
+
+/// How the caller asking the backend for others fared.
+#[derive(Clone)]
+pub(crate) enum ProbeEnd {
+    /// Still asking.
+    Asking,
+    /// Answered, or gone: look again.
+    Done,
+    /// The backend failed: the waiting callers fail the same way rather than
+    /// each wait for the failing backend again.
+    Failed(Arc<Error>),
 }
 
 /// Held by the caller asking the backend after a cached denial expired.
@@ -72,7 +88,15 @@ pub(crate) struct Probe<'a> {
     cache: &'a DenyCache,
     key: &'a str,
     id: u64,
-    done: watch::Sender<bool>,
+    end: watch::Sender<ProbeEnd>,
+    failure: Option<Arc<Error>>,
+}
+
+impl Probe<'_> {
+    /// Records that the backend failed with `error`, for the waiting callers.
+    pub(crate) fn failed(&mut self, error: &Error) {
+        self.failure = error.copy_of_backend_fault().map(Arc::new);
+    }
 }
 
 impl Drop for Probe<'_> {
@@ -80,7 +104,11 @@ impl Drop for Probe<'_> {
         if let Some(entries) = self.cache.shard(self.key).get_mut(self.key) {
             entries.retain(|e| e.probe.as_ref().is_none_or(|(id, _)| *id != self.id));
         }
-        let _ = self.done.send(true);
+        let end = match self.failure.take() {
+            Some(error) => ProbeEnd::Failed(error),
+            None => ProbeEnd::Done,
+        };
+        let _ = self.end.send(end);
     }
 }
 
@@ -96,7 +124,7 @@ struct Entry {
     remaining: u64,
     reset_after_us: u64,
     /// Set once the denial has expired and a caller is asking the backend.
-    probe: Option<(u64, watch::Receiver<bool>)>,
+    probe: Option<(u64, watch::Receiver<ProbeEnd>)>,
 }
 
 impl Entry {
@@ -122,7 +150,13 @@ impl DenyCache {
             hasher: RandomState::new(),
             max_per_shard: (max_keys / SHARDS).max(1),
             probes: AtomicU64::new(0),
+            forgets: AtomicU64::new(0),
         }
+    }
+
+    /// Read before asking the backend, and given back to `insert`.
+    pub(crate) fn generation(&self) -> u64 {
+        self.forgets.load(Ordering::SeqCst)
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Vec<Entry>>> {
@@ -159,13 +193,14 @@ impl DenyCache {
             return Lookup::Wait(done.clone());
         }
         let id = self.probes.fetch_add(1, Ordering::Relaxed);
-        let (done, waiting) = watch::channel(false);
+        let (end, waiting) = watch::channel(ProbeEnd::Asking);
         entry.probe = Some((id, waiting));
         Lookup::Probe(Probe {
             cache: self,
             key,
             id,
-            done,
+            end,
+            failure: None,
         })
     }
 
@@ -188,7 +223,7 @@ impl DenyCache {
         quota: &Quota,
         key: &str,
         cost: u64,
-        asked_us: u64,
+        (asked_us, generation): (u64, u64),
         admitted: &Decision,
     ) {
         let bucket = matches!(
@@ -205,18 +240,21 @@ impl DenyCache {
                 delay: Duration::ZERO,
                 ..*admitted
             };
-            self.insert(quota, key, cost, asked_us, &denial);
+            self.insert(quota, key, cost, (asked_us, generation), &denial);
         }
     }
 
     /// Remembers a backend denial of `cost`, asked at `asked_us` (before the
-    /// call, so the entry never outlives the true `retry_after`).
+    /// call, so the entry never outlives the true `retry_after`) when the
+    /// cache was at `generation`. One that has expired by the time it is
+    /// kept (it ends early by the call's round trip) still tells the callers
+    /// waiting on its probe that a new probe is needed.
     pub(crate) fn insert(
         &self,
         quota: &Quota,
         key: &str,
         cost: u64,
-        asked_us: u64,
+        (asked_us, generation): (u64, u64),
         denial: &Decision,
     ) {
         if cost == 0 || denial.retry_after.is_zero() || denial.retry_after == Duration::MAX {
@@ -232,8 +270,16 @@ impl DenyCache {
             probe: None,
         };
         let mut shard = self.shard(key);
+        // Checked under the shard's lock, which `forget` bumps it under.
+        if self.forgets.load(Ordering::SeqCst) != generation {
+            return;
+        }
+        // Entries a caller is asking the backend about stay until its probe
+        // ends (the probe drops them), so the callers waiting on it keep
+        // waiting on one call.
+        let kept = |e: &Entry| e.until_us > asked_us || e.probe.is_some();
         if let Some(entries) = shard.get_mut(key) {
-            entries.retain(|e| e.until_us > asked_us && !(e.cost == cost && e.quota == *quota));
+            entries.retain(|e| kept(e) && !(e.cost == cost && e.quota == *quota));
             if entries.len() >= COSTS_PER_KEY {
                 entries.remove(0);
             }
@@ -241,7 +287,7 @@ impl DenyCache {
             return;
         }
         if shard.len() >= self.max_per_shard {
-            shard.retain(|_, entries| entries.iter().any(|e| e.until_us > asked_us));
+            shard.retain(|_, entries| entries.iter().any(kept));
             if shard.len() >= self.max_per_shard {
                 // Still full of live denials: forgetting only costs backend calls.
                 shard.clear();
@@ -252,7 +298,9 @@ impl DenyCache {
 
     /// Drops what is known of `key`: after a refund, it may be admitted sooner.
     pub(crate) fn forget(&self, key: &str) {
-        self.shard(key).remove(key);
+        let mut shard = self.shard(key);
+        shard.remove(key);
+        self.forgets.fetch_add(1, Ordering::SeqCst);
     }
 
     #[cfg(test)]
@@ -276,7 +324,7 @@ mod tests {
     fn answers_for_the_same_cost_until_retry_after() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 2, 1_000_000, &denial(200));
+        cache.insert(&quota, "k", 2, (1_000_000, 0), &denial(200));
         assert!(cache.get(&quota, "k", 2, 1_100_000).is_some());
         assert!(
             cache.get(&quota, "k", 1, 1_100_000).is_none(),
@@ -305,7 +353,7 @@ mod tests {
     fn an_expired_denial_lets_one_caller_ask_while_the_others_wait() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 1, 1_000_000, &denial(200));
+        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
         let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_200_000) else {
             panic!("the first caller after expiry should ask the backend");
         };
@@ -316,11 +364,14 @@ mod tests {
             matches!(cache.lookup(&quota, "k", 2, 1_200_001), Lookup::Miss),
             "another cost asks"
         );
-        assert!(!*waiting.borrow());
+        assert!(matches!(*waiting.borrow(), ProbeEnd::Asking));
         // The probe's answer, a new denial, lands before the probe is dropped.
-        cache.insert(&quota, "k", 1, 1_200_000, &denial(100));
+        cache.insert(&quota, "k", 1, (1_200_000, 0), &denial(100));
         drop(probe);
-        assert!(*waiting.borrow(), "the waiters are woken");
+        assert!(
+            matches!(*waiting.borrow(), ProbeEnd::Done),
+            "the waiters are woken"
+        );
         let Lookup::Denied(again) = cache.lookup(&quota, "k", 1, 1_200_002) else {
             panic!("a woken caller finds the new denial");
         };
@@ -331,7 +382,7 @@ mod tests {
     fn a_probe_with_no_answer_lets_every_waiter_ask() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 1, 1_000_000, &denial(200));
+        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
         let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_300_000) else {
             panic!("expected a probe");
         };
@@ -340,10 +391,67 @@ mod tests {
         };
         // Failed, admitted with tokens to spare, or cancelled: no new entry.
         drop(probe);
-        assert!(*waiting.borrow());
+        assert!(matches!(*waiting.borrow(), ProbeEnd::Done));
         assert!(matches!(
             cache.lookup(&quota, "k", 1, 1_300_001),
             Lookup::Miss
+        ));
+    }
+
+    #[test]
+    fn a_failed_probe_hands_its_error_to_the_waiters() {
+        let cache = DenyCache::new(1_000);
+        let quota = Quota::per_second(5).unwrap();
+        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
+        let Lookup::Probe(mut probe) = cache.lookup(&quota, "k", 1, 1_300_000) else {
+            panic!("expected a probe");
+        };
+        let Lookup::Wait(waiting) = cache.lookup(&quota, "k", 1, 1_300_000) else {
+            panic!("expected to wait");
+        };
+        probe.failed(&Error::Timeout(Duration::from_millis(100)));
+        drop(probe);
+        let ProbeEnd::Failed(error) = &*waiting.borrow() else {
+            panic!("the waiters should learn of the failure");
+        };
+        assert!(matches!(
+            error.copy_of_backend_fault(),
+            Some(Error::Timeout(_))
+        ));
+    }
+
+    #[test]
+    fn a_probe_s_mark_outlives_answers_for_other_costs_and_stale_answers_are_dropped() {
+        let cache = DenyCache::new(1_000);
+        let quota = Quota::per_second(5).unwrap();
+        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
+        let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_300_000) else {
+            panic!("expected a probe");
+        };
+        cache.insert(&quota, "k", 2, (1_300_000, 0), &denial(500));
+        assert!(
+            matches!(cache.lookup(&quota, "k", 1, 1_300_001), Lookup::Wait(_)),
+            "still one caller asking for cost 1"
+        );
+        drop(probe);
+        // An answer asked for before a refund's `forget` is not kept.
+        let generation = cache.generation();
+        cache.forget("k");
+        cache.insert(&quota, "k", 1, (1_300_000, generation), &denial(200));
+        assert!(matches!(
+            cache.lookup(&quota, "k", 1, 1_300_001),
+            Lookup::Miss
+        ));
+        cache.insert(
+            &quota,
+            "k",
+            1,
+            (1_300_000, cache.generation()),
+            &denial(200),
+        );
+        assert!(matches!(
+            cache.lookup(&quota, "k", 1, 1_300_001),
+            Lookup::Denied(_)
         ));
     }
 
@@ -353,9 +461,9 @@ mod tests {
         let bucket = Quota::new(2, crate::quota::Rate::per_second(4).unwrap()).unwrap();
         let t = 10_000_000;
         let decisions = crate::algorithm::testing::run(&bucket, &[(t, 1), (t, 1), (t + 1, 1)]);
-        cache.insert_spent(&bucket, "k", 1, t, &decisions[0]);
+        cache.insert_spent(&bucket, "k", 1, (t, 0), &decisions[0]);
         assert!(cache.get(&bucket, "k", 1, t).is_none(), "one token is left");
-        cache.insert_spent(&bucket, "k", 1, t, &decisions[1]);
+        cache.insert_spent(&bucket, "k", 1, (t, 0), &decisions[1]);
         let cached = cache
             .get(&bucket, "k", 1, t + 1)
             .expect("the bucket is spent");
@@ -367,7 +475,7 @@ mod tests {
 
         let window = Quota::fixed_window(2, Duration::from_secs(1)).unwrap();
         let spent = crate::algorithm::testing::run(&window, &[(t, 1), (t, 1)]);
-        cache.insert_spent(&window, "w", 1, t, &spent[1]);
+        cache.insert_spent(&window, "w", 1, (t, 0), &spent[1]);
         assert!(cache.get(&window, "w", 1, t + 1).is_none(), "buckets only");
     }
 
@@ -376,7 +484,7 @@ mod tests {
         let cache = DenyCache::new(1_600);
         let quota = Quota::per_second(5).unwrap();
         for i in 0..100_000u64 {
-            cache.insert(&quota, &format!("ip:{i}"), 1, 1_000, &denial(60_000));
+            cache.insert(&quota, &format!("ip:{i}"), 1, (1_000, 0), &denial(60_000));
         }
         assert!(cache.len() <= 1_600, "{} entries", cache.len());
     }

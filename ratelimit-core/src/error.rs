@@ -165,4 +165,17 @@ impl Error {
             _ => false,
         }
     }
+
+    /// A copy of a backend fault, for the callers that waited on the call
+    /// that failed; `None` for other errors.
+    pub(crate) fn copy_of_backend_fault(&self) -> Option<Error> {
+        match self {
+            Error::Timeout(timeout) => Some(Error::Timeout(*timeout)),
+            Error::UnexpectedReply(message) => Some(Error::UnexpectedReply(message.clone())),
+            Error::CircuitOpen => Some(Error::CircuitOpen),
+            #[cfg(feature = "redis")]
+            Error::Redis(error) => Some(Error::Redis(error.clone())),
+            _ => None,
+        }
+    }
 }

@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::breaker::{Breaker, BreakerConfig, CircuitState, Permit};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::deny_cache::{DenyCache, Lookup};
+use crate::deny_cache::{DenyCache, Lookup, ProbeEnd};
 use crate::error::{DenialCause, Error, RateLimited};
 use crate::lease::Leases;
 use crate::metrics::{Outcome, Stats, StatsSnapshot};
@@ -289,11 +289,15 @@ impl Limiter {
         // Held while this call asks the backend for the callers waiting on
         // an expired denial of the same request; dropped after the answer is
         // cached, which wakes them.
-        let mut _probe = None;
+        let mut probe = None;
         if let Some(cache) = &self.inner.deny_cache {
-            // A caller woken by a probe looks again (the answer may have
-            // expired already, and another probe begun); once it has waited
-            // as long as a backend call may take, it asks the backend itself.
+            // A caller woken by a probe looks again: the answer may have
+            // expired already (it was asked for at the probe's start, so it
+            // ends early by a round trip) and a new probe begun. It waits on
+            // at most `MAX_WAITS` probes and for at most the timeout in all,
+            // then asks the backend itself.
+            const MAX_WAITS: u32 = 4;
+            let mut waits = 0;
             let mut deadline = None;
             loop {
                 match cache.lookup(quota, key, cost, self.inner.cache_clock.now_micros()) {
@@ -303,31 +307,58 @@ impl Limiter {
                         return Ok(cached);
                     }
                     Lookup::Miss => break,
-                    Lookup::Probe(probe) => {
-                        _probe = Some(probe);
+                    Lookup::Probe(asking) => {
+                        probe = Some(asking);
                         break;
                     }
-                    Lookup::Wait(mut done) => {
+                    Lookup::Wait(_) if waits == MAX_WAITS => break,
+                    Lookup::Wait(mut end) => {
+                        waits += 1;
                         let deadline = *deadline.get_or_insert_with(|| {
-                            tokio::time::Instant::now() + self.inner.timeout
+                            tokio::time::Instant::now().checked_add(self.inner.timeout)
                         });
-                        let woken = tokio::time::timeout_at(deadline, done.wait_for(|d| *d));
-                        if woken.await.is_err() {
+                        let asked = end.wait_for(|end| !matches!(end, ProbeEnd::Asking));
+                        let woken = match deadline {
+                            Some(deadline) => tokio::time::timeout_at(deadline, asked).await.ok(),
+                            None => Some(asked.await),
+                        };
+                        let Some(Ok(end)) = woken else {
                             break;
+                        };
+                        if let ProbeEnd::Failed(error) = &*end {
+                            if let Some(error) = error.copy_of_backend_fault() {
+                                return Err(error);
+                            }
                         }
                     }
                 }
             }
         }
-        let asked_us = self.inner.cache_clock.now_micros();
+        let asked = (
+            self.inner.cache_clock.now_micros(),
+            self.inner
+                .deny_cache
+                .as_ref()
+                .map_or(0, DenyCache::generation),
+        );
         let result = self.guarded(backend.decide(quota, key, cost)).await;
-        if let (Some(cache), Ok(decision)) = (&self.inner.deny_cache, &result) {
-            if decision.allowed {
-                cache.insert_spent(quota, key, cost, asked_us, decision);
-            } else {
-                cache.insert(quota, key, cost, asked_us, decision);
+        match (&self.inner.deny_cache, &result) {
+            (Some(cache), Ok(decision)) if decision.allowed => {
+                cache.insert_spent(quota, key, cost, asked, decision);
             }
+            (Some(cache), Ok(decision)) => {
+                cache.insert(quota, key, cost, asked, decision);
+            }
+            (_, Err(error)) => {
+                if let Some(probe) = &mut probe {
+                    probe.failed(error);
+                }
+            }
+            (None, Ok(_)) => {}
         }
+        // Dropping the probe wakes the callers waiting on it, after the
+        // answer is in the cache.
+        drop(probe);
         result
     }
 
@@ -390,18 +421,31 @@ impl Limiter {
             answered_in_process().await;
             return decisions;
         }
-        let asked_us = self.inner.cache_clock.now_micros();
+        let asked = (
+            self.inner.cache_clock.now_micros(),
+            self.inner
+                .deny_cache
+                .as_ref()
+                .map_or(0, DenyCache::generation),
+        );
         let result = self.guarded(backend.decide_all(&requests)).await;
         if let (Some(cache), Ok(decisions)) = (&self.inner.deny_cache, &result) {
             // A dimension denied in an all-or-nothing call is denied on its own
             // too. One that admitted got its tokens back (across Redis Cluster
-            // slots, by a refund), which may let a cached denial succeed sooner.
+            // slots, by a refund), which may let a cached denial succeed sooner;
+            // it is forgotten after the denials are kept, since a `forget`
+            // keeps answers asked for before it out of the cache.
             let all_admitted = decisions.iter().all(|d| d.allowed);
             for (d, decision) in dimensions.iter().zip(decisions) {
                 if !decision.allowed {
-                    cache.insert(d.quota, d.key, d.cost, asked_us, decision);
-                } else if !all_admitted {
-                    cache.forget(d.key);
+                    cache.insert(d.quota, d.key, d.cost, asked, decision);
+                }
+            }
+            if !all_admitted {
+                for (d, decision) in dimensions.iter().zip(decisions) {
+                    if decision.allowed {
+                        cache.forget(d.key);
+                    }
                 }
             }
         }
