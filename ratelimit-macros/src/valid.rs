@@ -19,11 +19,6 @@ use ratelimit_core::{Quota, QuotaError, Rate};
 use crate::attr::{closest, Args, KeyArg};
 use crate::key::{Placeholder, Segment, Template, TemplateError};
 
-/// The largest bucket depth the runtime computes exactly (integers in Redis
-/// Lua are exact up to 2^53; one bit is headroom). Mirrors
-/// `ratelimit_core::quota::MAX_EXACT`.
-const MAX_EXACT: u128 = 1 << 52;
-
 const TOO_LARGE: &str = "quota too large to compute exactly: capacity times the rate's period \
                          must stay under 2^52 microseconds; lower the capacity or state the rate \
                          over a shorter period";
@@ -857,15 +852,19 @@ fn window_value(expr: &Expr) -> syn::Result<u64> {
         return Err(invalid(&format!("`{}`", expr.to_token_stream())));
     };
     let value = text.value();
-    let micros = match Quota::parse_window(&value) {
-        Ok(window) => window.as_micros(),
-        Err(QuotaError::TooLarge) => return Err(syn::Error::new_spanned(expr, TOO_LARGE)),
+    let too_large = || syn::Error::new_spanned(expr, TOO_LARGE);
+    let window = match Quota::parse_window(&value) {
+        Ok(window) => window,
+        Err(QuotaError::TooLarge) => return Err(too_large()),
         Err(_) => return Err(invalid(&format!("`{value:?}`"))),
     };
-    if micros > MAX_EXACT {
-        return Err(syn::Error::new_spanned(expr, TOO_LARGE));
-    }
-    Ok(micros as u64)
+    // The runtime's own bound on a window, checked with the smallest limit.
+    Quota::builder(ratelimit_core::Algorithm::FixedWindow)
+        .limit(1)
+        .window(window)
+        .build()
+        .map_err(|_| too_large())?;
+    Ok(window.as_micros() as u64)
 }
 
 fn parse_u64(lit: &LitInt) -> syn::Result<u64> {
@@ -1049,6 +1048,11 @@ mod tests {
             SUBMIT
         )
         .is_ok());
+        let windowed = |window: &str| {
+            format!("key = \"k\", algorithm = fixed_window, limit = 1, window = \"{window}\"")
+        };
+        assert_eq!(error(&windowed("100000d"), SUBMIT), TOO_LARGE);
+        assert!(check(&windowed("50000d"), SUBMIT).is_ok());
     }
 
     #[test]
