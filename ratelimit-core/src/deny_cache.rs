@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use crate::algorithm::gcra;
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::quota::{Algorithm, Quota};
+use crate::quota::Quota;
 
 const SHARDS: usize = 16;
 
@@ -226,11 +226,7 @@ impl DenyCache {
         (asked_us, generation): (u64, u64),
         admitted: &Decision,
     ) {
-        let bucket = matches!(
-            quota.algorithm(),
-            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket
-        );
-        if !bucket || cost == 0 {
+        if quota.algorithm().is_windowed() || cost == 0 {
             return;
         }
         if let Some(wait_us) = gcra::wait_after_admission(quota, admitted, cost) {

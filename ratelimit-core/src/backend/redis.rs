@@ -158,9 +158,10 @@ pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
 /// How many numbers the script answers for one key of `algorithm`: the
 /// bucket algorithms answer with the debt their decision follows from.
 fn answer_len(algorithm: Algorithm) -> usize {
-    match algorithm {
-        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => 1,
-        _ => 5,
+    if algorithm.is_windowed() {
+        5
+    } else {
+        1
     }
 }
 
@@ -219,27 +220,32 @@ pub(crate) fn decode_one(
         .unwrap_or_else(|| Err(Error::UnexpectedReply(format!("{reply:?}"))))
 }
 
-/// One key's decision from its answer (see `answer_len`).
+/// One key's decision from its answer, whose length `answer_len` gave: one
+/// number (the debt) for the bucket algorithms, five for the windows.
 fn decode(quota: &Quota, cost: u64, key: &str, answer: &[i64]) -> Result<Decision, Error> {
     let algorithm = quota.algorithm();
-    match (algorithm, answer) {
-        (_, [-1, ..]) => Err(Error::UnexpectedReply(format!(
+    match *answer {
+        [-1, ..] => Err(Error::UnexpectedReply(format!(
             "the value at `{key}` was not written by `{algorithm}`; another writer or algorithm uses this key"
         ))),
-        (Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket, &[debt]) if debt >= 0 => {
-            Ok(gcra::decide_debt(quota, debt as u64, cost, algorithm == Algorithm::LeakyBucket))
-        }
-        (
-            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow,
-            &[allowed @ (0 | 1), remaining, retry, reset, delay],
-        ) if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 => Ok(Decision::from_micros(
-            allowed == 1,
-            quota.capacity(),
-            remaining as u64,
-            retry as u64,
-            reset as u64,
-            delay as u64,
+        [debt] if debt >= 0 => Ok(gcra::decide_debt(
+            quota,
+            debt as u64,
+            cost,
+            algorithm == Algorithm::LeakyBucket,
         )),
+        [allowed @ (0 | 1), remaining, retry, reset, delay]
+            if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 =>
+        {
+            Ok(Decision::from_micros(
+                allowed == 1,
+                quota.capacity(),
+                remaining as u64,
+                retry as u64,
+                reset as u64,
+                delay as u64,
+            ))
+        }
         _ => Err(Error::UnexpectedReply(format!("{answer:?}"))),
     }
 }
