@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -77,7 +77,7 @@ pub(crate) enum ProbeEnd {
     Done,
     /// The backend failed: the waiting callers fail the same way rather than
     /// each wait for the failing backend again.
-    Failed(Arc<Error>),
+    Failed(Error),
 }
 
 /// Held by the caller asking the backend after a cached denial expired.
@@ -89,13 +89,13 @@ pub(crate) struct Probe<'a> {
     key: &'a str,
     id: u64,
     end: watch::Sender<ProbeEnd>,
-    failure: Option<Arc<Error>>,
+    failure: Option<Error>,
 }
 
 impl Probe<'_> {
     /// Records that the backend failed with `error`, for the waiting callers.
     pub(crate) fn failed(&mut self, error: &Error) {
-        self.failure = error.copy_of_backend_fault().map(Arc::new);
+        self.failure = error.is_backend().then(|| error.clone());
     }
 }
 
@@ -410,10 +410,7 @@ mod tests {
         let ProbeEnd::Failed(error) = &*waiting.borrow() else {
             panic!("the waiters should learn of the failure");
         };
-        assert!(matches!(
-            error.copy_of_backend_fault(),
-            Some(Error::Timeout(_))
-        ));
+        assert!(matches!(error, Error::Timeout(_)));
     }
 
     #[test]

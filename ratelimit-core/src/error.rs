@@ -115,7 +115,7 @@ impl fmt::Display for RateLimited {
 impl std::error::Error for RateLimited {}
 
 /// A fault of the backend or of the configuration. Never a denial.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The request costs more than the quota's capacity: "never", not "not now".
@@ -163,19 +163,6 @@ impl Error {
             #[cfg(feature = "redis")]
             Error::Redis(_) => true,
             _ => false,
-        }
-    }
-
-    /// A copy of a backend fault, for the callers that waited on the call
-    /// that failed; `None` for other errors.
-    pub(crate) fn copy_of_backend_fault(&self) -> Option<Error> {
-        match self {
-            Error::Timeout(timeout) => Some(Error::Timeout(*timeout)),
-            Error::UnexpectedReply(message) => Some(Error::UnexpectedReply(message.clone())),
-            Error::CircuitOpen => Some(Error::CircuitOpen),
-            #[cfg(feature = "redis")]
-            Error::Redis(error) => Some(Error::Redis(error.clone())),
-            _ => None,
         }
     }
 }

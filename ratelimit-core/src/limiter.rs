@@ -326,9 +326,7 @@ impl Limiter {
                             break;
                         };
                         if let ProbeEnd::Failed(error) = &*end {
-                            if let Some(error) = error.copy_of_backend_fault() {
-                                return Err(error);
-                            }
+                            return Err(error.clone());
                         }
                     }
                 }

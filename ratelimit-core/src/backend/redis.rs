@@ -410,30 +410,18 @@ async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connections: Vec<C
 
 async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) {
     let invocation = invocation("each", jobs.iter().map(|job| (&job.key, job.request)));
-    let reply: Result<Vec<i64>, redis::RedisError> = invoke(&invocation, &mut connection).await;
-    let results: Vec<Result<Decision, Error>> = match reply {
-        Ok(reply) => match decode_reply(
-            &reply,
-            jobs.iter()
-                .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
-        ) {
-            Ok(decisions) => decisions,
-            // A reply of the wrong length: every decision of the call fails.
-            Err(error) => {
-                let message = match error {
-                    Error::UnexpectedReply(message) => message,
-                    other => other.to_string(),
-                };
+    let decoded = invoke(&invocation, &mut connection)
+        .await
+        .map_err(Error::from)
+        .and_then(|reply| {
+            decode_reply(
+                &reply,
                 jobs.iter()
-                    .map(|_| Err(Error::UnexpectedReply(message.clone())))
-                    .collect()
-            }
-        },
-        Err(error) => jobs
-            .iter()
-            .map(|_| Err(Error::Redis(error.clone())))
-            .collect(),
-    };
+                    .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
+            )
+        });
+    // A failed call, or a reply of the wrong length: every decision fails.
+    let results = decoded.unwrap_or_else(|error| jobs.iter().map(|_| Err(error.clone())).collect());
     for (job, result) in jobs.into_iter().zip(results) {
         // The caller may have timed out and gone: nothing to do then.
         let _ = job.reply.send(result);
