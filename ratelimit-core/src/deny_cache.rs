@@ -31,6 +31,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::algorithm::gcra;
+use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::Quota;
@@ -47,15 +48,31 @@ pub(crate) struct DenyCache {
     shards: Box<[Shard]>,
     hasher: RandomState,
     max_per_shard: usize,
-    /// Numbers the probes, so a probe clears only its own mark.
-    probes: AtomicU64,
     /// Counts `forget`s: an answer asked for before a `forget` of its key
     /// (a refund) may be stale, and is not kept.
     forgets: AtomicU64,
 }
 
+/// What a caller does after consulting the cache.
+pub(crate) enum Consulted<'a> {
+    /// Denied, answered from the cache.
+    Denied(Decision),
+    /// The backend failed for the caller this one waited on.
+    Failed(Error),
+    /// Ask the backend; with a probe, for the callers waiting on it too.
+    Ask(Option<Probe<'a>>),
+}
+
+/// When a backend call was asked for, for `insert`: answers asked for
+/// before a `forget` of their key are not kept.
+#[derive(Clone, Copy)]
+pub(crate) struct Asked {
+    at_us: u64,
+    generation: u64,
+}
+
 /// What the cache knows of a request.
-pub(crate) enum Lookup<'a> {
+enum Lookup<'a> {
     /// Denied, answered from the cache.
     Denied(Decision),
     /// Nothing known: ask the backend.
@@ -70,7 +87,7 @@ pub(crate) enum Lookup<'a> {
 
 /// How the caller asking the backend for others fared.
 #[derive(Clone)]
-pub(crate) enum ProbeEnd {
+enum ProbeEnd {
     /// Still asking.
     Asking,
     /// Answered, or gone: look again.
@@ -87,22 +104,15 @@ pub(crate) enum ProbeEnd {
 pub(crate) struct Probe<'a> {
     cache: &'a DenyCache,
     key: &'a str,
-    id: u64,
     end: watch::Sender<ProbeEnd>,
     failure: Option<Error>,
 }
 
-impl Probe<'_> {
-    /// Records that the backend failed with `error`, for the waiting callers.
-    pub(crate) fn failed(&mut self, error: &Error) {
-        self.failure = error.is_backend().then(|| error.clone());
-    }
-}
-
 impl Drop for Probe<'_> {
     fn drop(&mut self) {
+        let mine = self.end.subscribe();
         if let Some(entries) = self.cache.shard(self.key).get_mut(self.key) {
-            entries.retain(|e| e.probe.as_ref().is_none_or(|(id, _)| *id != self.id));
+            entries.retain(|e| !e.probe.as_ref().is_some_and(|p| p.same_channel(&mine)));
         }
         let end = match self.failure.take() {
             Some(error) => ProbeEnd::Failed(error),
@@ -124,7 +134,7 @@ struct Entry {
     remaining: u64,
     reset_after_us: u64,
     /// Set once the denial has expired and a caller is asking the backend.
-    probe: Option<(u64, watch::Receiver<ProbeEnd>)>,
+    probe: Option<watch::Receiver<ProbeEnd>>,
 }
 
 impl Entry {
@@ -149,14 +159,86 @@ impl DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             max_per_shard: (max_keys / SHARDS).max(1),
-            probes: AtomicU64::new(0),
             forgets: AtomicU64::new(0),
         }
     }
 
-    /// Read before asking the backend, and given back to `insert`.
-    pub(crate) fn generation(&self) -> u64 {
-        self.forgets.load(Ordering::SeqCst)
+    /// Taken just before a backend call, at `now_us`, for `insert`.
+    pub(crate) fn asked(&self, now_us: u64) -> Asked {
+        Asked {
+            at_us: now_us,
+            generation: self.forgets.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Answers a request of `cost` from `key` under `quota` from the cache,
+    /// or says to ask the backend. A caller that finds another asking for an
+    /// expired denial waits for that call and looks again (the answer may
+    /// have expired already, as it ends early by a round trip, and a new
+    /// probe begun); it waits on at most `MAX_WAITS` probes and for at most
+    /// `timeout` in all, then asks the backend itself.
+    pub(crate) async fn consult<'a>(
+        &'a self,
+        quota: &Quota,
+        key: &'a str,
+        cost: u64,
+        clock: &dyn Clock,
+        timeout: Duration,
+    ) -> Consulted<'a> {
+        const MAX_WAITS: u32 = 4;
+        // Read from the clock only once a wait begins: most callers never wait.
+        let mut deadline = None;
+        for _ in 0..MAX_WAITS {
+            let mut end = match self.lookup(quota, key, cost, clock.now_micros()) {
+                Lookup::Denied(cached) => return Consulted::Denied(cached),
+                Lookup::Miss => return Consulted::Ask(None),
+                Lookup::Probe(probe) => return Consulted::Ask(Some(probe)),
+                Lookup::Wait(end) => end,
+            };
+            let ended = end.wait_for(|end| !matches!(end, ProbeEnd::Asking));
+            let deadline =
+                *deadline.get_or_insert_with(|| tokio::time::Instant::now().checked_add(timeout));
+            let woken = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, ended).await.ok(),
+                None => Some(ended.await),
+            };
+            match woken.as_ref().map(|ended| ended.as_deref()) {
+                Some(Ok(ProbeEnd::Failed(error))) => return Consulted::Failed(error.clone()),
+                Some(Ok(_)) => {}
+                // Past the deadline, or the probe is gone without a word.
+                _ => return Consulted::Ask(None),
+            }
+        }
+        match self.lookup(quota, key, cost, clock.now_micros()) {
+            Lookup::Denied(cached) => Consulted::Denied(cached),
+            Lookup::Probe(probe) => Consulted::Ask(Some(probe)),
+            Lookup::Miss | Lookup::Wait(_) => Consulted::Ask(None),
+        }
+    }
+
+    /// Keeps what the backend answered a request asked for at `asked`, then
+    /// ends `probe`, waking the callers waiting on it once the answer is in
+    /// the cache (or with the backend's error).
+    pub(crate) fn record(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        asked: Asked,
+        result: &Result<Decision, Error>,
+        probe: Option<Probe<'_>>,
+    ) {
+        match result {
+            Ok(decision) if decision.allowed => {
+                self.insert_spent(quota, key, cost, asked, decision)
+            }
+            Ok(denial) => self.insert(quota, key, cost, asked, denial),
+            Err(error) => {
+                if let Some(mut probe) = probe {
+                    probe.failure = error.is_backend().then(|| error.clone());
+                }
+            }
+        }
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Vec<Entry>>> {
@@ -168,13 +250,7 @@ impl DenyCache {
 
     /// What is known of a request of `cost` from `key` under `quota` at
     /// `now_us`.
-    pub(crate) fn lookup<'a>(
-        &'a self,
-        quota: &Quota,
-        key: &'a str,
-        cost: u64,
-        now_us: u64,
-    ) -> Lookup<'a> {
+    fn lookup<'a>(&'a self, quota: &Quota, key: &'a str, cost: u64, now_us: u64) -> Lookup<'a> {
         if cost == 0 {
             return Lookup::Miss;
         }
@@ -189,16 +265,14 @@ impl DenyCache {
         if now_us < entry.until_us {
             return Lookup::Denied(entry.answer(now_us));
         }
-        if let Some((_, done)) = &entry.probe {
-            return Lookup::Wait(done.clone());
+        if let Some(waiting) = &entry.probe {
+            return Lookup::Wait(waiting.clone());
         }
-        let id = self.probes.fetch_add(1, Ordering::Relaxed);
         let (end, waiting) = watch::channel(ProbeEnd::Asking);
-        entry.probe = Some((id, waiting));
+        entry.probe = Some(waiting);
         Lookup::Probe(Probe {
             cache: self,
             key,
-            id,
             end,
             failure: None,
         })
@@ -214,18 +288,11 @@ impl DenyCache {
         }
     }
 
-    /// Remembers that `admitted`, a backend decision on `cost` asked at
-    /// `asked_us`, left too little for another request of that cost, as the
+    /// Remembers that `admitted`, a backend decision on `cost` asked for at
+    /// `asked`, left too little for another request of that cost, as the
     /// denial that request would get (bucket algorithms only: their wait is
     /// known from the admission).
-    pub(crate) fn insert_spent(
-        &self,
-        quota: &Quota,
-        key: &str,
-        cost: u64,
-        (asked_us, generation): (u64, u64),
-        admitted: &Decision,
-    ) {
+    fn insert_spent(&self, quota: &Quota, key: &str, cost: u64, asked: Asked, admitted: &Decision) {
         if quota.algorithm().is_windowed() || cost == 0 {
             return;
         }
@@ -236,13 +303,13 @@ impl DenyCache {
                 delay: Duration::ZERO,
                 ..*admitted
             };
-            self.insert(quota, key, cost, (asked_us, generation), &denial);
+            self.insert(quota, key, cost, asked, &denial);
         }
     }
 
-    /// Remembers a backend denial of `cost`, asked at `asked_us` (before the
-    /// call, so the entry never outlives the true `retry_after`) when the
-    /// cache was at `generation`. One that has expired by the time it is
+    /// Remembers a backend denial of `cost`, asked for at `asked` (before
+    /// the call, so the entry never outlives the true `retry_after`; not
+    /// kept after a `forget` of the key since then). One that has expired by the time it is
     /// kept (it ends early by the call's round trip) still tells the callers
     /// waiting on its probe that a new probe is needed.
     pub(crate) fn insert(
@@ -250,9 +317,13 @@ impl DenyCache {
         quota: &Quota,
         key: &str,
         cost: u64,
-        (asked_us, generation): (u64, u64),
+        asked: Asked,
         denial: &Decision,
     ) {
+        let Asked {
+            at_us: asked_us,
+            generation,
+        } = asked;
         if cost == 0 || denial.retry_after.is_zero() || denial.retry_after == Duration::MAX {
             return;
         }
@@ -316,11 +387,28 @@ mod tests {
         Decision::from_micros(false, 5, 0, retry_ms * 1_000, 10_000_000, 0)
     }
 
+    /// A denial of cost 1 on "k" from 1 s for 200 ms, looked up at `now_us`
+    /// (after it expired) by two callers: the first asks, the second waits.
+    fn expired_and_asked<'a>(
+        cache: &'a DenyCache,
+        quota: &Quota,
+        now_us: u64,
+    ) -> (Probe<'a>, watch::Receiver<ProbeEnd>) {
+        cache.insert(quota, "k", 1, cache.asked(1_000_000), &denial(200));
+        let Lookup::Probe(probe) = cache.lookup(quota, "k", 1, now_us) else {
+            panic!("the first caller after expiry should ask the backend");
+        };
+        let Lookup::Wait(waiting) = cache.lookup(quota, "k", 1, now_us + 1) else {
+            panic!("a second caller should wait for the first");
+        };
+        (probe, waiting)
+    }
+
     #[test]
     fn answers_for_the_same_cost_until_retry_after() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 2, (1_000_000, 0), &denial(200));
+        cache.insert(&quota, "k", 2, cache.asked(1_000_000), &denial(200));
         assert!(cache.get(&quota, "k", 2, 1_100_000).is_some());
         assert!(
             cache.get(&quota, "k", 1, 1_100_000).is_none(),
@@ -349,20 +437,14 @@ mod tests {
     fn an_expired_denial_lets_one_caller_ask_while_the_others_wait() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
-        let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_200_000) else {
-            panic!("the first caller after expiry should ask the backend");
-        };
-        let Lookup::Wait(waiting) = cache.lookup(&quota, "k", 1, 1_200_001) else {
-            panic!("a second caller should wait for the first");
-        };
+        let (probe, waiting) = expired_and_asked(&cache, &quota, 1_200_000);
         assert!(
             matches!(cache.lookup(&quota, "k", 2, 1_200_001), Lookup::Miss),
             "another cost asks"
         );
         assert!(matches!(*waiting.borrow(), ProbeEnd::Asking));
         // The probe's answer, a new denial, lands before the probe is dropped.
-        cache.insert(&quota, "k", 1, (1_200_000, 0), &denial(100));
+        cache.insert(&quota, "k", 1, cache.asked(1_200_000), &denial(100));
         drop(probe);
         assert!(
             matches!(*waiting.borrow(), ProbeEnd::Done),
@@ -378,18 +460,12 @@ mod tests {
     fn a_probe_with_no_answer_lets_every_waiter_ask() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
-        let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_300_000) else {
-            panic!("expected a probe");
-        };
-        let Lookup::Wait(waiting) = cache.lookup(&quota, "k", 1, 1_300_000) else {
-            panic!("expected to wait");
-        };
+        let (probe, waiting) = expired_and_asked(&cache, &quota, 1_300_000);
         // Failed, admitted with tokens to spare, or cancelled: no new entry.
         drop(probe);
         assert!(matches!(*waiting.borrow(), ProbeEnd::Done));
         assert!(matches!(
-            cache.lookup(&quota, "k", 1, 1_300_001),
+            cache.lookup(&quota, "k", 1, 1_300_002),
             Lookup::Miss
         ));
     }
@@ -398,15 +474,10 @@ mod tests {
     fn a_failed_probe_hands_its_error_to_the_waiters() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
-        let Lookup::Probe(mut probe) = cache.lookup(&quota, "k", 1, 1_300_000) else {
-            panic!("expected a probe");
-        };
-        let Lookup::Wait(waiting) = cache.lookup(&quota, "k", 1, 1_300_000) else {
-            panic!("expected to wait");
-        };
-        probe.failed(&Error::Timeout(Duration::from_millis(100)));
-        drop(probe);
+        let (probe, waiting) = expired_and_asked(&cache, &quota, 1_300_000);
+        let failed = Err(Error::Timeout(Duration::from_millis(100)));
+        let asked = cache.asked(1_300_000);
+        cache.record(&quota, "k", 1, asked, &failed, Some(probe));
         let ProbeEnd::Failed(error) = &*waiting.borrow() else {
             panic!("the waiters should learn of the failure");
         };
@@ -417,31 +488,22 @@ mod tests {
     fn a_probe_s_mark_outlives_answers_for_other_costs_and_stale_answers_are_dropped() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 1, (1_000_000, 0), &denial(200));
-        let Lookup::Probe(probe) = cache.lookup(&quota, "k", 1, 1_300_000) else {
-            panic!("expected a probe");
-        };
-        cache.insert(&quota, "k", 2, (1_300_000, 0), &denial(500));
+        let (probe, _waiting) = expired_and_asked(&cache, &quota, 1_300_000);
+        cache.insert(&quota, "k", 2, cache.asked(1_300_000), &denial(500));
         assert!(
-            matches!(cache.lookup(&quota, "k", 1, 1_300_001), Lookup::Wait(_)),
+            matches!(cache.lookup(&quota, "k", 1, 1_300_002), Lookup::Wait(_)),
             "still one caller asking for cost 1"
         );
         drop(probe);
         // An answer asked for before a refund's `forget` is not kept.
-        let generation = cache.generation();
+        let asked = cache.asked(1_300_000);
         cache.forget("k");
-        cache.insert(&quota, "k", 1, (1_300_000, generation), &denial(200));
+        cache.insert(&quota, "k", 1, asked, &denial(200));
         assert!(matches!(
             cache.lookup(&quota, "k", 1, 1_300_001),
             Lookup::Miss
         ));
-        cache.insert(
-            &quota,
-            "k",
-            1,
-            (1_300_000, cache.generation()),
-            &denial(200),
-        );
+        cache.insert(&quota, "k", 1, cache.asked(1_300_000), &denial(200));
         assert!(matches!(
             cache.lookup(&quota, "k", 1, 1_300_001),
             Lookup::Denied(_)
@@ -454,9 +516,9 @@ mod tests {
         let bucket = Quota::new(2, crate::quota::Rate::per_second(4).unwrap()).unwrap();
         let t = 10_000_000;
         let decisions = crate::algorithm::testing::run(&bucket, &[(t, 1), (t, 1), (t + 1, 1)]);
-        cache.insert_spent(&bucket, "k", 1, (t, 0), &decisions[0]);
+        cache.insert_spent(&bucket, "k", 1, cache.asked(t), &decisions[0]);
         assert!(cache.get(&bucket, "k", 1, t).is_none(), "one token is left");
-        cache.insert_spent(&bucket, "k", 1, (t, 0), &decisions[1]);
+        cache.insert_spent(&bucket, "k", 1, cache.asked(t), &decisions[1]);
         let cached = cache
             .get(&bucket, "k", 1, t + 1)
             .expect("the bucket is spent");
@@ -468,7 +530,7 @@ mod tests {
 
         let window = Quota::fixed_window(2, Duration::from_secs(1)).unwrap();
         let spent = crate::algorithm::testing::run(&window, &[(t, 1), (t, 1)]);
-        cache.insert_spent(&window, "w", 1, (t, 0), &spent[1]);
+        cache.insert_spent(&window, "w", 1, cache.asked(t), &spent[1]);
         assert!(cache.get(&window, "w", 1, t + 1).is_none(), "buckets only");
     }
 
@@ -477,7 +539,13 @@ mod tests {
         let cache = DenyCache::new(1_600);
         let quota = Quota::per_second(5).unwrap();
         for i in 0..100_000u64 {
-            cache.insert(&quota, &format!("ip:{i}"), 1, (1_000, 0), &denial(60_000));
+            cache.insert(
+                &quota,
+                &format!("ip:{i}"),
+                1,
+                cache.asked(1_000),
+                &denial(60_000),
+            );
         }
         assert!(cache.len() <= 1_600, "{} entries", cache.len());
     }

@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::breaker::{Breaker, BreakerConfig, CircuitState, Permit};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::deny_cache::{DenyCache, Lookup, ProbeEnd};
+use crate::deny_cache::{Consulted, DenyCache};
 use crate::error::{DenialCause, Error, RateLimited};
 use crate::lease::Leases;
 use crate::metrics::{Outcome, Stats, StatsSnapshot};
@@ -286,77 +286,25 @@ impl Limiter {
             answered_in_process().await;
             return decision;
         }
-        // Held while this call asks the backend for the callers waiting on
-        // an expired denial of the same request; dropped after the answer is
-        // cached, which wakes them.
-        let mut probe = None;
-        if let Some(cache) = &self.inner.deny_cache {
-            // A caller woken by a probe looks again: the answer may have
-            // expired already (it was asked for at the probe's start, so it
-            // ends early by a round trip) and a new probe begun. It waits on
-            // at most `MAX_WAITS` probes and for at most the timeout in all,
-            // then asks the backend itself.
-            const MAX_WAITS: u32 = 4;
-            let mut waits = 0;
-            let mut deadline = None;
-            loop {
-                match cache.lookup(quota, key, cost, self.inner.cache_clock.now_micros()) {
-                    Lookup::Denied(cached) => {
-                        self.inner.stats.cache_hit();
-                        answered_in_process().await;
-                        return Ok(cached);
-                    }
-                    Lookup::Miss => break,
-                    Lookup::Probe(asking) => {
-                        probe = Some(asking);
-                        break;
-                    }
-                    Lookup::Wait(_) if waits == MAX_WAITS => break,
-                    Lookup::Wait(mut end) => {
-                        waits += 1;
-                        let deadline = *deadline.get_or_insert_with(|| {
-                            tokio::time::Instant::now().checked_add(self.inner.timeout)
-                        });
-                        let asked = end.wait_for(|end| !matches!(end, ProbeEnd::Asking));
-                        let woken = match deadline {
-                            Some(deadline) => tokio::time::timeout_at(deadline, asked).await.ok(),
-                            None => Some(asked.await),
-                        };
-                        let Some(Ok(end)) = woken else {
-                            break;
-                        };
-                        if let ProbeEnd::Failed(error) = &*end {
-                            return Err(error.clone());
-                        }
-                    }
-                }
+        let Some(cache) = &self.inner.deny_cache else {
+            return self.guarded(backend.decide(quota, key, cost)).await;
+        };
+        let clock = &*self.inner.cache_clock;
+        let probe = match cache
+            .consult(quota, key, cost, clock, self.inner.timeout)
+            .await
+        {
+            Consulted::Denied(cached) => {
+                self.inner.stats.cache_hit();
+                answered_in_process().await;
+                return Ok(cached);
             }
-        }
-        let asked = (
-            self.inner.cache_clock.now_micros(),
-            self.inner
-                .deny_cache
-                .as_ref()
-                .map_or(0, DenyCache::generation),
-        );
+            Consulted::Failed(error) => return Err(error),
+            Consulted::Ask(probe) => probe,
+        };
+        let asked = cache.asked(clock.now_micros());
         let result = self.guarded(backend.decide(quota, key, cost)).await;
-        match (&self.inner.deny_cache, &result) {
-            (Some(cache), Ok(decision)) if decision.allowed => {
-                cache.insert_spent(quota, key, cost, asked, decision);
-            }
-            (Some(cache), Ok(decision)) => {
-                cache.insert(quota, key, cost, asked, decision);
-            }
-            (_, Err(error)) => {
-                if let Some(probe) = &mut probe {
-                    probe.failed(error);
-                }
-            }
-            (None, Ok(_)) => {}
-        }
-        // Dropping the probe wakes the callers waiting on it, after the
-        // answer is in the cache.
-        drop(probe);
+        cache.record(quota, key, cost, asked, &result, probe);
         result
     }
 
@@ -419,15 +367,10 @@ impl Limiter {
             answered_in_process().await;
             return decisions;
         }
-        let asked = (
-            self.inner.cache_clock.now_micros(),
-            self.inner
-                .deny_cache
-                .as_ref()
-                .map_or(0, DenyCache::generation),
-        );
+        let cache = self.inner.deny_cache.as_ref();
+        let asked = cache.map(|cache| cache.asked(self.inner.cache_clock.now_micros()));
         let result = self.guarded(backend.decide_all(&requests)).await;
-        if let (Some(cache), Ok(decisions)) = (&self.inner.deny_cache, &result) {
+        if let (Some(cache), Some(asked), Ok(decisions)) = (cache, asked, &result) {
             // A dimension denied in an all-or-nothing call is denied on its own
             // too. One that admitted got its tokens back (across Redis Cluster
             // slots, by a refund), which may let a cached denial succeed sooner;
