@@ -195,3 +195,55 @@ async fn a_killed_master_fails_over_and_limiting_continues() {
         "every fallback counted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions() {
+    use ratelimit::ManualClock;
+    use redis::AsyncCommands as _;
+    let cluster = RedisCluster::start(3, 0);
+    let start = 1_800_000_000_000_000;
+    let (clock, later) = (ManualClock::new(start), ManualClock::new(start + 1_000_000));
+    let on = |clock: &ManualClock| {
+        Limiter::builder()
+            .cluster(cluster.urls())
+            .timeout(Duration::from_millis(500))
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let (limiter, other) = (on(&clock), on(&later));
+    let log = Quota::sliding_log(5, Duration::from_secs(60)).unwrap();
+    let spent = Quota::fixed_window(1, Duration::from_secs(60)).unwrap();
+    // Keys on different slots: the check consumes the log, then is denied by
+    // the spent window, and gives the log's admission back by a refund.
+    let (log_key, window_key) = ("{a}log", "{b}window");
+    limiter.decide(&spent, window_key, 1).await.unwrap();
+    // Another instance's admission, the newest in the log.
+    other.decide(&log, log_key, 1).await.unwrap();
+    for _ in 0..3 {
+        let denied = limiter
+            .check_all(&[
+                Dimension::new(&log, log_key),
+                Dimension::new(&spent, window_key),
+            ])
+            .await
+            .unwrap_err();
+        assert_eq!(denied.key, window_key);
+    }
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let mut redis = client.get_async_connection().await.unwrap();
+    let members: Vec<(String, f64)> = redis
+        .zrange_withscores(format!("rl:{log_key}"), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(
+        members.len(),
+        1,
+        "three refunded checks left the log with {members:?}"
+    );
+    assert_eq!(
+        members[0].1 as u64,
+        start + 1_000_000,
+        "the refunds took the other instance's admission: {members:?}"
+    );
+}

@@ -295,3 +295,47 @@ async fn the_local_policy_limits_with_its_share_of_the_quota() {
     }
     assert_eq!(admitted, 5, "a share of 0.5 of a capacity of 10");
 }
+
+#[tokio::test]
+async fn a_cost_above_the_local_share_is_denied_by_the_share_never_a_panic() {
+    let mut server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .failure_policy(FailurePolicy::Local)
+        .local_share(0.25)
+        .build()
+        .unwrap();
+    server.kill();
+    let rate = "10/min".parse().unwrap();
+    let minute = Duration::from_secs(60);
+    for quota in [
+        Quota::token_bucket(10, rate).unwrap(),
+        Quota::gcra(10, rate).unwrap(),
+        Quota::leaky_bucket(10, rate).unwrap(),
+        Quota::fixed_window(10, minute).unwrap(),
+        Quota::sliding_log(10, minute).unwrap(),
+        Quota::sliding_window(10, minute).unwrap(),
+    ] {
+        let key = format!("share:{}", quota.algorithm());
+        // The share of 10 is 2 (rounded down to a whole token); 3 never fits it.
+        for _ in 0..3 {
+            let denied = limiter.acquire(&quota, &key, 3).await.unwrap_err();
+            assert_eq!(
+                denied.cause,
+                DenialCause::LocalFallback,
+                "{quota:?}: {denied:?}"
+            );
+            assert_eq!(denied.limit, 2, "{quota:?}: the share's capacity");
+            assert!(denied.is_retryable(), "Redis may admit it once it is back");
+            assert!(denied.retry_after <= Duration::from_secs(1), "{denied:?}");
+        }
+        // Smaller costs are decided by the share, which never exceeds it.
+        let admitted = futures::future::join_all((0..4).map(|_| limiter.acquire(&quota, &key, 1)))
+            .await
+            .into_iter()
+            .filter(Result::is_ok)
+            .count();
+        assert_eq!(admitted, 2, "{quota:?}: the share admits 2 of 10");
+    }
+}

@@ -46,7 +46,17 @@ for g = 2, #ARGV, 7 do
   else
     -- One read for the group: a command costs Redis far more than a key.
     local values = {}
-    if algorithm ~= SLIDING_LOG then values = call('MGET', unpack(KEYS, first, last)) end
+    if algorithm ~= SLIDING_LOG then
+      values = call('MGET', unpack(KEYS, first, last))
+      -- MGET reads a key of another type as absent. 'each' mode finds those
+      -- when it writes (with NX); 'all' mode must know before anything is
+      -- written.
+      if not commit then
+        for j = 1, last - first + 1 do
+          if not values[j] and call('EXISTS', KEYS[first + j - 1]) == 1 then values[j] = FOREIGN end
+        end
+      end
+    end
     ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3)
   end
 end

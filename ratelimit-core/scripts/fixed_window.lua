@@ -23,7 +23,7 @@ ALGORITHMS[2] = each_key(function(key, stored, now, cost, commit, limit, window)
   if cost == 0 then return 1, limit - count, 0, until_end, 0 end
   local value = int(index) .. ':' .. int(count)
   if commit then
-    store(key, value, until_end)
+    if not store(key, value, until_end, not stored) then return corrupt() end
     return 1, limit - count, 0, until_end, 0
   end
   return 1, limit - count, 0, until_end, 0, function() store(key, value, until_end) end

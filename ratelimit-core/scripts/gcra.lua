@@ -58,10 +58,15 @@ ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period,
         local sum = rem + inc
         local carry = floor(sum / tokens)
         local new_rem = sum - carry * tokens
+        local value
         if new_rem > 0 then
-          keep(i, format('%d:%d', full_at + carry, new_rem), reset, commit)
+          value = format('%d:%d', full_at + carry, new_rem)
         else
-          keep(i, format('%d', full_at + carry), reset, commit)
+          value = format('%d', full_at + carry)
+        end
+        if not keep(i, value, reset, commit, not stored) then
+          out[n] = -1
+          denied = true
         end
       end
     end

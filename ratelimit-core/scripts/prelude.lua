@@ -124,17 +124,33 @@ local function expiry_ms(ttl_us)
   return px
 end
 
--- PSETEX is SET ... PX with no options for Redis to parse.
-local function store(key, value, ttl_us)
-  call('PSETEX', key, expiry_ms(ttl_us), value)
+-- A value standing for a key that holds something no algorithm here wrote
+-- (another type, found by the 'all' mode's EXISTS): it matches no pattern.
+local FOREIGN = '\0'
+
+-- Writes a key's state with its expiry. PSETEX is SET ... PX with no
+-- options for Redis to parse. A key read as absent (`fresh`) may hold
+-- another type, which GET and MGET read as absent too: it is written with
+-- NX, so such a value is never overwritten. Returns false when it was not
+-- written, because the key holds a value this algorithm did not write.
+local function store(key, value, ttl_us, fresh)
+  local px = expiry_ms(ttl_us)
+  if fresh then
+    return call('SET', key, value, 'PX', px, 'NX') ~= false
+  end
+  call('PSETEX', key, px, value)
+  return true
 end
 
--- Stores KEYS[i]'s new state now if `commit`, else once every key admits.
-local function keep(i, value, ttl_us, commit)
-  local key, px = KEYS[i], expiry_ms(ttl_us)
+-- Stores KEYS[i]'s new state now if `commit`, else once every key admits
+-- ('all' mode has found every absent key absent with EXISTS). Returns false
+-- when a fresh key holds a foreign value (see `store`).
+local function keep(i, value, ttl_us, commit, fresh)
+  local key = KEYS[i]
   if commit then
-    call('PSETEX', key, px, value)
-  else
-    writes[i] = function() call('PSETEX', key, px, value) end
+    return store(key, value, ttl_us, fresh)
   end
+  local px = expiry_ms(ttl_us)
+  writes[i] = function() call('PSETEX', key, px, value) end
+  return true
 end

@@ -37,9 +37,19 @@ REFUNDS[2] = function(key, now, cost, limit, window)
   end
 end
 
--- Sliding log: the newest `cost` admissions are removed.
-REFUNDS[3] = function(key, now, cost)
-  call('ZPOPMAX', key, cost)
+-- Sliding log: the admissions its tagged decision added are removed, by
+-- name, so a refund never takes another caller's admission and applying it
+-- twice removes nothing more. An untagged request is never refunded.
+REFUNDS[3] = function(key, now, cost, limit, window, tag)
+  if tag == 0 then return end
+  local members = {}
+  for i = 1, cost do
+    members[i] = 't' .. int(tag) .. ':' .. int(i)
+    if #members == ZADD_CHUNK or i == cost then
+      call('ZREM', key, unpack(members))
+      members = {}
+    end
+  end
 end
 
 -- Sliding window: the current window's count falls by the cost.

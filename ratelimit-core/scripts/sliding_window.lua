@@ -64,7 +64,7 @@ ALGORITHMS[4] = each_key(function(key, stored, now, cost, commit, limit, window)
   if cost == 0 then return 1, remaining, 0, reset, 0 end
   local value = int(index) .. ':' .. int(new_current) .. ':' .. int(previous)
   if commit then
-    store(key, value, reset)
+    if not store(key, value, reset, not stored) then return corrupt() end
     return 1, remaining, 0, reset, 0
   end
   return 1, remaining, 0, reset, 0, function() store(key, value, reset) end

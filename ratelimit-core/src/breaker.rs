@@ -54,15 +54,38 @@ pub(crate) struct Breaker {
     probing: AtomicBool,
 }
 
-/// What the caller may do now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Permit {
-    /// Call the backend.
-    Call,
-    /// Call the backend as the one probe of an open breaker.
-    Probe,
-    /// Do not call the backend.
-    Skip,
+/// Leave to call the backend, handed out by [`Breaker::permit`]. Whoever
+/// holds it reports the call's outcome with [`Permit::record`]; a permit
+/// dropped unrecorded (its caller's future was dropped mid-call) settles
+/// itself: a probe lets the next caller probe at once, so a cancelled probe
+/// never leaves the breaker half open with nobody probing.
+#[must_use = "a permit records the call's outcome"]
+pub(crate) struct Permit<'a> {
+    breaker: &'a Breaker,
+    /// The one probe of an open breaker, rather than a call of a closed one.
+    probe: bool,
+    settled: bool,
+}
+
+impl Permit<'_> {
+    /// Records the call's outcome: `failed` when the backend itself failed.
+    /// Returns the breaker's new state when it changed.
+    pub(crate) fn record(mut self, failed: bool) -> Option<CircuitState> {
+        self.settled = true;
+        if failed {
+            self.breaker.failed(self.probe)
+        } else {
+            self.breaker.succeeded(self.probe)
+        }
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.settled {
+            self.breaker.abandon_probe();
+        }
+    }
 }
 
 impl Breaker {
@@ -90,9 +113,14 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn permit(&self) -> Permit {
+    /// Leave to call the backend, or `None` when the call must skip it.
+    pub(crate) fn permit(&self) -> Option<Permit<'_>> {
         if self.state.load(Ordering::Acquire) == CircuitState::Closed as u8 {
-            return Permit::Call;
+            return Some(Permit {
+                breaker: self,
+                probe: false,
+                settled: false,
+            });
         }
         if self.now_us() >= self.probe_at.load(Ordering::Acquire)
             && self
@@ -102,32 +130,36 @@ impl Breaker {
         {
             self.state
                 .store(CircuitState::HalfOpen as u8, Ordering::Release);
-            return Permit::Probe;
+            return Some(Permit {
+                breaker: self,
+                probe: true,
+                settled: false,
+            });
         }
-        Permit::Skip
+        None
     }
 
-    /// Records a call's outcome. Returns the new state when it changed.
-    pub(crate) fn record(&self, permit: Permit, success: bool) -> Option<CircuitState> {
-        if success {
-            self.failures.store(0, Ordering::Release);
-            if permit == Permit::Probe || self.state() != CircuitState::Closed {
-                self.backoff_us.store(
-                    self.config.initial_backoff.as_micros() as u64,
-                    Ordering::Release,
-                );
-                self.state
-                    .store(CircuitState::Closed as u8, Ordering::Release);
-                self.probing.store(false, Ordering::Release);
-                return Some(CircuitState::Closed);
-            }
-            return None;
+    fn succeeded(&self, probe: bool) -> Option<CircuitState> {
+        self.failures.store(0, Ordering::Release);
+        if probe || self.state() != CircuitState::Closed {
+            self.backoff_us.store(
+                self.config.initial_backoff.as_micros() as u64,
+                Ordering::Release,
+            );
+            self.state
+                .store(CircuitState::Closed as u8, Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+            return Some(CircuitState::Closed);
         }
+        None
+    }
+
+    fn failed(&self, probe: bool) -> Option<CircuitState> {
         if self.config.failures_to_open == 0 {
             return None;
         }
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if permit == Permit::Probe || failures >= self.config.failures_to_open {
+        if probe || failures >= self.config.failures_to_open {
             let backoff = self.backoff_us.load(Ordering::Acquire);
             self.probe_at
                 .store(self.now_us() + backoff, Ordering::Release);
@@ -141,11 +173,33 @@ impl Breaker {
         }
         None
     }
+
+    /// The probe's caller went away before the backend answered: nothing was
+    /// learnt, so the breaker is open as before and the next caller probes.
+    fn abandon_probe(&self) {
+        self.probe_at.store(self.now_us(), Ordering::Release);
+        // Only the probe moves the state out of half open, and it is this one.
+        let _ = self.state.compare_exchange(
+            CircuitState::HalfOpen as u8,
+            CircuitState::Open as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.probing.store(false, Ordering::Release);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kind(permit: &Option<Permit<'_>>) -> &'static str {
+        match permit {
+            None => "skip",
+            Some(p) if p.probe => "probe",
+            Some(_) => "call",
+        }
+    }
 
     #[test]
     fn opens_after_consecutive_failures_and_lets_one_probe_through() {
@@ -154,21 +208,20 @@ mod tests {
             initial_backoff: Duration::ZERO,
             max_backoff: Duration::ZERO,
         });
-        assert_eq!(breaker.permit(), Permit::Call);
-        assert_eq!(breaker.record(Permit::Call, false), None);
+        let call = breaker.permit();
+        assert_eq!(kind(&call), "call");
+        assert_eq!(call.unwrap().record(true), None);
         assert_eq!(
-            breaker.record(Permit::Call, false),
+            breaker.permit().unwrap().record(true),
             Some(CircuitState::Open)
         );
         // Backoff zero: the next caller probes, the one after it skips.
-        assert_eq!(breaker.permit(), Permit::Probe);
-        assert_eq!(breaker.permit(), Permit::Skip);
+        let probe = breaker.permit();
+        assert_eq!(kind(&probe), "probe");
+        assert_eq!(kind(&breaker.permit()), "skip");
         assert_eq!(breaker.state(), CircuitState::HalfOpen);
-        assert_eq!(
-            breaker.record(Permit::Probe, true),
-            Some(CircuitState::Closed)
-        );
-        assert_eq!(breaker.permit(), Permit::Call);
+        assert_eq!(probe.unwrap().record(false), Some(CircuitState::Closed));
+        assert_eq!(kind(&breaker.permit()), "call");
     }
 
     #[test]
@@ -178,8 +231,8 @@ mod tests {
             initial_backoff: Duration::from_secs(3600),
             max_backoff: Duration::from_secs(3600),
         });
-        breaker.record(Permit::Call, false);
-        assert_eq!(breaker.permit(), Permit::Skip);
+        let _ = breaker.permit().unwrap().record(true);
+        assert_eq!(kind(&breaker.permit()), "skip");
         assert_eq!(breaker.state(), CircuitState::Open);
     }
 
@@ -190,10 +243,29 @@ mod tests {
             initial_backoff: Duration::ZERO,
             max_backoff: Duration::from_secs(3600),
         });
-        breaker.record(Permit::Call, false);
-        assert_eq!(breaker.permit(), Permit::Probe);
-        breaker.record(Permit::Probe, false);
+        let _ = breaker.permit().unwrap().record(true);
+        let probe = breaker.permit();
+        assert_eq!(kind(&probe), "probe");
+        let _ = probe.unwrap().record(true);
         // The doubled backoff (from a 1 µs floor) keeps the breaker open for now.
         assert_eq!(breaker.state(), CircuitState::Open);
+    }
+
+    #[test]
+    fn a_probe_dropped_unrecorded_lets_the_next_caller_probe_at_once() {
+        let breaker = Breaker::new(BreakerConfig {
+            failures_to_open: 1,
+            initial_backoff: Duration::ZERO,
+            max_backoff: Duration::from_secs(3600),
+        });
+        let _ = breaker.permit().unwrap().record(true);
+        let probe = breaker.permit();
+        assert_eq!(kind(&probe), "probe");
+        assert_eq!(breaker.state(), CircuitState::HalfOpen);
+        drop(probe); // its caller's future was dropped mid-call
+        assert_eq!(breaker.state(), CircuitState::Open, "nobody is probing");
+        let next = breaker.permit();
+        assert_eq!(kind(&next), "probe", "the next caller probes at once");
+        assert_eq!(next.unwrap().record(false), Some(CircuitState::Closed));
     }
 }

@@ -140,6 +140,30 @@ pub enum Error {
     /// The backend answered something the limiter does not understand.
     #[error("unexpected reply from the rate limit backend: {0}")]
     UnexpectedReply(String),
+    /// The key holds a value this quota's algorithm did not write (another
+    /// application's key, or another algorithm's state under the same
+    /// name). That key alone cannot be decided: nothing was written to it,
+    /// the other keys of the same backend call were decided as usual, and
+    /// the circuit breaker does not count it, as the backend is healthy.
+    /// Give the rule a key of its own, or delete the key.
+    #[error(
+        "the key `{key}` holds a value `{algorithm}` did not write; another writer or algorithm \
+         uses this key; give the limit a key of its own or delete the key"
+    )]
+    ForeignValue {
+        /// The full key, prefix included, as it is named in the backend.
+        key: String,
+        /// The algorithm that was asked to decide.
+        algorithm: crate::quota::Algorithm,
+    },
+    /// More decisions are waiting for the backend than the limiter queues
+    /// (the backend is slower than the calls arrive): this call was not
+    /// sent. The failure policy answers it; the circuit breaker does not
+    /// count it.
+    #[error(
+        "{0} decisions are already waiting for the rate limit backend; this call was not sent"
+    )]
+    Overloaded(usize),
     /// The limiter was configured wrongly.
     #[error("invalid limiter configuration: {0}")]
     Config(String),
@@ -159,7 +183,25 @@ impl Error {
     /// rather than from the request or the configuration.
     pub fn is_backend(&self) -> bool {
         match self {
-            Error::Timeout(_) | Error::UnexpectedReply(_) | Error::CircuitOpen => true,
+            Error::Timeout(_)
+            | Error::UnexpectedReply(_)
+            | Error::CircuitOpen
+            | Error::ForeignValue { .. }
+            | Error::Overloaded(_) => true,
+            #[cfg(feature = "redis")]
+            Error::Redis(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the fault says the backend itself is failing (it timed out,
+    /// the connection broke, it answered an error or nonsense), which is
+    /// what the circuit breaker counts. A foreign value at one key, a full
+    /// queue or a configuration error says nothing about the backend's
+    /// health.
+    pub fn is_backend_failure(&self) -> bool {
+        match self {
+            Error::Timeout(_) | Error::UnexpectedReply(_) => true,
             #[cfg(feature = "redis")]
             Error::Redis(_) => true,
             _ => false,

@@ -5,13 +5,13 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::Instrument as _;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::Backend;
-use crate::breaker::{Breaker, BreakerConfig, CircuitState, Permit};
+use crate::breaker::{Breaker, BreakerConfig, CircuitState};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::deny_cache::{Consulted, DenyCache};
@@ -20,35 +20,19 @@ use crate::lease::Leases;
 use crate::metrics::{Outcome, Stats, StatsSnapshot};
 use crate::quota::Quota;
 
+mod policy;
+pub use policy::FailurePolicy;
+
 /// The default key prefix, so limiter keys are easy to find and to keep apart
 /// from an application's own keys.
 pub const DEFAULT_PREFIX: &str = "rl:";
 
+/// The default bound on the keys the memory backend keeps
+/// ([`LimiterBuilder::memory_max_keys`]).
+pub const DEFAULT_MEMORY_MAX_KEYS: usize = 1_000_000;
+
 /// The default bound on every backend call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// What [`Limiter::acquire`] (and so `#[rate_limit]`) does when the backend
-/// fails, times out, or its circuit breaker is open. A backend error is never
-/// reported as a denial by the quota: a denial under a failure policy says so
-/// in its [`DenialCause`], and an admission says so in
-/// [`Decision::fallback`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// Allow the call: the service keeps running without limits while the
-    /// backend is down. The default, as a limiter must not take its service
-    /// down with it.
-    #[default]
-    Open,
-    /// Deny the call with [`DenialCause::BackendUnavailable`] and the
-    /// limiter's [`closed_retry_after`](LimiterBuilder::closed_retry_after):
-    /// for limits protecting something that must never be flooded.
-    Closed,
-    /// Decide in process with a [share](LimiterBuilder::local_share) of each
-    /// quota, on a bounded in-memory limiter: the limit holds roughly while
-    /// the backend is down, with no network call.
-    Local,
-}
 
 /// Per-call settings: the rule's name (for metrics, logs and denials), a
 /// failure policy overriding the limiter's, and shadow mode.
@@ -308,34 +292,6 @@ impl Limiter {
         result
     }
 
-    /// Runs one backend call through the circuit breaker: skipped while it
-    /// is open, timed, and its outcome recorded.
-    async fn guarded<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
-        let backend = self.inner.backend.name();
-        let breaker = &self.inner.breaker;
-        let permit = breaker.permit();
-        if permit == Permit::Skip {
-            return Err(Error::CircuitOpen);
-        }
-        let started = Instant::now();
-        let result = call.await;
-        crate::metrics::backend_latency(backend, started.elapsed());
-        if let Some(state) = breaker.record(permit, result.is_ok()) {
-            crate::metrics::circuit_state(backend, state);
-            match state {
-                CircuitState::Open => tracing::warn!(
-                    backend,
-                    "rate limit backend keeps failing; circuit open, calls skip it until a probe succeeds"
-                ),
-                _ => tracing::info!(backend, "rate limit backend answers again; circuit closed"),
-            }
-        }
-        result
-    }
-
     /// Decides several dimensions at one instant, all or nothing: either
     /// every dimension admits and each consumes, or none consumes. With no
     /// failure policy: a backend fault is an `Err`.
@@ -473,59 +429,8 @@ impl Limiter {
                 .with_cause(DenialCause::CostExceedsCapacity { cost: 0 }))
             }
             Err(error) => {
-                let policy = self.inner.failure_policy;
-                let key = dimensions.first().map_or("", |d| d.key);
-                self.warn_throttled(key, &error, policy);
-                match policy {
-                    FailurePolicy::Local => {
-                        let scaled: Vec<Quota> = dimensions
-                            .iter()
-                            .map(|d| d.quota.scaled(self.inner.local_share))
-                            .collect();
-                        let requests: Vec<(&Quota, &str, u64)> = dimensions
-                            .iter()
-                            .zip(&scaled)
-                            .map(|(d, q)| (q, d.key, d.cost))
-                            .collect();
-                        let mut decisions = self.inner.local.decide_all(&requests);
-                        decisions.iter_mut().for_each(|d| d.fallback = true);
-                        match longest_denial(dimensions, &decisions) {
-                            None => {
-                                self.inner.stats.record(rule, Outcome::FallbackAllowed);
-                                Ok(decisions)
-                            }
-                            Some((dimension, decision)) => {
-                                self.inner
-                                    .stats
-                                    .record(dimension.rule, Outcome::FallbackDenied);
-                                Err(RateLimited::new(
-                                    dimension.key,
-                                    decision.limit,
-                                    decision.remaining,
-                                    decision.retry_after,
-                                )
-                                .with_cause(DenialCause::LocalFallback))
-                            }
-                        }
-                    }
-                    FailurePolicy::Closed => {
-                        self.inner.stats.record(rule, Outcome::FallbackDenied);
-                        Err(RateLimited::new(
-                            key,
-                            dimensions.first().map_or(0, |d| d.quota.capacity()),
-                            0,
-                            self.inner.closed_retry_after,
-                        )
-                        .with_cause(DenialCause::BackendUnavailable))
-                    }
-                    FailurePolicy::Open => {
-                        self.inner.stats.record(rule, Outcome::FallbackAllowed);
-                        Ok(dimensions
-                            .iter()
-                            .map(|d| Decision::fail_open(d.quota.capacity()))
-                            .collect())
-                    }
-                }
+                self.fall_back_all(dimensions, error, self.inner.failure_policy)
+                    .await
             }
         }
     }
@@ -597,7 +502,10 @@ impl Limiter {
                     .with_cause(DenialCause::CostExceedsCapacity { cost })),
                 Outcome::Denied,
             ),
-            Err(error) => self.on_backend_error(quota, key, cost, error, options),
+            Err(error) => {
+                let policy = options.on_error.unwrap_or(self.inner.failure_policy);
+                self.fall_back(quota, key, cost, error, policy).await
+            }
         };
         let denied = match result {
             Ok(decision) => {
@@ -661,50 +569,6 @@ impl Limiter {
         self.decide_quietly(quota, key, cost).await
     }
 
-    fn on_backend_error(
-        &self,
-        quota: &Quota,
-        key: &str,
-        cost: u64,
-        error: Error,
-        options: &CallOptions,
-    ) -> (Result<Decision, RateLimited>, Outcome) {
-        let policy = options.on_error.unwrap_or(self.inner.failure_policy);
-        self.warn_throttled(key, &error, policy);
-        match policy {
-            FailurePolicy::Open => (
-                Ok(Decision::fail_open(quota.capacity())),
-                Outcome::FallbackAllowed,
-            ),
-            FailurePolicy::Closed => (
-                Err(
-                    RateLimited::new(key, quota.capacity(), 0, self.inner.closed_retry_after)
-                        .with_cause(DenialCause::BackendUnavailable),
-                ),
-                Outcome::FallbackDenied,
-            ),
-            FailurePolicy::Local => {
-                let local = quota.scaled(self.inner.local_share);
-                let mut decision = self.inner.local.decide(&local, key, cost);
-                decision.fallback = true;
-                if decision.allowed {
-                    (Ok(decision), Outcome::FallbackAllowed)
-                } else {
-                    (
-                        Err(RateLimited::new(
-                            key,
-                            decision.limit,
-                            decision.remaining,
-                            decision.retry_after,
-                        )
-                        .with_cause(DenialCause::LocalFallback)),
-                        Outcome::FallbackDenied,
-                    )
-                }
-            }
-        }
-    }
-
     /// Logs one denial in `denial_log_every`: a flood of denials must not
     /// flood the logs.
     fn log_denial(&self, denied: &RateLimited, shadow: bool) {
@@ -764,7 +628,10 @@ fn longest_denial<'a, 'd>(
 fn unreachable_config() -> Limiter {
     Limiter {
         inner: Arc::new(Inner::new(
-            Backend::Memory(MemoryBackend::new(Arc::new(MonotonicClock::new()))),
+            Backend::Memory(MemoryBackend::bounded(
+                Arc::new(MonotonicClock::new()),
+                DEFAULT_MEMORY_MAX_KEYS,
+            )),
             &LimiterBuilder::default(),
             Arc::new(MonotonicClock::new()),
         )),
@@ -826,6 +693,7 @@ pub struct LimiterBuilder {
     closed_retry_after: Duration,
     local_share: f64,
     local_max_keys: usize,
+    memory_max_keys: usize,
     breaker: BreakerConfig,
     denial_log_sample: f64,
     deny_cache_max_keys: usize,
@@ -852,6 +720,7 @@ impl Default for LimiterBuilder {
             closed_retry_after: Duration::from_secs(1),
             local_share: 1.0,
             local_max_keys: 100_000,
+            memory_max_keys: DEFAULT_MEMORY_MAX_KEYS,
             breaker: BreakerConfig::default(),
             denial_log_sample: 0.01,
             deny_cache_max_keys: 100_000,
@@ -935,6 +804,33 @@ impl LimiterBuilder {
         self
     }
 
+    /// The most keys the memory backend keeps (default 1,000,000, about
+    /// 150 MiB at most). Keys whose bucket is full again are dropped first,
+    /// as Redis expires them, which changes no decision; beyond the bound,
+    /// the keys nearest to refilled are forgotten, and a forgotten key is
+    /// admitted again as a fresh one. So a flood of distinct keys (one per
+    /// client address, say) under-limits the keys it pushes out instead of
+    /// growing the process until it is killed.
+    ///
+    /// ```
+    /// use ratelimit_core::{Limiter, Quota};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::builder().memory().memory_max_keys(10_000).build()?;
+    /// let hourly = Quota::per_hour(1)?;
+    /// for ip in 0..20_000 {
+    ///     limiter.acquire(&hourly, &format!("ip:{ip}"), 1).await.unwrap();
+    /// }
+    /// // The newest key is still known, and still spent.
+    /// assert!(limiter.acquire(&hourly, "ip:19999", 1).await.is_err());
+    /// # Ok::<(), ratelimit_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn memory_max_keys(mut self, keys: usize) -> Self {
+        self.memory_max_keys = keys;
+        self
+    }
+
     /// The most denials the local deny cache keeps (default 100,000; 0 turns
     /// it off). A key denied for a cost is answered in process, with no
     /// backend call, until its `retry_after`, for that cost: it could not be
@@ -1003,12 +899,19 @@ impl LimiterBuilder {
                 "the local limiter must keep at least one key".into(),
             ));
         }
+        if self.memory_max_keys == 0 {
+            return Err(Error::Config(
+                "the memory backend must keep at least one key; the default is 1,000,000".into(),
+            ));
+        }
         let clock: Arc<dyn Clock> = self
             .clock
             .clone()
             .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let backend = match &self.backend {
-            BackendChoice::Memory => Backend::Memory(MemoryBackend::new(clock.clone())),
+            BackendChoice::Memory => {
+                Backend::Memory(MemoryBackend::bounded(clock.clone(), self.memory_max_keys))
+            }
             #[cfg(feature = "redis")]
             BackendChoice::Redis(url) => Backend::Redis(crate::backend::redis::RedisBackend::new(
                 url,
@@ -1057,4 +960,56 @@ impl LimiterBuilder {
 /// Tokio runtime it returns at once.
 async fn answered_in_process() {
     tokio::task::consume_budget().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held_keys(limiter: &Limiter) -> usize {
+        match &limiter.inner.backend {
+            Backend::Memory(memory) => memory.len(),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a memory limiter"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_memory_backend_holds_at_most_its_bound_under_a_flood_of_distinct_keys() {
+        let limiter = Limiter::builder().memory_max_keys(5_000).build().unwrap();
+        // One token an hour: no key refills during the test, so no key can
+        // be dropped as full; only the bound keeps memory in check.
+        let hourly = Quota::per_hour(1).unwrap();
+        let mut peak = 0;
+        for ip in 0..100_000 {
+            limiter
+                .acquire(&hourly, &format!("ip:{ip}"), 1)
+                .await
+                .unwrap();
+            peak = peak.max(held_keys(&limiter));
+        }
+        assert!(peak <= 5_000, "100,000 distinct keys held {peak}");
+        assert!(
+            limiter.acquire(&hourly, "ip:99999", 1).await.is_err(),
+            "the newest key was forgotten"
+        );
+    }
+
+    #[test]
+    fn the_default_memory_limiter_is_bounded() {
+        let limiter = Limiter::memory();
+        let Backend::Memory(memory) = &limiter.inner.backend else {
+            unreachable!("a memory limiter")
+        };
+        assert_eq!(memory.max_keys(), DEFAULT_MEMORY_MAX_KEYS);
+        let built = Limiter::builder().build().unwrap();
+        let Backend::Memory(memory) = &built.inner.backend else {
+            unreachable!("a memory limiter")
+        };
+        assert_eq!(memory.max_keys(), DEFAULT_MEMORY_MAX_KEYS);
+        assert!(matches!(
+            Limiter::builder().memory_max_keys(0).build(),
+            Err(Error::Config(_))
+        ));
+    }
 }

@@ -7,6 +7,14 @@
 //! keys share a slot (a common hash tag, such as `"{user:<id>}:..."`) is one
 //! script call; across slots, the dimensions consume in order and what was
 //! taken is given back when a later one denies.
+//!
+//! A script call changes state, so it is sent once: the cluster client's own
+//! retries are off, since it would send a call again after an I/O error,
+//! when Redis may have run it and only the reply was lost (a decision or a
+//! refund applied twice). This backend sends a call again only when the
+//! node refused it without running it (`MOVED`, `ASK`, `TRYAGAIN`,
+//! `CLUSTERDOWN`, a write to a demoted master), after the client has begun
+//! refreshing its slot map.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,9 +69,8 @@ impl ClusterBackend {
         let client = ClusterClient::builder(urls.to_vec())
             .connection_timeout(timeout)
             .response_timeout(timeout)
-            .retries(2)
-            .min_retry_wait(10)
-            .max_retry_wait(100)
+            // Sent once; see the module's documentation and `call`.
+            .retries(0)
             .build()
             .map_err(|e| Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}")))?;
         Ok(Self {
@@ -91,7 +98,8 @@ impl ClusterBackend {
         self.clock.as_ref().map(|clock| clock.now_micros())
     }
 
-    /// One script call over keys of one slot.
+    /// One script call over keys of one slot, sent again (within the
+    /// timeout) only when a node refused it unrun.
     async fn call(
         &self,
         mode: &str,
@@ -101,7 +109,18 @@ impl ClusterBackend {
         let work = async {
             let mut connection = self.connection().await?;
             let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
-            Ok::<Vec<i64>, Error>(invoke(&invocation, &mut connection).await?)
+            let mut wait = Duration::from_millis(2);
+            loop {
+                match invoke(&invocation, &mut connection).await {
+                    Err(error) if refused_unrun(&error) => {
+                        // The slot map is being refreshed (the client starts
+                        // that on a redirect); give it a moment.
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_millis(50));
+                    }
+                    result => return Ok::<Vec<i64>, Error>(result?),
+                }
+            }
         };
         tokio::time::timeout(self.timeout, work)
             .await
@@ -135,9 +154,11 @@ impl ClusterBackend {
             .iter()
             .map(|(_, key, _)| self.full_key(key))
             .collect();
+        // Across slots a dimension may be refunded: its sliding-log
+        // admissions carry a tag the refund removes them by.
         let calls: Vec<Request> = requests
             .iter()
-            .map(|(q, _, c)| Request::new(q, *c, now))
+            .map(|(q, _, c)| Request::tagged(q, *c, now, refund_tag()))
             .collect();
         let first_slot = keys.first().map(|k| slot(k.as_bytes()));
         if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
@@ -176,6 +197,30 @@ impl ClusterBackend {
         }
         Ok(decisions)
     }
+}
+
+/// Whether a node refused a call without running it, so that sending it
+/// again cannot apply it twice.
+fn refused_unrun(error: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind as Kind;
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(
+            Kind::Moved | Kind::Ask | Kind::TryAgain | Kind::ClusterDown | Kind::ReadOnly
+        )
+    )
+}
+
+/// A tag unique to one request, below 2^53 (Lua's doubles hold it exactly)
+/// and never 0 (no tag).
+fn refund_tag() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SEED: once_cell::sync::Lazy<u64> =
+        once_cell::sync::Lazy::new(|| RandomState::new().hash_one(std::process::id()));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    (RandomState::new().hash_one((*SEED, n)) & ((1 << 53) - 1)).max(1)
 }
 
 #[cfg(test)]

@@ -13,6 +13,11 @@ use crate::quota::Quota;
 /// Shards keep threads deciding on different keys off each other's lock.
 const SHARDS: usize = 64;
 
+/// Keys per shard below which a bounded backend uses fewer shards, so that a
+/// small bound is held by few shards rather than rounded up to one key in
+/// each of `SHARDS`.
+const MIN_PER_SHARD: usize = 16;
+
 /// A shard sweeps out full buckets when it reaches this many keys, and then
 /// again each time it doubles from what the last sweep kept.
 const MIN_SWEEP: usize = 256;
@@ -20,9 +25,9 @@ const MIN_SWEEP: usize = 256;
 pub(crate) struct MemoryBackend {
     shards: Box<[Mutex<Shard>]>,
     /// The most keys a shard keeps; beyond it, the keys nearest to expiry
-    /// are dropped. Unbounded for the primary memory backend (exact); set for
-    /// the local fallback limiter, which must stay small under any number of
-    /// distinct keys and may forget a nearly refilled key.
+    /// are dropped, so memory stays bounded under any number of distinct
+    /// keys. A key forgotten before its bucket refilled is admitted again as
+    /// a fresh one: under-limiting, never an error.
     max_per_shard: usize,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
@@ -35,13 +40,16 @@ struct Shard {
 }
 
 impl MemoryBackend {
+    #[cfg(test)]
     pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
         Self::bounded(clock, usize::MAX)
     }
 
-    /// A backend holding at most about `max_keys` keys.
+    /// A backend holding at most `max_keys` keys (at least one).
     pub(crate) fn bounded(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
-        let shards = (0..SHARDS)
+        let max_keys = max_keys.max(1);
+        let count = (max_keys / MIN_PER_SHARD).clamp(1, SHARDS);
+        let shards = (0..count)
             .map(|_| {
                 Mutex::new(Shard {
                     buckets: HashMap::new(),
@@ -51,14 +59,18 @@ impl MemoryBackend {
             .collect();
         Self {
             shards,
-            max_per_shard: (max_keys / SHARDS).max(1),
+            max_per_shard: max_keys / count,
             hasher: RandomState::new(),
             clock,
         }
     }
 
+    fn index(&self, key: &str) -> usize {
+        self.hasher.hash_one(key) as usize % self.shards.len()
+    }
+
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        let index = self.hasher.hash_one(key) as usize % SHARDS;
+        let index = self.index(key);
         // The lock guards plain data updated without panicking, so a poisoned
         // lock (a panic elsewhere while held) still holds consistent state.
         self.shards[index]
@@ -105,10 +117,7 @@ impl MemoryBackend {
     /// the copies stored only if every key admits. The keys must be distinct.
     pub(crate) fn decide_all(&self, requests: &[(&Quota, &str, u64)]) -> Vec<Decision> {
         let now = self.clock.now_micros();
-        let indexes: Vec<usize> = requests
-            .iter()
-            .map(|(_, key, _)| self.hasher.hash_one(*key) as usize % SHARDS)
-            .collect();
+        let indexes: Vec<usize> = requests.iter().map(|(_, key, _)| self.index(key)).collect();
         let mut order = indexes.clone();
         order.sort_unstable();
         order.dedup();
@@ -150,6 +159,12 @@ impl MemoryBackend {
         decisions
     }
 
+    /// The most keys this backend holds.
+    #[cfg(test)]
+    pub(crate) fn max_keys(&self) -> usize {
+        self.max_per_shard * self.shards.len()
+    }
+
     /// Keys currently held (buckets not yet known to be full).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -174,13 +189,23 @@ impl Shard {
         }
         self.buckets.retain(|_, (_, expires_at)| *expires_at > now);
         if self.buckets.len() > max {
-            // Over the bound: keep the half of `max` furthest from expiry.
+            // Over the bound: keep the half of `max` (at least one key)
+            // furthest from expiry; of keys expiring at the cut, only as many
+            // as fit.
+            let keep = (max / 2).max(1);
             let mut expiries: Vec<u64> = self.buckets.values().map(|(_, e)| *e).collect();
-            let keep = max / 2;
-            let cut_index = expiries.len() - keep.max(1);
+            let cut_index = expiries.len() - keep;
             let (_, cut, _) = expiries.select_nth_unstable(cut_index);
             let cut = *cut;
-            self.buckets.retain(|_, (_, expires_at)| *expires_at > cut);
+            let mut at_cut = keep - expiries.iter().filter(|&&e| e > cut).count();
+            self.buckets.retain(|_, (_, expires_at)| {
+                if *expires_at > cut {
+                    return true;
+                }
+                let kept = *expires_at == cut && at_cut > 0;
+                at_cut -= usize::from(kept);
+                kept
+            });
         }
         self.sweep_at = (self.buckets.len() * 2).max(MIN_SWEEP);
         if self.buckets.capacity() > self.sweep_at * 2 {
@@ -237,6 +262,30 @@ mod tests {
             backend.decide(&quota, "ip:199999", 1);
         }
         assert!(!backend.decide(&quota, "ip:199999", 1).allowed);
+    }
+
+    #[test]
+    fn a_small_bound_keeps_its_newest_keys() {
+        for bound in [1, 10, 100, 127] {
+            let clock = ManualClock::new(1_000_000);
+            let backend = MemoryBackend::bounded(Arc::new(clock.clone()), bound);
+            let quota = Quota::new(2, Rate::per_hour(1).unwrap()).unwrap();
+            for i in 0..1_000u64 {
+                backend.decide(&quota, &format!("ip:{i}"), 1);
+                clock.advance(Duration::from_micros(1));
+                assert!(
+                    backend.len() <= bound,
+                    "a bound of {bound} held {} keys",
+                    backend.len()
+                );
+            }
+            // The newest key is kept: its second token is its last.
+            assert!(backend.decide(&quota, "ip:999", 1).allowed, "bound {bound}");
+            assert!(
+                !backend.decide(&quota, "ip:999", 1).allowed,
+                "a bound of {bound} forgot its newest key"
+            );
+        }
     }
 
     #[test]

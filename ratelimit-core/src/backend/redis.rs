@@ -10,11 +10,13 @@
 //! call deciding for many keys costs far less than as many calls.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use once_cell::sync::{Lazy, OnceCell};
+use once_cell::sync::Lazy;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::algorithm::gcra;
@@ -40,8 +42,21 @@ const MAX_BATCH: usize = 32;
 const BATCH_CONNECTIONS: usize = 2;
 
 /// Script calls in flight at once from one limiter; decisions arriving while
-/// all are busy queue for the next batch.
-const MAX_IN_FLIGHT: usize = 16;
+/// all are busy queue for the next batch. Until Redis has answered a call,
+/// and again after a call fails, a call goes alone: a frozen Redis is sent
+/// one batch per failure rather than this many, and holds less to apply
+/// when it thaws.
+pub(crate) const MAX_IN_FLIGHT: usize = 16;
+
+/// The most decisions waiting for a script call. A decision arriving while
+/// this many wait (Redis is slower than the calls arrive) fails at once with
+/// [`Error::Overloaded`], which the failure policy answers: the queue, and
+/// the work Redis is left with, stay bounded however long Redis is slow.
+pub(crate) const MAX_QUEUED: usize = 4_096;
+
+/// What a Redis limiter needs a Tokio runtime for, said when it has none.
+const NO_RUNTIME: &str = "a Redis limiter decides on a Tokio runtime, which runs its connection \
+     and batching; call it from within one (`#[tokio::main]`, `Runtime::block_on`)";
 
 /// Built once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
 /// restart or `SCRIPT FLUSH`), loads the script and retries once.
@@ -92,10 +107,18 @@ pub(crate) struct Request {
 
 impl Request {
     pub(crate) fn new(quota: &Quota, cost: u64, now: Option<u64>) -> Self {
+        Self::tagged(quota, cost, now, 0)
+    }
+
+    /// A request whose admission the sliding log records under `tag`
+    /// (non-zero, below 2^53, unique to this request), so that a refund
+    /// with the same tag removes exactly what it added, however often it is
+    /// applied. Other algorithms ignore the tag.
+    pub(crate) fn tagged(quota: &Quota, cost: u64, now: Option<u64>, tag: u64) -> Self {
         let rate = quota.rate();
         let algorithm = quota.algorithm();
         let params = if algorithm.is_windowed() {
-            [quota.capacity(), quota.window_us(), 0]
+            [quota.capacity(), quota.window_us(), tag]
         } else {
             [rate.tokens(), rate.period_us(), quota.capacity()]
         };
@@ -225,9 +248,10 @@ pub(crate) fn decode_one(
 fn decode(quota: &Quota, cost: u64, key: &str, answer: &[i64]) -> Result<Decision, Error> {
     let algorithm = quota.algorithm();
     match *answer {
-        [-1, ..] => Err(Error::UnexpectedReply(format!(
-            "the value at `{key}` was not written by `{algorithm}`; another writer or algorithm uses this key"
-        ))),
+        [-1, ..] => Err(Error::ForeignValue {
+            key: key.to_owned(),
+            algorithm,
+        }),
         [debt] if debt >= 0 => Ok(gcra::decide_debt(
             quota,
             debt as u64,
@@ -257,12 +281,20 @@ struct Job {
     reply: oneshot::Sender<Result<Decision, Error>>,
 }
 
+/// The connections and the batching task of one Tokio runtime. They live
+/// as long as that runtime: when it shuts down, its tasks are dropped, the
+/// queue closes, and the next decision makes a new lane on its own runtime.
+struct Lane {
+    queue: mpsc::Sender<Job>,
+    /// For all-or-nothing calls, which go alone.
+    connection: ConnectionManager,
+}
+
 pub(crate) struct RedisBackend {
     client: redis::Client,
-    /// Created on first use, inside the caller's Tokio runtime, which the
-    /// connection manager and the batching task run on.
-    connection: OnceCell<ConnectionManager>,
-    batcher: OnceCell<mpsc::UnboundedSender<Job>>,
+    /// Made on first use, inside the caller's Tokio runtime, which the
+    /// connection managers and the batching task run on.
+    lane: RwLock<Option<Arc<Lane>>>,
     prefix: String,
     timeout: Duration,
     /// The caller's clock, when configured; Redis `TIME` otherwise.
@@ -280,8 +312,7 @@ impl RedisBackend {
             .map_err(|e| Error::Config(format!("invalid Redis URL `{url}`: {e}")))?;
         Ok(Self {
             client,
-            connection: OnceCell::new(),
-            batcher: OnceCell::new(),
+            lane: RwLock::new(None),
             prefix,
             timeout,
             clock,
@@ -298,21 +329,51 @@ impl RedisBackend {
         ConnectionManager::new_lazy_with_config(self.client.clone(), config).map_err(Error::from)
     }
 
-    fn connection(&self) -> Result<ConnectionManager, Error> {
-        self.connection
-            .get_or_try_init(|| self.new_connection())
-            .cloned()
+    /// The live lane, or a new one on the caller's runtime when there is none
+    /// or its runtime has shut down.
+    fn lane(&self) -> Result<Arc<Lane>, Error> {
+        if let Some(lane) = &*self.lane.read().unwrap_or_else(PoisonError::into_inner) {
+            if !lane.queue.is_closed() {
+                return Ok(lane.clone());
+            }
+        }
+        self.renew_lane()
     }
 
-    fn batcher(&self) -> Result<&mpsc::UnboundedSender<Job>, Error> {
-        self.batcher.get_or_try_init(|| {
-            let mut connections = vec![self.connection()?];
-            while connections.len() < BATCH_CONNECTIONS {
-                connections.push(self.new_connection()?);
+    #[cold]
+    fn renew_lane(&self) -> Result<Arc<Lane>, Error> {
+        let mut slot = self.lane.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(lane) = &*slot {
+            if !lane.queue.is_closed() {
+                return Ok(lane.clone());
             }
-            let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(run_batches(receiver, connections));
-            Ok(sender)
+        }
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| Error::Config(NO_RUNTIME.into()))?;
+        let connections = (0..BATCH_CONNECTIONS)
+            .map(|_| self.new_connection())
+            .collect::<Result<Vec<_>, _>>()?;
+        let (queue, receiver) = mpsc::channel(MAX_QUEUED);
+        let lane = Arc::new(Lane {
+            queue,
+            connection: connections[0].clone(),
+        });
+        runtime.spawn(run_batches(receiver, connections));
+        *slot = Some(lane.clone());
+        Ok(lane)
+    }
+
+    /// Queues `job` for the next batch, without waiting.
+    fn enqueue(&self, job: Job) -> Result<(), Error> {
+        let job = match self.lane()?.queue.try_send(job) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
+            // The runtime shut down since `lane` looked: once more, on a new lane.
+            Err(TrySendError::Closed(job)) => job,
+        };
+        self.renew_lane()?.queue.try_send(job).map_err(|e| match e {
+            TrySendError::Full(_) => Error::Overloaded(MAX_QUEUED),
+            TrySendError::Closed(_) => Error::Config(NO_RUNTIME.into()),
         })
     }
 
@@ -340,9 +401,9 @@ impl RedisBackend {
             request: Request::new(quota, cost, self.now()),
             reply,
         };
-        self.batcher()?
-            .send(job)
-            .map_err(|_| Error::Config("the limiter's Tokio runtime has shut down".into()))?;
+        self.enqueue(job)?;
+        // Dropping `answer` (a timeout here, or the caller's future dropped)
+        // tells the batcher not to send this decision if it has not yet.
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(Error::UnexpectedReply("the batch was dropped".into())),
@@ -356,7 +417,7 @@ impl RedisBackend {
         &self,
         requests: &[(&Quota, &str, u64)],
     ) -> Result<Vec<Decision>, Error> {
-        let mut connection = self.connection()?;
+        let mut connection = self.lane()?.connection.clone();
         let now = self.now();
         let keys: Vec<String> = requests
             .iter()
@@ -378,13 +439,21 @@ impl RedisBackend {
 }
 
 /// Takes decisions off the queue and sends them in batches, with at most
-/// `MAX_IN_FLIGHT` script calls outstanding, taking turns on `connections`.
-async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connections: Vec<ConnectionManager>) {
+/// `MAX_IN_FLIGHT` script calls outstanding (one while Redis is not known
+/// to answer), taking turns on `connections`. Ends when the backend is
+/// dropped (the queue closes) or its runtime shuts down.
+async fn run_batches(mut queue: mpsc::Receiver<Job>, connections: Vec<ConnectionManager>) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let answering = Arc::new(AtomicBool::new(false));
     for connection in connections.iter().cycle() {
         // Wait for a free slot first: meanwhile, arriving decisions queue up
-        // and go together.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
+        // and go together. A call that must go alone takes every slot.
+        let wanted = if answering.load(Ordering::Acquire) {
+            1
+        } else {
+            MAX_IN_FLIGHT as u32
+        };
+        let Ok(slot) = slots.clone().acquire_many_owned(wanted).await else {
             return;
         };
         let Some(first) = queue.recv().await else {
@@ -393,37 +462,52 @@ async fn run_batches(mut queue: mpsc::UnboundedReceiver<Job>, connections: Vec<C
         // Let the callers that are ready run first, so their decisions join
         // this batch.
         tokio::task::yield_now().await;
-        let mut jobs = vec![first];
+        // A decision whose caller has gone (timed out, or its future was
+        // dropped) is not sent: it would consume tokens nobody was answered
+        // with.
+        let mut jobs: Vec<Job> = Some(first).into_iter().filter(Job::wanted).collect();
         while jobs.len() < MAX_BATCH {
             match queue.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(job) if job.wanted() => jobs.push(job),
+                Ok(_) => {}
                 Err(_) => break,
             }
         }
-        let connection = connection.clone();
+        if jobs.is_empty() {
+            continue;
+        }
+        let (connection, answering) = (connection.clone(), answering.clone());
         tokio::spawn(async move {
-            send_batch(connection, jobs).await;
+            let answered = send_batch(connection, jobs).await;
+            answering.store(answered, Ordering::Release);
             drop(slot);
         });
     }
 }
 
-async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) {
+impl Job {
+    fn wanted(&self) -> bool {
+        !self.reply.is_closed()
+    }
+}
+
+/// Sends one batch and hands each caller its decision; whether Redis answered.
+async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) -> bool {
     let invocation = invocation("each", jobs.iter().map(|job| (&job.key, job.request)));
-    let decoded = invoke(&invocation, &mut connection)
-        .await
-        .map_err(Error::from)
-        .and_then(|reply| {
-            decode_reply(
-                &reply,
-                jobs.iter()
-                    .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
-            )
-        });
+    let reply = invoke(&invocation, &mut connection).await;
+    let answered = reply.is_ok();
+    let decoded = reply.map_err(Error::from).and_then(|reply| {
+        decode_reply(
+            &reply,
+            jobs.iter()
+                .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
+        )
+    });
     // A failed call, or a reply of the wrong length: every decision fails.
     let results = decoded.unwrap_or_else(|error| jobs.iter().map(|_| Err(error.clone())).collect());
     for (job, result) in jobs.into_iter().zip(results) {
         // The caller may have timed out and gone: nothing to do then.
         let _ = job.reply.send(result);
     }
+    answered
 }

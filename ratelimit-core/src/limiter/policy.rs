@@ -1,0 +1,225 @@
+//! The failure path: the circuit breaker in front of every backend call, and
+//! the failure policy that answers when the backend cannot. This is the only
+//! place a backend fault becomes an answer for a caller.
+//!
+//! Every answer given here is given without I/O, so each takes a unit of the
+//! task's Tokio budget: a caller looping on a dead backend yields like one
+//! looping on a socket, so timers, the batching task and reconnection keep
+//! running on its thread.
+
+use std::time::Instant;
+
+use super::{answered_in_process, Dimension, Limiter};
+use crate::breaker::CircuitState;
+use crate::decision::Decision;
+use crate::error::{DenialCause, Error, RateLimited};
+use crate::metrics::Outcome;
+use crate::quota::Quota;
+
+/// What [`Limiter::acquire`] (and so `#[rate_limit]`) does when the backend
+/// fails, times out, is overloaded, or its circuit breaker is open. A backend
+/// error is never reported as a denial by the quota: a denial under a failure
+/// policy says so in its [`DenialCause`], and an admission says so in
+/// [`Decision::fallback`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Allow the call: the service keeps running without limits while the
+    /// backend is down. The default, as a limiter must not take its service
+    /// down with it.
+    #[default]
+    Open,
+    /// Deny the call with [`DenialCause::BackendUnavailable`] and the
+    /// limiter's [`closed_retry_after`](super::LimiterBuilder::closed_retry_after):
+    /// for limits protecting something that must never be flooded.
+    Closed,
+    /// Decide in process with a [share](super::LimiterBuilder::local_share) of
+    /// each quota, on a bounded in-memory limiter: the limit holds roughly
+    /// while the backend is down, with no network call. A request costing
+    /// more than the share's capacity is denied
+    /// ([`DenialCause::LocalFallback`], retry after `closed_retry_after`):
+    /// the share can never admit it, though the backend may once it is back.
+    Local,
+}
+
+/// What a call's outcome says of the backend's health, for the breaker:
+/// `Some(true)` a failure of the backend itself, `Some(false)` an answer,
+/// `None` nothing (a full queue, a configuration fault).
+fn failed(result: &Result<impl Sized, Error>) -> Option<bool> {
+    match result {
+        Ok(_) | Err(Error::ForeignValue { .. }) => Some(false),
+        Err(error) if error.is_backend_failure() => Some(true),
+        Err(_) => None,
+    }
+}
+
+impl Limiter {
+    /// Runs one backend call through the circuit breaker: skipped while it
+    /// is open, timed, and its outcome recorded. A call dropped mid-way
+    /// (its caller gave up) records nothing, and a dropped probe lets the
+    /// next caller probe.
+    pub(super) async fn guarded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let backend = self.inner.backend.name();
+        let breaker = &self.inner.breaker;
+        let Some(permit) = breaker.permit() else {
+            answered_in_process().await;
+            return Err(Error::CircuitOpen);
+        };
+        let started = Instant::now();
+        let result = call.await;
+        crate::metrics::backend_latency(backend, started.elapsed());
+        let Some(failed) = failed(&result) else {
+            return result;
+        };
+        if let Some(state) = permit.record(failed) {
+            crate::metrics::circuit_state(backend, state);
+            match state {
+                CircuitState::Open => tracing::warn!(
+                    backend,
+                    "rate limit backend keeps failing; circuit open, calls skip it until a probe succeeds"
+                ),
+                _ => tracing::info!(backend, "rate limit backend answers again; circuit closed"),
+            }
+        }
+        result
+    }
+
+    /// The failure policy's answer to one request the backend could not
+    /// decide.
+    pub(super) async fn fall_back(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        error: Error,
+        policy: FailurePolicy,
+    ) -> (Result<Decision, RateLimited>, Outcome) {
+        answered_in_process().await;
+        self.warn_throttled(key, &error, policy);
+        match policy {
+            FailurePolicy::Open => (
+                Ok(Decision::fail_open(quota.capacity())),
+                Outcome::FallbackAllowed,
+            ),
+            FailurePolicy::Closed => (
+                Err(self.unavailable(key, quota.capacity())),
+                Outcome::FallbackDenied,
+            ),
+            FailurePolicy::Local => match self.decide_locally(&[(quota, key, cost)]) {
+                Ok(mut decisions) => (Ok(decisions.remove(0)), Outcome::FallbackAllowed),
+                Err((_, denied)) => (Err(denied), Outcome::FallbackDenied),
+            },
+        }
+    }
+
+    /// The failure policy's answer to an all-or-nothing check the backend
+    /// could not decide; denials name the dimension that denied.
+    pub(super) async fn fall_back_all(
+        &self,
+        dimensions: &[Dimension<'_>],
+        error: Error,
+        policy: FailurePolicy,
+    ) -> Result<Vec<Decision>, RateLimited> {
+        answered_in_process().await;
+        let rule = dimensions.first().map_or("", |d| d.rule);
+        let key = dimensions.first().map_or("", |d| d.key);
+        self.warn_throttled(key, &error, policy);
+        match policy {
+            FailurePolicy::Open => {
+                self.inner.stats.record(rule, Outcome::FallbackAllowed);
+                Ok(dimensions
+                    .iter()
+                    .map(|d| Decision::fail_open(d.quota.capacity()))
+                    .collect())
+            }
+            FailurePolicy::Closed => {
+                self.inner.stats.record(rule, Outcome::FallbackDenied);
+                let capacity = dimensions.first().map_or(0, |d| d.quota.capacity());
+                Err(self.unavailable(key, capacity))
+            }
+            FailurePolicy::Local => {
+                let requests: Vec<(&Quota, &str, u64)> = dimensions
+                    .iter()
+                    .map(|d| (d.quota, d.key, d.cost))
+                    .collect();
+                match self.decide_locally(&requests) {
+                    Ok(decisions) => {
+                        self.inner.stats.record(rule, Outcome::FallbackAllowed);
+                        Ok(decisions)
+                    }
+                    Err((index, denied)) => {
+                        let rule = dimensions[index].rule;
+                        self.inner.stats.record(rule, Outcome::FallbackDenied);
+                        Err(if rule.is_empty() {
+                            denied
+                        } else {
+                            denied.with_rule(rule)
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decides `requests` all or nothing on the local limiter, each with the
+    /// limiter's share of its quota; a denial says which request denied.
+    fn decide_locally(
+        &self,
+        requests: &[(&Quota, &str, u64)],
+    ) -> Result<Vec<Decision>, (usize, RateLimited)> {
+        let scaled: Vec<Quota> = requests
+            .iter()
+            .map(|(quota, _, _)| quota.scaled(self.inner.local_share))
+            .collect();
+        // A cost the share cannot hold would never be admitted by it, and the
+        // algorithms assume it fits; the backend may admit it once it is back.
+        if let Some(i) = requests
+            .iter()
+            .zip(&scaled)
+            .position(|((_, _, cost), share)| *cost > share.capacity())
+        {
+            let denied = RateLimited::new(
+                requests[i].1,
+                scaled[i].capacity(),
+                0,
+                self.inner.closed_retry_after,
+            )
+            .with_cause(DenialCause::LocalFallback);
+            return Err((i, denied));
+        }
+        let local: Vec<(&Quota, &str, u64)> = requests
+            .iter()
+            .zip(&scaled)
+            .map(|((_, key, cost), share)| (share, *key, *cost))
+            .collect();
+        let mut decisions = self.inner.local.decide_all(&local);
+        decisions.iter_mut().for_each(|d| d.fallback = true);
+        let denied = requests
+            .iter()
+            .enumerate()
+            .zip(&decisions)
+            .filter(|(_, d)| !d.allowed)
+            .max_by_key(|(_, d)| d.retry_after);
+        match denied {
+            None => Ok(decisions),
+            Some(((i, (_, key, _)), decision)) => Err((
+                i,
+                RateLimited::new(
+                    *key,
+                    decision.limit,
+                    decision.remaining,
+                    decision.retry_after,
+                )
+                .with_cause(DenialCause::LocalFallback),
+            )),
+        }
+    }
+
+    fn unavailable(&self, key: &str, capacity: u64) -> RateLimited {
+        RateLimited::new(key, capacity, 0, self.inner.closed_retry_after)
+            .with_cause(DenialCause::BackendUnavailable)
+    }
+}

@@ -1,0 +1,651 @@
+//! Callers as production has them: tasks that loop on the limiter without
+//! ever yielding, futures dropped mid-call, floods while Redis is frozen,
+//! values another writer left in Redis, runtimes that come and go. Each test
+//! asserts liveness and exact accounting, never speed.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt as _;
+use ratelimit::{
+    Algorithm, BreakerConfig, CircuitState, DenialCause, Dimension, Error, FailurePolicy, Limiter,
+    Quota, Rate,
+};
+use redis::AsyncCommands as _;
+use support::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// Generous: a loaded machine's scheduling delays on top of the timeout.
+const MARGIN: Duration = Duration::from_secs(1);
+const POLICIES: [FailurePolicy; 3] = [
+    FailurePolicy::Open,
+    FailurePolicy::Closed,
+    FailurePolicy::Local,
+];
+
+fn limiter(server: &RedisServer, policy: FailurePolicy) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .failure_policy(policy)
+        .build()
+        .unwrap()
+}
+
+/// A quota that never denies in these tests.
+fn roomy() -> Quota {
+    Quota::new(1_000_000_000, "1000000000/s".parse().unwrap()).unwrap()
+}
+
+/// Counters shared by callers that loop on `acquire` as fast as they can.
+#[derive(Default)]
+struct Seen {
+    from_redis: AtomicU64,
+    fallbacks: AtomicU64,
+    slowest_us: AtomicU64,
+    /// Denials by the quota, which a roomy quota never gives.
+    quota_denials: AtomicU64,
+    /// The longest a ticker task sharing the runtime waited past its 10 ms.
+    ticker_gap_us: AtomicU64,
+}
+
+impl Seen {
+    fn decided_by_redis(&self) -> u64 {
+        self.from_redis.load(Ordering::Relaxed)
+    }
+
+    /// Waits (on the test's own thread, which the runtime does not need)
+    /// until Redis decides `count` more calls; how long that took.
+    fn until_redis_decides(&self, count: u64, within: Duration, context: &str) -> Duration {
+        let started = Instant::now();
+        let target = self.decided_by_redis() + count;
+        while self.decided_by_redis() < target {
+            assert!(
+                started.elapsed() < within,
+                "{context}: Redis decided no call within {within:?} of its return"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        started.elapsed()
+    }
+}
+
+/// Runs `callers` tasks that call `acquire` in a loop with no await of
+/// their own, and a ticker, on a runtime of `workers` threads (0: a
+/// current-thread runtime) in a thread of its own, until `stop`.
+fn spin_callers(
+    limiter: Limiter,
+    workers: usize,
+    callers: usize,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Seen>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let runtime = if workers == 0 {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .enable_all()
+                .build()
+        }
+        .unwrap();
+        runtime.block_on(async move {
+            let quota = roomy();
+            let mut tasks = Vec::new();
+            for caller in 0..callers {
+                let (limiter, stop, seen) = (limiter.clone(), stop.clone(), seen.clone());
+                tasks.push(tokio::spawn(async move {
+                    let key = format!("spin:{caller}");
+                    while !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        let result = limiter.acquire(&quota, &key, 1).await;
+                        let took = started.elapsed().as_micros() as u64;
+                        seen.slowest_us.fetch_max(took, Ordering::Relaxed);
+                        match result {
+                            Ok(d) if !d.fallback => seen.from_redis.fetch_add(1, Ordering::Relaxed),
+                            Err(denied) if denied.cause == DenialCause::Quota => {
+                                seen.quota_denials.fetch_add(1, Ordering::Relaxed)
+                            }
+                            _ => seen.fallbacks.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                }));
+            }
+            let (ticker_stop, ticker_seen) = (stop.clone(), seen.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut last = Instant::now();
+                while !ticker_stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    let gap = last.elapsed().saturating_sub(Duration::from_millis(10));
+                    ticker_seen
+                        .ticker_gap_us
+                        .fetch_max(gap.as_micros() as u64, Ordering::Relaxed);
+                    last = Instant::now();
+                }
+            }));
+            for task in tasks {
+                task.await.expect("a caller panicked");
+            }
+        });
+    })
+}
+
+/// Callers that never yield, on a current-thread runtime and on a
+/// one-worker multi-thread runtime, for every policy: Redis frozen, thawed,
+/// killed and restarted. Answers given without I/O must let the runtime's
+/// timers, the batching task and reconnection run.
+#[test]
+fn callers_that_never_yield_keep_the_runtime_alive_and_return_to_redis() {
+    for workers in [0, 1] {
+        for policy in POLICIES {
+            let context = format!("{policy:?}, {workers} workers");
+            let mut server = RedisServer::start();
+            let limiter = limiter(&server, policy);
+            let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+            let runtime = spin_callers(limiter.clone(), workers, 8, stop.clone(), seen.clone());
+            let watchdog = Instant::now();
+            seen.until_redis_decides(100, Duration::from_secs(10), &context);
+
+            server.freeze();
+            std::thread::sleep(Duration::from_millis(1_000));
+            let during = seen.fallbacks.load(Ordering::Relaxed);
+            server.thaw();
+            let thawed = seen.until_redis_decides(10, Duration::from_secs(3), &context);
+
+            server.kill();
+            std::thread::sleep(Duration::from_millis(500));
+            server.restart();
+            let restarted = seen.until_redis_decides(10, Duration::from_secs(3), &context);
+
+            stop.store(true, Ordering::Relaxed);
+            runtime.join().expect("the callers' runtime panicked");
+            let slowest = Duration::from_micros(seen.slowest_us.load(Ordering::Relaxed));
+            let gap = Duration::from_micros(seen.ticker_gap_us.load(Ordering::Relaxed));
+            eprintln!(
+                "{context}: back on Redis {thawed:?} after the thaw, {restarted:?} after the restart; \
+                 slowest call {slowest:?}, longest ticker delay {gap:?}, whole run {:?}",
+                watchdog.elapsed()
+            );
+            assert!(during > 0, "{context}: a frozen Redis caused no fallback");
+            assert!(
+                slowest < TIMEOUT + MARGIN,
+                "{context}: a call took {slowest:?} under a {TIMEOUT:?} timeout"
+            );
+            assert!(
+                gap < MARGIN,
+                "{context}: a ticker sharing the runtime was held up {gap:?}"
+            );
+            assert!(
+                thawed < Duration::from_secs(1) && restarted < Duration::from_secs(1),
+                "{context}: back on Redis {thawed:?} after the thaw, {restarted:?} after the restart"
+            );
+        }
+    }
+}
+
+/// Runs `command` on `server` with the plain client (the test's own thread).
+fn redis_cli(server: &RedisServer, args: &[&str]) {
+    let mut connection = server
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .expect("connect to the private redis-server");
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    let _: redis::Value = cmd
+        .query(&mut connection)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+}
+
+/// One fault after another under a steady load of callers that never
+/// yield, with the counts of each phase: how many calls Redis decided, how
+/// many the policy answered, and the longest call.
+#[test]
+fn a_timeline_of_faults_under_steady_load_is_survived_phase_by_phase() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Local);
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let runtime = spin_callers(limiter.clone(), 2, 16, stop.clone(), seen.clone());
+    seen.until_redis_decides(100, Duration::from_secs(10), "start");
+    let mut rows = Vec::new();
+    let mut phase = |name: &str,
+                     fault: &mut dyn FnMut(&mut RedisServer),
+                     expect_fallbacks: bool| {
+        let (redis0, fallbacks0) = (seen.decided_by_redis(), seen.fallbacks.load(Ordering::Relaxed));
+        seen.slowest_us.store(0, Ordering::Relaxed);
+        fault(&mut server);
+        let back = seen.until_redis_decides(10, Duration::from_secs(3), name);
+        std::thread::sleep(Duration::from_millis(300));
+        let slowest = Duration::from_micros(seen.slowest_us.load(Ordering::Relaxed));
+        let fallbacks = seen.fallbacks.load(Ordering::Relaxed) - fallbacks0;
+        rows.push(format!(
+            "{name:<24} redis {:>8}  fallbacks {fallbacks:>8}  longest call {slowest:>12.1?}  back on Redis after {back:.1?}",
+            seen.decided_by_redis() - redis0
+        ));
+        assert!(
+            slowest < TIMEOUT + MARGIN,
+            "{name}: a call took {slowest:?}"
+        );
+        assert!(
+            back < Duration::from_secs(1),
+            "{name}: back on Redis after {back:?}"
+        );
+        if expect_fallbacks {
+            assert!(fallbacks > 0, "{name}: the fault caused no fallback");
+        }
+    };
+    phase(
+        "healthy",
+        &mut |_| std::thread::sleep(Duration::from_millis(500)),
+        false,
+    );
+    phase(
+        "SIGSTOP 2 s, SIGCONT",
+        &mut |server| {
+            server.freeze();
+            std::thread::sleep(Duration::from_secs(2));
+            server.thaw();
+        },
+        true,
+    );
+    phase(
+        "SIGKILL, restart",
+        &mut |server| {
+            server.kill();
+            std::thread::sleep(Duration::from_millis(500));
+            server.restart();
+        },
+        true,
+    );
+    phase(
+        "CLIENT KILL",
+        &mut |server| {
+            redis_cli(
+                server,
+                &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+            );
+        },
+        false,
+    );
+    phase(
+        "SCRIPT FLUSH",
+        &mut |server| redis_cli(server, &["SCRIPT", "FLUSH"]),
+        false,
+    );
+    phase(
+        "maxmemory 1 (OOM) 1 s",
+        &mut |server| {
+            redis_cli(server, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+            redis_cli(server, &["CONFIG", "SET", "maxmemory", "1"]);
+            std::thread::sleep(Duration::from_secs(1));
+            redis_cli(server, &["CONFIG", "SET", "maxmemory", "0"]);
+        },
+        true,
+    );
+    stop.store(true, Ordering::Relaxed);
+    runtime.join().expect("the callers' runtime panicked");
+    eprintln!("{}", rows.join("\n"));
+    assert_eq!(
+        seen.quota_denials.load(Ordering::Relaxed),
+        0,
+        "a fault was reported as a denial by the quota"
+    );
+    let gap = Duration::from_micros(seen.ticker_gap_us.load(Ordering::Relaxed));
+    assert!(
+        gap < MARGIN,
+        "a ticker sharing the runtime was held up {gap:?}"
+    );
+}
+
+/// Opens the breaker of `limiter` on a frozen `server` with three timed-out
+/// calls.
+async fn open_breaker(limiter: &Limiter, quota: &Quota) {
+    for i in 0..3 {
+        let _ = limiter.decide(quota, &format!("open:{i}"), 1).await;
+    }
+    assert_eq!(limiter.circuit_state(), CircuitState::Open);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_dropped_mid_call_lets_the_next_call_probe() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .breaker(BreakerConfig::default())
+        .build()
+        .unwrap();
+    let quota = roomy();
+    limiter.decide(&quota, "warm", 1).await.unwrap();
+    server.freeze();
+    open_breaker(&limiter, &quota).await;
+    // Past the first backoff (50 ms), the next call is the probe; its caller
+    // gives up after 5 ms, as a client disconnect or a tower timeout would.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let probe = tokio::time::timeout(
+        Duration::from_millis(5),
+        limiter.acquire(&quota, "probe", 1),
+    )
+    .await;
+    assert!(probe.is_err(), "the probe was to be cut short: {probe:?}");
+    server.thaw();
+    let started = Instant::now();
+    loop {
+        if let Ok(d) = limiter.acquire(&quota, "after", 1).await {
+            if !d.fallback {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "no call reached Redis within 1 s of its return; circuit {:?}",
+            limiter.circuit_state()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(limiter.circuit_state(), CircuitState::Closed);
+}
+
+/// Waits until Redis decides a call again (at most a second).
+async fn until_redis_decides(limiter: &Limiter, quota: &Quota) {
+    let started = Instant::now();
+    while limiter.decide(quota, "until-redis", 1).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "Redis decided nothing within 1 s of its return"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Keys matching `pattern` that Redis holds.
+async fn keys(server: &RedisServer, pattern: &str) -> usize {
+    let mut redis = server.connection().await;
+    let keys: Vec<String> = redis.keys(pattern).await.unwrap();
+    keys.len()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Open);
+    let quota = Quota::per_hour(5).unwrap();
+    limiter.decide(&quota, "warm", 1).await.unwrap();
+    // Each call is polled once, so its decision is queued, then dropped
+    // before the batching task (on this same thread) has run.
+    for i in 0..1_000 {
+        let key = format!("gone:{i}");
+        let call = limiter.acquire(&quota, &key, 1);
+        assert!(
+            call.now_or_never().is_none(),
+            "a Redis decision cannot be ready at once"
+        );
+    }
+    // Now let the batching task run, and decide one more call after them.
+    limiter.decide(&quota, "after", 1).await.unwrap();
+    assert_eq!(
+        keys(&server, "rl:gone:*").await,
+        0,
+        "decisions whose callers had gone reached Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_callers_that_time_out() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Open);
+    let quota = Quota::per_hour(5).unwrap();
+    limiter.decide(&quota, "warm", 1).await.unwrap();
+    server.freeze();
+    let calls: Vec<_> = (0..2_000)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let result = limiter.acquire(&quota, &format!("late:{i}"), 1).await;
+                (started.elapsed(), result)
+            })
+        })
+        .collect();
+    for call in calls {
+        let (took, result) = call.await.unwrap();
+        assert!(took < TIMEOUT + MARGIN, "a call took {took:?}");
+        assert!(result.unwrap().fallback, "a frozen Redis decided");
+    }
+    server.thaw();
+    // Let Redis run what was already written to its sockets.
+    until_redis_decides(&limiter, &quota).await;
+    let consumed = keys(&server, "rl:late:*").await;
+    eprintln!("2,000 callers timed out on a frozen Redis; {consumed} keys consumed after the thaw");
+    // What was in flight when Redis froze (at most every slot of full
+    // batches) and one lone batch after the calls failed; every decision
+    // still queued had lost its caller and was dropped.
+    assert!(
+        consumed <= 16 * 32 + 32,
+        "{consumed} of 2,000 abandoned decisions consumed tokens"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_queue_in_front_of_a_slow_redis_is_bounded() {
+    let server = RedisServer::start();
+    // A long timeout: the callers wait while the queue fills.
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let quota = Quota::per_hour(5).unwrap();
+    limiter.decide(&quota, "warm", 1).await.unwrap();
+    server.freeze();
+    let started = Arc::new(AtomicU64::new(0));
+    let calls: Vec<_> = (0..6_000)
+        .map(|i| {
+            let (limiter, started) = (limiter.clone(), started.clone());
+            tokio::spawn(async move {
+                started.fetch_add(1, Ordering::Relaxed);
+                limiter.decide(&quota, &format!("q:{i}"), 1).await
+            })
+        })
+        .collect();
+    // One thread: once every call task has started, each has run up to its
+    // wait, and the queue is full.
+    while started.load(Ordering::Relaxed) < 6_000 {
+        tokio::task::yield_now().await;
+    }
+    let mut refused = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Err(Error::Overloaded(_)) => refused += 1,
+            Err(Error::Timeout(_)) => {}
+            other => panic!("a decision on a frozen Redis: {other:?}"),
+        }
+    }
+    server.thaw();
+    until_redis_decides(&limiter, &quota).await;
+    let consumed = keys(&server, "rl:q:*").await;
+    eprintln!("6,000 calls on a frozen Redis: {refused} refused at once, {consumed} consumed");
+    assert!(
+        consumed <= 16 * 32 + 32,
+        "{consumed} decisions reached Redis though their callers had timed out"
+    );
+    assert!(
+        refused >= 6_000 - 4_096 - 16 * 32,
+        "only {refused} of 6,000 calls were refused by a queue of 4,096"
+    );
+    assert_eq!(
+        limiter.circuit_state(),
+        CircuitState::Closed,
+        "a full queue is no failure of Redis"
+    );
+}
+
+fn every_string_algorithm() -> Vec<Quota> {
+    let rate = Rate::per_second(1).unwrap();
+    let window = Duration::from_secs(10);
+    vec![
+        Quota::token_bucket(5, rate).unwrap(),
+        Quota::gcra(5, rate).unwrap(),
+        Quota::leaky_bucket(5, rate).unwrap(),
+        Quota::fixed_window(5, window).unwrap(),
+        Quota::sliding_window(5, window).unwrap(),
+    ]
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_that_keys_error_and_is_never_overwritten() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Open);
+    let mut redis = server.connection().await;
+    let _: () = redis.zadd("rl:zset", "member", 1).await.unwrap();
+    let _: () = redis.hset("rl:hash", "field", "value").await.unwrap();
+    for quota in every_string_algorithm() {
+        for key in ["zset", "hash"] {
+            let result = limiter.decide(&quota, key, 1).await;
+            assert!(
+                matches!(&result, Err(Error::ForeignValue { key: k, .. }) if k == &format!("rl:{key}")),
+                "{}: a {key} read as {result:?}",
+                quota.algorithm()
+            );
+            let all = limiter
+                .decide_all(&[
+                    Dimension::new(&quota, "fresh-dimension"),
+                    Dimension::new(&quota, key),
+                ])
+                .await;
+            assert!(
+                matches!(all, Err(Error::ForeignValue { .. })),
+                "{}: all or nothing with a {key}: {all:?}",
+                quota.algorithm()
+            );
+        }
+    }
+    let kind: String = redis::cmd("TYPE")
+        .arg("rl:zset")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(kind, "zset", "the sorted set was overwritten");
+    let kind: String = redis::cmd("TYPE")
+        .arg("rl:hash")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(kind, "hash", "the hash was overwritten");
+    let untouched: u64 = redis::cmd("EXISTS")
+        .arg("rl:fresh-dimension")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        untouched, 0,
+        "an all-or-nothing check with a foreign key wrote"
+    );
+    assert_eq!(limiter.circuit_state(), CircuitState::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_in_a_batch_leaves_the_others_decided_and_the_breaker_closed() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Closed);
+    let mut redis = server.connection().await;
+    let _: () = redis.set("rl:log:bad", "a string").await.unwrap();
+    let log = Quota::sliding_log(5, Duration::from_secs(10)).unwrap();
+    limiter.decide(&log, "warm", 1).await.unwrap();
+    for round in 0..5 {
+        // Decided together: the batch holds the bad key and 63 good ones.
+        let calls: Vec<_> = (0..64)
+            .map(|i| {
+                let limiter = limiter.clone();
+                let key = if i == 0 {
+                    "log:bad".to_owned()
+                } else {
+                    format!("log:good:{round}:{i}")
+                };
+                tokio::spawn(async move { (i, limiter.decide(&log, &key, 1).await) })
+            })
+            .collect();
+        for call in calls {
+            match call.await.unwrap() {
+                (0, Err(Error::ForeignValue { .. })) => {}
+                (0, other) => panic!("the string read by the sliding log: {other:?}"),
+                (i, Ok(d)) => assert!(d.allowed, "good key {i} denied: {d:?}"),
+                (i, Err(e)) => panic!("good key {i} failed beside a bad one: {e}"),
+            }
+        }
+    }
+    assert_eq!(limiter.circuit_state(), CircuitState::Closed);
+    let healthy = limiter.acquire(&log, "log:healthy", 1).await.unwrap();
+    assert!(
+        !healthy.fallback,
+        "a healthy key after a bad one: {healthy:?}"
+    );
+    let kept: String = redis.get("rl:log:bad").await.unwrap();
+    assert_eq!(kept, "a string");
+}
+
+#[test]
+fn a_redis_limiter_outlives_the_runtime_of_its_first_decision() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Closed);
+    let quota = Quota::per_hour(100).unwrap();
+    // Outside any runtime: a clear error, no panic.
+    let outside = futures::executor::block_on(limiter.decide(&quota, "outside", 1));
+    match outside {
+        Err(Error::Config(message)) => assert!(message.contains("Tokio runtime"), "{message}"),
+        other => panic!("a decision outside a runtime: {other:?}"),
+    }
+    for round in 0..3 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let decision = runtime
+            .block_on(limiter.decide(&quota, "runtimes", 1))
+            .unwrap_or_else(|e| panic!("runtime {round}: {e}"));
+        assert_eq!(decision.remaining, 99 - round, "runtime {round}");
+        drop(runtime);
+    }
+}
+
+#[test]
+fn every_algorithm_refuses_a_foreign_value_in_check_all_and_decide() {
+    // The sliding log reads a sorted set; any other type is foreign to it.
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let limiter = limiter(&server, FailurePolicy::Open);
+        let mut redis = server.connection().await;
+        let _: () = redis.set("rl:s", "text").await.unwrap();
+        let log = Quota::builder(Algorithm::SlidingLog)
+            .limit(3)
+            .window(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let result = limiter.decide(&log, "s", 1).await;
+        assert!(
+            matches!(result, Err(Error::ForeignValue { .. })),
+            "{result:?}"
+        );
+        let all = limiter
+            .decide_all(&[Dimension::new(&log, "other"), Dimension::new(&log, "s")])
+            .await;
+        assert!(matches!(all, Err(Error::ForeignValue { .. })), "{all:?}");
+        let other: u64 = redis::cmd("EXISTS")
+            .arg("rl:other")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(
+            other, 0,
+            "the all-or-nothing check wrote beside a foreign key"
+        );
+    });
+}
