@@ -158,6 +158,13 @@ impl Breaker {
         if self.config.failures_to_open == 0 {
             return None;
         }
+        // A call begun before the breaker opened says nothing new: only the
+        // probe's failure pushes the next probe out and doubles the backoff.
+        // (Counted, a burst of calls failing together on one broken
+        // connection would hold the breaker open for the longest backoff.)
+        if !probe && self.state() != CircuitState::Closed {
+            return None;
+        }
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if probe || failures >= self.config.failures_to_open {
             let backoff = self.backoff_us.load(Ordering::Acquire);
@@ -249,6 +256,28 @@ mod tests {
         let _ = probe.unwrap().record(true);
         // The doubled backoff (from a 1 µs floor) keeps the breaker open for now.
         assert_eq!(breaker.state(), CircuitState::Open);
+    }
+
+    #[test]
+    fn failures_of_calls_begun_before_the_breaker_opened_do_not_delay_the_probe() {
+        let breaker = Breaker::new(BreakerConfig {
+            failures_to_open: 1,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_secs(3600),
+        });
+        let late: Vec<_> = (0..10).map(|_| breaker.permit().unwrap()).collect();
+        let _ = breaker.permit().unwrap().record(true);
+        assert_eq!(breaker.state(), CircuitState::Open);
+        // Calls that were in flight on the same broken connection fail now.
+        for permit in late {
+            assert_eq!(permit.record(true), None);
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            kind(&breaker.permit()),
+            "probe",
+            "the first backoff has passed; late failures must not postpone the probe"
+        );
     }
 
     #[test]
