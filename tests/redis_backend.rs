@@ -684,3 +684,73 @@ async fn leased_tokens_keep_the_global_bound_with_a_tenth_of_the_calls() {
     let left = instances[0].decide(&quota, "hot", 0).await.unwrap();
     assert_eq!(left.remaining, 0, "every leased token is counted in Redis");
 }
+
+/// A rule reload, a tier change or a redeploy changes the quota of keys that
+/// hold state: the new quota decides, from what was consumed, never waiting
+/// longer than its own longest wait, and a lower limit is a denial.
+#[tokio::test]
+async fn a_changed_quota_decides_keys_that_hold_state_without_errors_or_endless_waits() {
+    let server = RedisServer::start();
+    let redis = redis_limiter(&server);
+    let memory = Limiter::memory();
+    let minute = Duration::from_secs(60);
+    let changes = [
+        // (before, calls under it, after)
+        (
+            Quota::fixed_window(5, minute).unwrap(),
+            5,
+            Quota::fixed_window(5, 2 * minute).unwrap(),
+        ),
+        (
+            Quota::sliding_window(5, minute).unwrap(),
+            5,
+            Quota::sliding_window(5, 60 * minute).unwrap(),
+        ),
+        (
+            Quota::fixed_window(100, minute).unwrap(),
+            50,
+            Quota::fixed_window(10, minute).unwrap(),
+        ),
+        (
+            Quota::sliding_log(100, minute).unwrap(),
+            50,
+            Quota::sliding_log(10, minute).unwrap(),
+        ),
+        (
+            Quota::sliding_window(100, minute).unwrap(),
+            50,
+            Quota::sliding_window(10, minute).unwrap(),
+        ),
+        (
+            Quota::new(10, "1/h".parse().unwrap()).unwrap(),
+            10,
+            Quota::new(10, "100/s".parse().unwrap()).unwrap(),
+        ),
+        (
+            Quota::leaky_bucket(10, "1/h".parse().unwrap()).unwrap(),
+            10,
+            Quota::leaky_bucket(10, "100/s".parse().unwrap()).unwrap(),
+        ),
+    ];
+    for (limiter, name) in [(&redis, "redis"), (&memory, "memory")] {
+        for (i, (before, calls, after)) in changes.iter().enumerate() {
+            let key = format!("change:{i}");
+            for _ in 0..*calls {
+                limiter.decide(before, &key, 1).await.unwrap();
+            }
+            let d = limiter
+                .decide(after, &key, 1)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {before} then {after}: {e}"));
+            assert!(
+                d.retry_after <= after.longest_wait(),
+                "{name}: {before} then {after}: wait {:?}",
+                d.retry_after
+            );
+            if after.capacity() < *calls {
+                assert!(!d.allowed, "{name}: {before} then {after}: {d:?}");
+                assert_eq!(d.remaining, 0, "{name}: {before} then {after}");
+            }
+        }
+    }
+}

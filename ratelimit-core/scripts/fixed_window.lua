@@ -2,26 +2,36 @@
 -- of src/algorithm/fixed_window.rs. The count and the window's expiry are
 -- written by one PSETEX, so a counter can never be left without expiry.
 --
--- p1 limit, p2 window in µs. State: "<window index>:<count>".
+-- p1 limit, p2 window in µs. State: "<start_us>:<count>", the instant the
+-- counted window began: a count begun inside the current window counts
+-- under any quota, an older one does not.
+
+-- The end of the window a count begun at `start` belongs to (see the twin).
+local function window_end(start, current, window)
+  if start < current + window then return current + window end
+  return start - start % window + window
+end
 
 ALGORITHMS[2] = each_key(function(key, stored, now, cost, commit, limit, window)
-  local index = divmod(now, window)
-  local count = 0
-  local s_index, s_count = parse(stored, '^(%d+):(%d+)$')
-  if s_index == false then return corrupt() end
-  -- A stored window at or after ours (the clock went back) still counts.
-  if s_index and s_index >= index then
-    index, count = s_index, s_count
+  local current = now - now % window
+  local start, count = current, 0
+  local s_start, s_count = parse(stored, '^(%d+):(%d+)$')
+  if s_start == false then return corrupt() end
+  -- Counted in a window that began in ours, or later (the clock went back).
+  if s_start and s_start >= current then
+    start, count = s_start, s_count
   end
-  local until_end = (index + 1) * window - now
+  local until_end = window_end(start, current, window) - now
   if until_end < 0 then until_end = 0 end
 
   if count + cost > limit then
-    return 0, limit - count, until_end, until_end, 0
+    local remaining = limit - count
+    if remaining < 0 then remaining = 0 end
+    return 0, remaining, until_end, until_end, 0
   end
   count = count + cost
   if cost == 0 then return 1, limit - count, 0, until_end, 0 end
-  local value = int(index) .. ':' .. int(count)
+  local value = int(start) .. ':' .. int(count)
   if commit then
     if not store(key, value, until_end, not stored) then return corrupt() end
     return 1, limit - count, 0, until_end, 0

@@ -41,6 +41,14 @@ ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period,
       full_at, rem = s_full_at, s_rem
     end
     local debt = (full_at - now) * tokens + rem
+    -- A debt deeper than this bucket (run up under another quota, or on a
+    -- clock that went back) is an empty bucket: never a longer wait than
+    -- this quota's own time to refill.
+    if debt > depth then
+      debt = depth
+      local whole = floor(depth / tokens)
+      full_at, rem = now + whole, depth - whole * tokens
+    end
     local new_debt = debt + inc
 
     n = n + 1

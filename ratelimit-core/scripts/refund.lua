@@ -25,15 +25,15 @@ REFUNDS[5] = refund_gcra
 
 -- Fixed window: the current window's count falls by the cost.
 REFUNDS[2] = function(key, now, cost, limit, window)
-  local s_index, s_count = load(key, '^(%d+):(%d+)$')
-  if not s_index or s_index < divmod(now, window) then return end
+  local s_start, s_count = load(key, '^(%d+):(%d+)$')
+  if not s_start or s_start < now - now % window then return end
   local count = s_count - cost
   if count <= 0 then
     call('DEL', key)
   else
-    local until_end = (s_index + 1) * window - now
+    local until_end = window_end(s_start, now - now % window, window) - now
     if until_end < 1 then until_end = 1 end
-    store(key, int(s_index) .. ':' .. int(count), until_end)
+    store(key, int(s_start) .. ':' .. int(count), until_end)
   end
 end
 
@@ -54,11 +54,11 @@ end
 
 -- Sliding window: the current window's count falls by the cost.
 REFUNDS[4] = function(key, now, cost, limit, window)
-  local s_index, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
-  if not s_index or s_index < divmod(now, window) then return end
+  local s_start, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
+  if not s_start or s_start < now - now % window then return end
   local current = s_current - cost
   if current < 0 then current = 0 end
-  local ttl = (s_index + 2) * window - now
+  local ttl = s_start - s_start % window + 2 * window - now
   if ttl < 1 then ttl = 1 end
-  store(key, int(s_index) .. ':' .. int(current) .. ':' .. int(s_previous), ttl)
+  store(key, int(s_start) .. ':' .. int(current) .. ':' .. int(s_previous), ttl)
 end

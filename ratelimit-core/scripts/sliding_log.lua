@@ -57,7 +57,10 @@ ALGORITHMS[SLIDING_LOG] = each_key(function(key, _, now, cost, commit, limit, wi
     local oldest = call('ZRANGEBYSCORE', key, after_cutoff, '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
     local reset = 0
     if newest then reset = newest + window - now end
-    return 0, limit - count, tonumber(oldest[2]) + window - now, reset, 0
+    -- A lowered limit can find more admissions than it allows: none remain.
+    local remaining = limit - count
+    if remaining < 0 then remaining = 0 end
+    return 0, remaining, tonumber(oldest[2]) + window - now, reset, 0
   end
 
   local latest = now

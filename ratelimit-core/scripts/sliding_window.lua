@@ -2,22 +2,24 @@
 -- weighted by the share of it the sliding window still covers, in whole
 -- milliseconds. The twin of src/algorithm/sliding_window.rs.
 --
--- p1 limit, p2 window in µs. State: "<index>:<current>:<previous>".
+-- p1 limit, p2 window in µs. State: "<start_us>:<current>:<previous>", the
+-- instant the current window began: a count begun inside the current window
+-- is current under any quota, one begun in the window before is previous.
 
 ALGORITHMS[4] = each_key(function(key, stored, now, cost, commit, limit, window)
   local window_ms = window / 1000
-  local now_index = divmod(now, window)
-  local index, current, previous = now_index, 0, 0
-  local s_index, s_current, s_previous = parse(stored, '^(%d+):(%d+):(%d+)$')
-  if s_index == false then return corrupt() end
-  if s_index then
-    if s_index >= now_index then
-      index, current, previous = s_index, s_current, s_previous
-    elseif s_index + 1 == now_index then
+  local this = now - now % window
+  local start, current, previous = this, 0, 0
+  local s_start, s_current, s_previous = parse(stored, '^(%d+):(%d+):(%d+)$')
+  if s_start == false then return corrupt() end
+  if s_start then
+    if s_start >= this then
+      -- Begun in this window, or later (the clock went back).
+      start, current, previous = s_start - s_start % window, s_current, s_previous
+    elseif s_start + window >= this then
       previous = s_current
     end
   end
-  local start = index * window
   local finish = start + window
   -- Before the window's start only after the clock went back: count the
   -- previous window fully then.
@@ -62,7 +64,7 @@ ALGORITHMS[4] = each_key(function(key, stored, now, cost, commit, limit, window)
   local reset = positive(reset_at(new_current) - now)
   local remaining = divmod(capacity - used - cost * window_ms, window_ms)
   if cost == 0 then return 1, remaining, 0, reset, 0 end
-  local value = int(index) .. ':' .. int(new_current) .. ':' .. int(previous)
+  local value = int(start) .. ':' .. int(new_current) .. ':' .. int(previous)
   if commit then
     if not store(key, value, reset, not stored) then return corrupt() end
     return 1, remaining, 0, reset, 0

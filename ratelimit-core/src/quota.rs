@@ -496,6 +496,28 @@ impl Quota {
         Duration::from_micros(self.depth().div_ceil(self.rate.tokens))
     }
 
+    /// The longest `retry_after` this quota gives, on a clock that does not
+    /// go back, whatever state a key holds (state left by another quota
+    /// included): the time to refill an empty bucket; the window for the
+    /// fixed window and the sliding log; twice the window for the sliding
+    /// window counter, whose previous window fades over the next one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit_core::Quota;
+    ///
+    /// assert_eq!(Quota::new(10, "2/s".parse()?)?.longest_wait(), Duration::from_secs(5));
+    /// let window = Quota::sliding_window(100, Duration::from_secs(60))?;
+    /// assert_eq!(window.longest_wait(), Duration::from_secs(120));
+    /// # Ok::<(), ratelimit_core::QuotaError>(())
+    /// ```
+    pub fn longest_wait(&self) -> Duration {
+        match self.algorithm {
+            Algorithm::SlidingWindow => Duration::from_micros(2 * self.window_us),
+            _ => self.replenish_all(),
+        }
+    }
+
     /// The same quota cut to `share` (in (0, 1]) for one instance's local
     /// fallback: capacity or limit scaled down (at least 1), the rate scaled
     /// down, the window kept. Falls back to coarser precision for the share

@@ -1,7 +1,13 @@
 //! At most `limit` per window, windows aligned to the Unix epoch. The state is
-//! the window's number and its count, written with the window's expiry in
-//! one script, so a counter can never be left without expiry. Redis stores
-//! `"<index>:<count>"`.
+//! the instant the counted window began and its count, written with the
+//! window's expiry in one script, so a counter can never be left without
+//! expiry. Redis stores `"<start_us>:<count>"`.
+//!
+//! The state is an instant, not a window number, so it keeps its meaning
+//! when the quota changes: a count whose window began inside the current
+//! window (of the quota deciding now) was consumed inside it and counts; an
+//! older one does not. A count above a lowered limit is a denial with
+//! nothing remaining until the current window ends.
 
 use super::{decision, State};
 use crate::decision::Decision;
@@ -15,16 +21,24 @@ pub(super) fn decide(
 ) -> (Decision, bool) {
     let window = quota.window_us();
     let limit = quota.capacity();
-    let (index, count) = match *state {
-        // A stored window at or after ours (the clock went back) still counts.
-        Some(State::Window { index, count }) if index >= now / window => (index, count),
-        _ => (now / window, 0),
+    let current = now - now % window;
+    let (start, count) = match *state {
+        // Counted in a window that began in ours, or later (the clock went
+        // back): it still counts.
+        Some(State::Window { start, count }) if start >= current => (start, count),
+        _ => (current, 0),
     };
-    let end = (index + 1) * window;
-    let until_end = end.saturating_sub(now);
+    let until_end = window_end(start, current, window).saturating_sub(now);
 
     if count + cost > limit {
-        let d = decision(quota, false, limit - count, until_end, until_end, 0);
+        let d = decision(
+            quota,
+            false,
+            limit.saturating_sub(count),
+            until_end,
+            until_end,
+            0,
+        );
         return (d, false);
     }
     let count = count + cost;
@@ -32,8 +46,19 @@ pub(super) fn decide(
     if cost == 0 {
         return (d, false);
     }
-    *state = Some(State::Window { index, count });
+    *state = Some(State::Window { start, count });
     (d, true)
+}
+
+/// The end of the window a count begun at `start` belongs to: the current
+/// window's (beginning at `current`) when it began inside it, else (only
+/// after the clock went back) the end of the window holding `start`.
+fn window_end(start: u64, current: u64, window: u64) -> u64 {
+    if start < current + window {
+        current + window
+    } else {
+        start - start % window + window
+    }
 }
 
 #[cfg(test)]

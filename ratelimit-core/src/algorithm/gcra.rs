@@ -14,6 +14,10 @@
 //! units; Redis stores `"<full_at>"` (one integer) when the remainder is zero,
 //! `"<full_at>:<rem>"` otherwise.
 //!
+//! The state is an instant, so it keeps its meaning when the quota changes:
+//! the tokens owed carry over as time, and a debt deeper than the new
+//! bucket is an empty bucket ("as is, capped at the new capacity").
+//!
 //! The leaky bucket reads `full_at` as the instant its queue has drained: a
 //! request is admitted while the queue has room, and waits `delay`, the time
 //! the requests ahead of it take to drain.
@@ -34,11 +38,20 @@ pub(super) fn decide(
 
     // A full_at in the past means a full bucket. A clock that went backwards
     // finds full_at further away, so it sees fewer tokens, never more.
-    let (full_at, rem) = match *state {
+    let (mut full_at, mut rem) = match *state {
         Some(State::Tat { full_at, rem }) if full_at >= now => (full_at, rem),
         _ => (now, 0),
     };
-    let debt = (full_at - now) * tokens + rem;
+    let mut debt = (full_at - now).saturating_mul(tokens).saturating_add(rem);
+    // A debt deeper than this quota's bucket was run up under another quota
+    // (a slower rate, a larger capacity) or on a clock that went back: it
+    // counts as an empty bucket, so the wait is never longer than this
+    // quota's own time to refill.
+    let depth = quota.depth();
+    if debt > depth {
+        debt = depth;
+        (full_at, rem) = (now + depth / tokens, depth % tokens);
+    }
     let d = decide_debt(quota, debt, cost, leaky);
     // A denial writes nothing, nor does a request of no cost.
     if !d.allowed || inc == 0 {

@@ -25,13 +25,14 @@ pub(crate) enum State {
     /// Token bucket, GCRA and leaky bucket: full (or drained) at
     /// `full_at + rem / tokens` µs.
     Tat { full_at: u64, rem: u64 },
-    /// Fixed window: `count` in window number `index`.
-    Window { index: u64, count: u64 },
+    /// Fixed window: `count` in the window that began at `start` µs.
+    Window { start: u64, count: u64 },
     /// Sliding log: admitted instants, ascending.
     Log(std::collections::VecDeque<u64>),
-    /// Sliding window: counts of window `index` and of the one before.
+    /// Sliding window: counts of the window that began at `start` µs and
+    /// of the one before.
     Windows {
-        index: u64,
+        start: u64,
         current: u64,
         previous: u64,
     },

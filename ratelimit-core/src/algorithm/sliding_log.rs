@@ -42,7 +42,9 @@ pub(super) fn decide(
 
     if let Some(oldest) = oldest_needed {
         let reset = newest.map_or(0, |t| t + window - now);
-        let d = decision(quota, false, limit - count, oldest + window - now, reset, 0);
+        // A lowered limit can find more admissions than it allows.
+        let remaining = limit.saturating_sub(count);
+        let d = decision(quota, false, remaining, oldest + window - now, reset, 0);
         return (d, false);
     }
     let reset = newest.map_or(now, |t| t.max(now)) + window - now;

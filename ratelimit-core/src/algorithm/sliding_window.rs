@@ -1,7 +1,10 @@
 //! The sliding window counter: the current fixed window's count plus the
 //! previous window's, weighted by the share of the previous window the
 //! sliding window still covers. Weights move in whole milliseconds. Redis
-//! stores `"<index>:<current>:<previous>"`.
+//! stores `"<start_us>:<current>:<previous>"`: the instant the current
+//! window began, which keeps its meaning when the quota changes (a count
+//! begun inside the current window is current, one begun in the window
+//! before is previous, an older one is gone).
 //!
 //! Error bound: the estimate assumes the previous window's requests were
 //! spread evenly. The count admitted in any window of length `window` never
@@ -21,19 +24,18 @@ pub(super) fn decide(
     let window = quota.window_us();
     let window_ms = window / 1_000;
     let limit = quota.capacity();
-    let now_index = now / window;
-    let (index, current, previous) = match *state {
+    let this = now - now % window;
+    let (start, current, previous) = match *state {
+        // Begun in this window, or later (the clock went back): it counts,
+        // in the window holding it.
         Some(State::Windows {
-            index,
+            start,
             current,
             previous,
-        }) if index >= now_index => (index, current, previous),
-        Some(State::Windows { index, current, .. }) if index + 1 == now_index => {
-            (now_index, 0, current)
-        }
-        _ => (now_index, 0, 0),
+        }) if start >= this => ((start - start % window).max(this), current, previous),
+        Some(State::Windows { start, current, .. }) if start + window >= this => (this, 0, current),
+        _ => (this, 0, 0),
     };
-    let start = index * window;
     let end = start + window;
     // Before the window's start only after the clock went back: count the
     // previous window fully then.
@@ -69,7 +71,7 @@ pub(super) fn decide(
         return (d, false);
     }
     *state = Some(State::Windows {
-        index,
+        start,
         current,
         previous,
     });

@@ -83,9 +83,14 @@ impl MemoryBackend {
         let mut shard = self.shard(key);
         match shard.buckets.get_mut(key) {
             Some((state, expires_at)) => {
-                // An expired state is one Redis would have dropped.
-                let mut current = (*expires_at > now)
-                    .then(|| std::mem::replace(state, State::Window { index: 0, count: 0 }));
+                // State past its expiry decides as no state would under the
+                // quota that wrote it, so it is handed over as it is: under
+                // another quota it decides as a Redis that has not expired
+                // the key yet would (see the twins on quota changes).
+                let mut current = Some(std::mem::replace(
+                    state,
+                    State::Window { start: 0, count: 0 },
+                ));
                 let (decision, wrote) = algorithm::decide(quota, &mut current, now, cost);
                 if wrote {
                     *expires_at = now + decision.reset_after.as_micros() as u64;
@@ -135,11 +140,7 @@ impl MemoryBackend {
         let mut decided = Vec::with_capacity(requests.len());
         for ((quota, key, cost), index) in requests.iter().zip(&indexes) {
             let shard = &guards[guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0)].1;
-            let mut state = shard
-                .buckets
-                .get(*key)
-                .filter(|(_, expires_at)| *expires_at > now)
-                .map(|(state, _)| state.clone());
+            let mut state = shard.buckets.get(*key).map(|(state, _)| state.clone());
             let (decision, wrote) = algorithm::decide(quota, &mut state, now, *cost);
             decided.push((decision, wrote.then_some(state).flatten()));
         }

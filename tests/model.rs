@@ -1,0 +1,354 @@
+//! A model-based property test of the algorithms against Redis and the
+//! memory backend at once: random sequences of operations on a few keys,
+//! with quotas that change while keys hold state, costs from 0 to twice the
+//! capacity, the caller's clock stepping forward and back, several decisions
+//! on one key in one script call, and all-or-nothing checks of 1 to 4
+//! dimensions. After each operation:
+//! - the Lua scripts and the Rust twins decided alike;
+//! - no error but the typed ones (a cost above the capacity);
+//! - no denial asks for a wait longer than the quota's longest wait (plus
+//!   however far the clock has gone back);
+//! - no key was admitted above its algorithm's bound, checked against a
+//!   simple reference model of each, over each stretch of time in which the
+//!   key's quota stayed the same and the clock did not go back.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use ratelimit::{Algorithm, Decision, Dimension, Error, Limiter, ManualClock, Quota};
+use support::RedisServer;
+
+/// Quotas a key can be decided under, by the state they keep: a key's quota
+/// changes only within its family (each algorithm's state is foreign to the
+/// others, and the attribute derives a key per algorithm).
+fn families() -> Vec<Vec<Quota>> {
+    let bucket = |algorithm, capacity, rate: &str| {
+        Quota::builder(algorithm)
+            .capacity(capacity)
+            .rate(rate.parse().unwrap())
+            .build()
+            .unwrap()
+    };
+    let window = |algorithm, limit, window: &str| {
+        Quota::builder(algorithm)
+            .limit(limit)
+            .window(Quota::parse_window(window).unwrap())
+            .build()
+            .unwrap()
+    };
+    use Algorithm::*;
+    vec![
+        vec![
+            bucket(TokenBucket, 5, "2/s"),
+            bucket(TokenBucket, 2, "1/min"),
+            bucket(Gcra, 8, "10/s"),
+            bucket(Gcra, 3, "7/min"),
+        ],
+        vec![
+            bucket(LeakyBucket, 4, "3/s"),
+            bucket(LeakyBucket, 10, "1/s"),
+        ],
+        vec![
+            window(FixedWindow, 5, "1s"),
+            window(FixedWindow, 3, "2s"),
+            window(FixedWindow, 10, "1m"),
+        ],
+        vec![
+            window(SlidingLog, 4, "1s"),
+            window(SlidingLog, 2, "3s"),
+            window(SlidingLog, 12, "1m"),
+        ],
+        vec![
+            window(SlidingWindow, 6, "1s"),
+            window(SlidingWindow, 3, "3s"),
+            window(SlidingWindow, 20, "1m"),
+        ],
+    ]
+}
+
+/// Keys: two of each family.
+const KEYS: usize = 10;
+
+fn family_of(key: usize) -> usize {
+    key / 2
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// One decision: key, the quota's index in its family (modulo), cost in
+    /// twice the capacity (modulo).
+    Decide(usize, usize, u64),
+    /// `n` decisions on one key sent together, so they share a script call.
+    Burst(usize, usize, u64, usize),
+    /// An all-or-nothing check of distinct keys.
+    All(Vec<(usize, usize, u64)>),
+    Forward(u64),
+    Back(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0..KEYS;
+    let quota = 0usize..4;
+    let cost = 0u64..64;
+    prop_oneof![
+        5 => (key.clone(), quota.clone(), cost.clone()).prop_map(|(k, q, c)| Op::Decide(k, q, c)),
+        2 => (key.clone(), quota.clone(), cost.clone(), 2usize..6)
+            .prop_map(|(k, q, c, n)| Op::Burst(k, q, c, n)),
+        2 => proptest::collection::vec((key, quota, cost), 1..5).prop_map(Op::All),
+        4 => prop_oneof![0u64..2_000, 0u64..400_000, 0u64..90_000_000].prop_map(Op::Forward),
+        1 => (0u64..1_500_000).prop_map(Op::Back),
+    ]
+}
+
+/// What the reference model knows of one key: its quota and its
+/// admissions since the quota last changed or the clock last went back.
+#[derive(Default)]
+struct Stretch {
+    quota: Option<Quota>,
+    start: u64,
+    admitted: Vec<(u64, u64)>,
+}
+
+impl Stretch {
+    fn decided(&mut self, quota: &Quota, now: u64, cost: u64, allowed: bool) {
+        if self.quota != Some(*quota) {
+            *self = Stretch {
+                quota: Some(*quota),
+                start: now,
+                admitted: Vec::new(),
+            };
+        }
+        if allowed && cost > 0 {
+            self.admitted.push((now, cost));
+        }
+    }
+
+    /// The bound each algorithm documents, over this stretch.
+    fn check(&self, now: u64) -> Result<(), String> {
+        let Some(quota) = self.quota else {
+            return Ok(());
+        };
+        let sum = |from: u64, to: u64| -> u64 {
+            self.admitted
+                .iter()
+                .filter(|(t, _)| *t >= from && *t < to)
+                .map(|(_, c)| c)
+                .sum()
+        };
+        let limit = quota.capacity();
+        match quota.algorithm() {
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
+                let rate = quota.rate();
+                let refilled = u128::from(now - self.start) * u128::from(rate.tokens())
+                    / rate.period().as_micros();
+                let bound = u128::from(limit) + refilled;
+                let total = u128::from(sum(0, u64::MAX));
+                if total > bound {
+                    return Err(format!(
+                        "{quota:?}: {total} admitted over {} µs, bound {bound}",
+                        now - self.start
+                    ));
+                }
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let w = quota.window().unwrap().as_micros() as u64;
+                for (t, _) in &self.admitted {
+                    let start = t - t % w;
+                    let total = sum(start, start + w);
+                    if total > limit {
+                        return Err(format!(
+                            "{quota:?}: {total} admitted in the window at {start}"
+                        ));
+                    }
+                }
+            }
+            Algorithm::SlidingLog => {
+                let w = quota.window().unwrap().as_micros() as u64;
+                for (t, _) in &self.admitted {
+                    let total = sum(t.saturating_sub(w - 1), t + 1);
+                    if total > limit {
+                        return Err(format!(
+                            "{quota:?}: {total} admitted in the window ending at {t}"
+                        ));
+                    }
+                }
+            }
+            other => return Err(format!("no model for {other}")),
+        }
+        Ok(())
+    }
+}
+
+/// Redis's and the memory backend's answers to one request agree, and are
+/// within the bounds that hold for any answer.
+fn agree(
+    context: &str,
+    quota: &Quota,
+    cost: u64,
+    regress: u64,
+    redis: &Result<Decision, Error>,
+    memory: &Result<Decision, Error>,
+) -> Result<(), TestCaseError> {
+    match (redis, memory) {
+        (Ok(r), Ok(m)) => {
+            prop_assert_eq!(r, m, "{}: {:?} cost {}", context, quota, cost);
+            let longest = quota.longest_wait() + Duration::from_micros(regress);
+            prop_assert!(
+                r.retry_after <= longest,
+                "{}: {:?} cost {} asked to wait {:?}, longer than {:?}",
+                context,
+                quota,
+                cost,
+                r.retry_after,
+                longest
+            );
+            prop_assert!(r.remaining <= quota.capacity(), "{}: {:?}", context, r);
+        }
+        (Err(Error::CostExceedsCapacity { .. }), Err(Error::CostExceedsCapacity { .. })) => {
+            prop_assert!(
+                cost > quota.capacity(),
+                "{}: {:?} cost {}",
+                context,
+                quota,
+                cost
+            )
+        }
+        (r, m) => prop_assert!(false, "{}: redis {:?} vs memory {:?}", context, r, m),
+    }
+    Ok(())
+}
+
+#[test]
+fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clocks() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let families = families();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 400,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(ops in proptest::collection::vec(op(), 1..80))| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let start = 1_750_000_000_000_000;
+        let clock = ManualClock::new(start);
+        let (redis, memory) = runtime.block_on(async {
+            let redis = Limiter::builder()
+                .redis(server.url())
+                .timeout(Duration::from_secs(5))
+                .clock(clock.clone())
+                .deny_cache_max_keys(0)
+                .build()
+                .unwrap();
+            let memory = Limiter::builder().memory().clock(clock.clone()).build().unwrap();
+            (redis, memory)
+        });
+        let key = |k: usize| format!("model:{case}:{k}");
+        let quota_of = |k: usize, q: usize| families[family_of(k)][q % families[family_of(k)].len()];
+        let cost_of = |quota: &Quota, c: u64| c % (2 * quota.capacity() + 1);
+        let mut stretches: HashMap<usize, Stretch> = HashMap::new();
+        let (mut now, mut high) = (start, start);
+        for (step, op) in ops.iter().enumerate() {
+            let context = format!("step {step} {op:?}");
+            let regress = high - now;
+            match op {
+                Op::Forward(d) => {
+                    now += d;
+                    high = high.max(now);
+                    clock.set(now);
+                }
+                Op::Back(d) => {
+                    now -= (*d).min(now - start);
+                    clock.set(now);
+                    // The bounds hold on a clock that does not go back.
+                    stretches.clear();
+                }
+                Op::Decide(k, q, c) => {
+                    let quota = quota_of(*k, *q);
+                    let cost = cost_of(&quota, *c);
+                    let (r, m) = runtime.block_on(async {
+                        (redis.decide(&quota, &key(*k), cost).await, memory.decide(&quota, &key(*k), cost).await)
+                    });
+                    agree(&context, &quota, cost, regress, &r, &m)?;
+                    if let Ok(d) = r {
+                        stretches.entry(*k).or_default().decided(&quota, now, cost, d.allowed);
+                    }
+                }
+                Op::Burst(k, q, c, n) => {
+                    let quota = quota_of(*k, *q);
+                    let cost = cost_of(&quota, *c);
+                    let name = key(*k);
+                    // Sent together: batches go out on two connections, so
+                    // their order is Redis's to choose; at one instant and
+                    // one cost, the answers are the same whatever the order.
+                    let by_outcome = |d: &Result<Decision, Error>| format!("{d:?}");
+                    let mut from_redis = runtime.block_on(futures::future::join_all(
+                        (0..*n).map(|_| redis.decide(&quota, &name, cost)),
+                    ));
+                    let mut from_memory: Vec<_> = (0..*n)
+                        .map(|_| runtime.block_on(memory.decide(&quota, &name, cost)))
+                        .collect();
+                    from_redis.sort_by_key(by_outcome);
+                    from_memory.sort_by_key(by_outcome);
+                    for (r, m) in from_redis.iter().zip(&from_memory) {
+                        agree(&context, &quota, cost, regress, r, m)?;
+                        if let Ok(d) = r {
+                            stretches.entry(*k).or_default().decided(&quota, now, cost, d.allowed);
+                        }
+                    }
+                }
+                Op::All(dims) => {
+                    let mut seen = Vec::new();
+                    let dims: Vec<(usize, Quota, u64)> = dims
+                        .iter()
+                        .filter(|(k, _, _)| {
+                            let new = !seen.contains(k);
+                            seen.push(*k);
+                            new
+                        })
+                        .map(|&(k, q, c)| {
+                            let quota = quota_of(k, q);
+                            (k, quota, cost_of(&quota, c))
+                        })
+                        .collect();
+                    let names: Vec<String> = dims.iter().map(|(k, _, _)| key(*k)).collect();
+                    let dimensions: Vec<Dimension<'_>> = dims
+                        .iter()
+                        .zip(&names)
+                        .map(|((_, quota, cost), name)| Dimension::new(quota, name).cost(*cost))
+                        .collect();
+                    let (r, m) = runtime.block_on(async {
+                        (redis.decide_all(&dimensions).await, memory.decide_all(&dimensions).await)
+                    });
+                    match (&r, &m) {
+                        (Ok(r), Ok(m)) => {
+                            prop_assert_eq!(r, m, "{}", context);
+                            let all = r.iter().all(|d| d.allowed);
+                            for ((k, quota, cost), d) in dims.iter().zip(r) {
+                                agree(&context, quota, *cost, regress, &Ok(*d), &Ok(*d))?;
+                                stretches.entry(*k).or_default().decided(quota, now, *cost, all);
+                            }
+                        }
+                        (Err(Error::CostExceedsCapacity { .. }), Err(Error::CostExceedsCapacity { .. })) => {
+                            prop_assert!(dims.iter().any(|(_, q, c)| *c > q.capacity()), "{}", context)
+                        }
+                        _ => prop_assert!(false, "{}: redis {:?} vs memory {:?}", context, r, m),
+                    }
+                }
+            }
+            for stretch in stretches.values() {
+                if let Err(broken) = stretch.check(now) {
+                    prop_assert!(false, "{}: {}", context, broken);
+                }
+            }
+        }
+    });
+}
