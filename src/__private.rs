@@ -326,8 +326,24 @@ async fn acquire_one(call: &Call<'_>) -> Result<(), RateLimited> {
 /// Several `#[rate_limit]` on one function: every one must admit, and none
 /// consumes unless all do (one atomic check on one limiter). Checks on
 /// different limiters, or that wait or run in shadow mode, run one after the
-/// other in the order written. Exempt checks (`None`) are left out.
-pub async fn acquire_all(calls: &[Option<Call<'_>>]) -> Result<(), RateLimited> {
+/// other in the order written. Exempt checks (`None`) are left out. Each
+/// check keeps its own failure policy.
+///
+/// Two checks on the same key (the common burst-plus-sustained pair on one
+/// template) keep state of their own: the later one decides on
+/// `key~<position>` (its place among the attributes, from 1), which no
+/// escaped value can spell. Denials still report the key as built.
+pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimited> {
+    for i in 1..calls.len() {
+        let (earlier, rest) = calls.split_at_mut(i);
+        let Some(call) = rest[0].as_mut() else {
+            continue;
+        };
+        if earlier.iter().flatten().any(|e| e.key == call.key) {
+            call.key.push('~');
+            call.key.push_str(&(i + 1).to_string());
+        }
+    }
     let calls: Vec<&Call<'_>> = calls.iter().flatten().collect();
     let Some((first, rest)) = calls.split_first() else {
         return Ok(());
@@ -345,9 +361,13 @@ pub async fn acquire_all(calls: &[Option<Call<'_>>]) -> Result<(), RateLimited> 
     let dimensions: Vec<Dimension<'_>> = calls
         .iter()
         .map(|call| {
-            Dimension::new(&call.quota, &call.key)
+            let dimension = Dimension::new(&call.quota, &call.key)
                 .cost(call.cost)
-                .rule(call.rule.name)
+                .rule(call.rule.name);
+            match call.rule.options.on_error {
+                Some(policy) => dimension.on_error(policy),
+                None => dimension,
+            }
         })
         .collect();
     let decisions = first

@@ -278,6 +278,28 @@ impl DenyCache {
         })
     }
 
+    /// The live cached denial of `cost` from `key` under `quota` at
+    /// `now_us`, if any, with no probe begun when it has expired: for a
+    /// check of several dimensions, where one spent dimension denies the
+    /// whole check and an expired one is asked with the others.
+    pub(crate) fn peek(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        now_us: u64,
+    ) -> Option<Decision> {
+        if cost == 0 {
+            return None;
+        }
+        let shard = self.shard(key);
+        let entry = shard
+            .get(key)?
+            .iter()
+            .find(|e| e.quota == *quota && e.cost == cost)?;
+        (now_us < entry.until_us).then(|| entry.answer(now_us))
+    }
+
     /// The cached denial of `cost` from `key` under `quota` at `now_us`, if
     /// any.
     #[cfg(test)]

@@ -59,8 +59,21 @@ impl KeyBuilder {
     }
 
     /// Appends the whole key given by `key = <expression>`: `%`, `{` and `}` are
-    /// escaped so the value cannot choose a Redis Cluster hash tag, and a value
-    /// longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its digest.
+    /// escaped so the value cannot choose a Redis Cluster hash tag, `~` so it
+    /// cannot spell a suffix the attribute adds (`key~gcra`, `key~2`), and a
+    /// value longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its digest.
+    ///
+    /// The expression itself must give different callers different values:
+    /// `format!("{a}/{b}")` gives `("x/y", "z")` and `("x", "y/z")` one key.
+    /// A template (`"<a>/<b>"`) escapes each value and cannot collide.
+    ///
+    /// ```
+    /// use ratelimit_core::KeyBuilder;
+    ///
+    /// let mut key = KeyBuilder::new();
+    /// key.push_whole(&"tenant{7}~gcra");
+    /// assert_eq!(key.finish(), "tenant%7B7%7D%7Egcra");
+    /// ```
     pub fn push_whole<T: fmt::Display + ?Sized>(&mut self, value: &T) {
         push_escaped_value(&mut self.key, value, Escaping::Whole);
     }
@@ -127,7 +140,9 @@ impl fmt::Write for Escaper<'_> {
             }
             let plain = match self.escaping {
                 Escaping::Value => is_value_char(c),
-                Escaping::Whole => !matches!(c, '%' | '{' | '}'),
+                // `~` too: it separates the suffixes the attribute adds to
+                // keep apart state of several algorithms or stacked limits.
+                Escaping::Whole => !matches!(c, '%' | '{' | '}' | '~'),
             };
             if plain {
                 self.out.push(c);

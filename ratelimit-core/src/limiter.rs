@@ -111,6 +111,9 @@ pub struct Dimension<'a> {
     pub cost: u64,
     /// The rule's name, for metrics and denials.
     pub rule: &'static str,
+    /// This dimension's failure policy, overriding the limiter's: see
+    /// [`Limiter::check_all`].
+    pub on_error: Option<FailurePolicy>,
 }
 
 impl<'a> Dimension<'a> {
@@ -121,7 +124,14 @@ impl<'a> Dimension<'a> {
             key,
             cost: 1,
             rule: "",
+            on_error: None,
         }
+    }
+
+    /// Uses `policy` for this dimension when the backend fails.
+    pub fn on_error(mut self, policy: FailurePolicy) -> Self {
+        self.on_error = Some(policy);
+        self
     }
 
     /// Takes `cost` tokens.
@@ -353,8 +363,12 @@ impl Limiter {
     /// and a global quota), all or nothing: either every dimension admits
     /// and each consumes, or none consumes and the denial names the dimension
     /// that denied, with the longest `retry_after` among those that denied.
-    /// A backend fault is handled by the limiter's [`FailurePolicy`], as in
-    /// [`acquire`](Self::acquire). A check that names one key twice can never
+    /// A backend fault is handled by each dimension's [`FailurePolicy`]
+    /// ([`Dimension::on_error`], else the limiter's), all or nothing: a
+    /// dimension failing closed denies the check, dimensions with the local
+    /// policy are decided together by the local limiter, and dimensions
+    /// failing open admit. A dimension whose denial is in the deny cache
+    /// denies the check with no backend call. A check that names one key twice can never
     /// be decided as written: it is denied as never admittable
     /// ([`DenialCause::CostExceedsCapacity`], `retry_after` of
     /// [`Duration::MAX`]) and logged as an error; [`decide_all`](Self::decide_all)
@@ -382,6 +396,9 @@ impl Limiter {
         dimensions: &[Dimension<'_>],
     ) -> Result<Vec<Decision>, RateLimited> {
         let rule = dimensions.first().map_or("", |d| d.rule);
+        if let Some(denied) = self.cached_denial(dimensions).await {
+            return Err(denied);
+        }
         match self.decide_all(dimensions).await {
             Ok(decisions) if decisions.iter().all(|d| d.allowed) => {
                 for d in dimensions {
@@ -392,20 +409,7 @@ impl Limiter {
             Ok(decisions) => {
                 let (dimension, decision) = longest_denial(dimensions, &decisions)
                     .unwrap_or((&dimensions[0], &decisions[0]));
-                let denied = RateLimited::new(
-                    dimension.key,
-                    decision.limit,
-                    decision.remaining,
-                    decision.retry_after,
-                );
-                let denied = if dimension.rule.is_empty() {
-                    denied
-                } else {
-                    denied.with_rule(dimension.rule)
-                };
-                self.inner.stats.record(dimension.rule, Outcome::Denied);
-                self.log_denial(&denied, false);
-                Err(denied)
+                Err(self.denied_by(dimension, decision))
             }
             Err(Error::CostExceedsCapacity { cost, capacity }) => {
                 let dimension = dimensions
@@ -433,6 +437,40 @@ impl Limiter {
                     .await
             }
         }
+    }
+
+    /// The denial of a check of several dimensions by `dimension`, as
+    /// decided in `decision`: counted and logged.
+    fn denied_by(&self, dimension: &Dimension<'_>, decision: &Decision) -> RateLimited {
+        let denied = RateLimited::new(
+            dimension.key,
+            decision.limit,
+            decision.remaining,
+            decision.retry_after,
+        );
+        let denied = if dimension.rule.is_empty() {
+            denied
+        } else {
+            denied.with_rule(dimension.rule)
+        };
+        self.inner.stats.record(dimension.rule, Outcome::Denied);
+        self.log_denial(&denied, false);
+        denied
+    }
+
+    /// A check of several dimensions denied by the deny cache: the longest
+    /// live cached denial among its dimensions, if any. Such a check could
+    /// not be admitted before that denial ends, whatever the others hold.
+    async fn cached_denial(&self, dimensions: &[Dimension<'_>]) -> Option<RateLimited> {
+        let cache = self.inner.deny_cache.as_ref()?;
+        let now = self.inner.cache_clock.now_micros();
+        let (dimension, decision) = dimensions
+            .iter()
+            .filter_map(|d| Some((d, cache.peek(d.quota, d.key, d.cost, now)?)))
+            .max_by_key(|(_, decision)| decision.retry_after)?;
+        self.inner.stats.cache_hit();
+        answered_in_process().await;
+        Some(self.denied_by(dimension, &decision))
     }
 
     /// Whether `self` and `other` are clones of one limiter.

@@ -92,7 +92,7 @@ fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<Attribute> {
 ///         /* the call of `a:<user_id>`, `__ratelimit_call_0` (see `prepare_check`) */
 ///         /* the call of `b`, `__ratelimit_call_1` */
 ///         if let ::core::result::Result::Err(__ratelimit_denied) =
-///             ::ratelimit::__private::acquire_all(&[__ratelimit_call_0, __ratelimit_call_1]).await
+///             ::ratelimit::__private::acquire_all(&mut [__ratelimit_call_0, __ratelimit_call_1]).await
 ///         {
 ///             #[allow(clippy::useless_conversion)]
 ///             let __ratelimit_error = ::core::convert::From::from(__ratelimit_denied);
@@ -127,7 +127,7 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         .map(|(i, check)| prepare_check(&signature, check, &format!("_{i}")));
     let calls = (0..checks.len()).map(|i| format_ident!("__ratelimit_call_{}", i));
     let private = private_path(&checks[0]);
-    let call = quote!(#private::acquire_all(&[#(#calls),*]));
+    let call = quote!(#private::acquire_all(&mut [#(#calls),*]));
     let deny = deny(&signature, call);
     Ok(quote!({ #(#prepared)* #deny }))
 }

@@ -115,53 +115,72 @@ impl Limiter {
         }
     }
 
-    /// The failure policy's answer to an all-or-nothing check the backend
-    /// could not decide; denials name the dimension that denied.
+    /// The failure policies' answer to an all-or-nothing check the backend
+    /// could not decide, each dimension under its own policy (`default`
+    /// when it names none), all or nothing: a dimension failing closed
+    /// denies the check; the dimensions with the local policy are decided
+    /// together by the local limiter; those failing open admit. Denials name
+    /// the dimension that denied.
     pub(super) async fn fall_back_all(
         &self,
         dimensions: &[Dimension<'_>],
         error: Error,
-        policy: FailurePolicy,
+        default: FailurePolicy,
     ) -> Result<Vec<Decision>, RateLimited> {
         answered_in_process().await;
-        let rule = dimensions.first().map_or("", |d| d.rule);
-        let key = dimensions.first().map_or("", |d| d.key);
-        self.warn_throttled(key, &error, policy);
-        match policy {
-            FailurePolicy::Open => {
-                self.inner.stats.record(rule, Outcome::FallbackAllowed);
-                Ok(dimensions
-                    .iter()
-                    .map(|d| Decision::fail_open(d.quota.capacity()))
-                    .collect())
+        let policy_of = |d: &Dimension<'_>| d.on_error.unwrap_or(default);
+        let first = dimensions.first();
+        self.warn_throttled(
+            first.map_or("", |d| d.key),
+            &error,
+            first.map_or(default, policy_of),
+        );
+        let named = |denied: RateLimited, rule: &'static str| {
+            if rule.is_empty() {
+                denied
+            } else {
+                denied.with_rule(rule)
             }
-            FailurePolicy::Closed => {
-                self.inner.stats.record(rule, Outcome::FallbackDenied);
-                let capacity = dimensions.first().map_or(0, |d| d.quota.capacity());
-                Err(self.unavailable(key, capacity))
-            }
-            FailurePolicy::Local => {
-                let requests: Vec<(&Quota, &str, u64)> = dimensions
-                    .iter()
-                    .map(|d| (d.quota, d.key, d.cost))
-                    .collect();
-                match self.decide_locally(&requests) {
-                    Ok(decisions) => {
-                        self.inner.stats.record(rule, Outcome::FallbackAllowed);
-                        Ok(decisions)
-                    }
-                    Err((index, denied)) => {
-                        let rule = dimensions[index].rule;
-                        self.inner.stats.record(rule, Outcome::FallbackDenied);
-                        Err(if rule.is_empty() {
-                            denied
-                        } else {
-                            denied.with_rule(rule)
-                        })
-                    }
-                }
-            }
+        };
+        if let Some(closed) = dimensions
+            .iter()
+            .find(|d| policy_of(d) == FailurePolicy::Closed)
+        {
+            self.inner
+                .stats
+                .record(closed.rule, Outcome::FallbackDenied);
+            return Err(named(
+                self.unavailable(closed.key, closed.quota.capacity()),
+                closed.rule,
+            ));
         }
+        let local: Vec<(usize, (&Quota, &str, u64))> = dimensions
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| policy_of(d) == FailurePolicy::Local)
+            .map(|(i, d)| (i, (d.quota, d.key, d.cost)))
+            .collect();
+        let requests: Vec<(&Quota, &str, u64)> = local.iter().map(|(_, r)| *r).collect();
+        let mut decided = match self.decide_locally(&requests) {
+            Ok(decisions) => decisions.into_iter(),
+            Err((index, denied)) => {
+                let rule = dimensions[local[index].0].rule;
+                self.inner.stats.record(rule, Outcome::FallbackDenied);
+                return Err(named(denied, rule));
+            }
+        };
+        self.inner
+            .stats
+            .record(first.map_or("", |d| d.rule), Outcome::FallbackAllowed);
+        Ok(dimensions
+            .iter()
+            .map(|d| match policy_of(d) {
+                FailurePolicy::Local => decided
+                    .next()
+                    .unwrap_or_else(|| Decision::fail_open(d.quota.capacity())),
+                _ => Decision::fail_open(d.quota.capacity()),
+            })
+            .collect())
     }
 
     /// Decides `requests` all or nothing on the local limiter, each with the

@@ -1,0 +1,96 @@
+//! Several `#[rate_limit]` on one function, combined with the other
+//! features: the same key template twice, each attribute's own failure
+//! policy, and the deny cache in front of an all-or-nothing check.
+
+mod support;
+
+use std::time::Duration;
+
+use ratelimit::{rate_limit, DenialCause, Dimension, FailurePolicy, Limiter, Quota, RateLimited};
+use support::RedisServer;
+
+/// The common pair: a burst limit and a sustained limit on one template.
+#[rate_limit(key = "api:<user>", capacity = 10, rate = "10/min", limiter = limiter)]
+#[rate_limit(key = "api:<user>", algorithm = fixed_window, limit = 1000, window = "1h", limiter = limiter)]
+async fn api(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_burst_and_a_sustained_limit_on_one_template_keep_state_of_their_own() {
+    for limiter in [Limiter::memory(), {
+        let server = Box::leak(Box::new(RedisServer::start()));
+        Limiter::builder().redis(server.url()).build().unwrap()
+    }] {
+        for i in 0..10 {
+            api(&limiter, 7)
+                .await
+                .unwrap_or_else(|e| panic!("{}: call {i}: {e}", limiter.backend_name()));
+        }
+        let denied = api(&limiter, 7).await.unwrap_err();
+        assert_eq!(denied.cause, DenialCause::Quota, "{denied:?}");
+        assert_eq!(denied.key, "api:7", "denials report the key as built");
+        assert!(denied.retry_after <= Duration::from_secs(6), "{denied:?}");
+        // Both limits hold state: the sustained window counted every call.
+        let hourly = Quota::fixed_window(1000, Duration::from_secs(3600)).unwrap();
+        let sustained = limiter.decide(&hourly, "api:7~2", 0).await.unwrap();
+        assert_eq!(sustained.remaining, 990, "{}", limiter.backend_name());
+    }
+}
+
+#[rate_limit(key = "pay:<user>", capacity = 5, rate = "1/s", on_error = closed, limiter = limiter)]
+#[rate_limit(key = "pay:all", capacity = 100, rate = "100/s", limiter = limiter)]
+async fn pay(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn each_stacked_attribute_keeps_its_own_failure_policy() {
+    let mut server = RedisServer::start();
+    // The limiter fails open; the per-user attribute says closed.
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(100))
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .unwrap();
+    pay(&limiter, 1).await.unwrap();
+    server.kill();
+    let denied = pay(&limiter, 1).await.unwrap_err();
+    assert_eq!(
+        denied.cause,
+        DenialCause::BackendUnavailable,
+        "the closed attribute must fail closed when stacked: {denied:?}"
+    );
+    assert_eq!(denied.key, "pay:1");
+}
+
+#[tokio::test]
+async fn an_all_or_nothing_check_on_a_spent_dimension_is_answered_by_the_deny_cache() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let user = Quota::new(2, "1/min".parse().unwrap()).unwrap();
+    let global = Quota::new(1_000, "1/h".parse().unwrap()).unwrap();
+    let check = [
+        Dimension::new(&user, "user:1"),
+        Dimension::new(&global, "global"),
+    ];
+    limiter.check_all(&check).await.unwrap();
+    limiter.check_all(&check).await.unwrap();
+    let first = limiter.check_all(&check).await.unwrap_err();
+    assert_eq!(first.key, "user:1");
+    let calls = server.script_calls().await;
+    for _ in 0..100 {
+        let denied = limiter.check_all(&check).await.unwrap_err();
+        assert_eq!(denied.key, "user:1");
+        assert!(denied.retry_after <= first.retry_after);
+    }
+    assert_eq!(
+        server.script_calls().await,
+        calls,
+        "denials of a spent dimension reached Redis"
+    );
+    // The global dimension was never consumed by the denied checks.
+    let seen = limiter.decide(&global, "global", 0).await.unwrap();
+    assert_eq!(seen.remaining, 998);
+}
