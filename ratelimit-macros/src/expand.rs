@@ -7,6 +7,7 @@ use syn::spanned::Spanned as _;
 use syn::{Attribute, Expr, ItemFn, Stmt, TraitItemFn};
 
 use crate::attr::Args;
+use crate::body::{self, Body};
 use crate::valid::{self, Check, Cost, Function, Key, KeyPart, QuotaArg};
 
 /// The whole expansion: on success the function with its checks, on error
@@ -20,8 +21,7 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
     let stacked = take_stacked(&mut function.attrs);
     match checks(args, &stacked, &function) {
         Ok(block) => {
-            function
-                .block
+            body::checked_block(&mut function)
                 .stmts
                 .insert(0, Stmt::Expr(Expr::Verbatim(block), None));
             function.into_token_stream()
@@ -109,7 +109,8 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
     for attr in stacked {
         all.push(Args::from_attribute(attr)?);
     }
-    let signature = valid::function(&function.sig)?;
+    let body = Body::of(function);
+    let signature = valid::function(&function.sig, &body)?;
     let checks = all
         .into_iter()
         .map(|args| signature.check(args))

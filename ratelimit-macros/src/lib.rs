@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod attr;
+mod body;
 mod expand;
 mod key;
 mod valid;
@@ -65,6 +66,13 @@ use proc_macro::TokenStream;
 ///
 /// - An `async fn` with a body: a free function, an inherent method or a
 ///   trait-impl method (`self`, `&self`, `&mut self`), generic or not.
+/// - Or a method of an `#[async_trait]` impl or trait, written `async fn`. The
+///   impl's attribute expands first, whatever the order of the method's
+///   attributes, and leaves a `fn` returning `Box::pin(async move { .. })`;
+///   the checks go first inside that block, so they run when the future is
+///   polled. Any `fn` whose last expression is `async move { .. }` or
+///   `Box::pin(async move { .. })`, with `Future<Output = ..>` in its return
+///   type, is taken the same way, and its `Output` is the return type below.
 /// - A return type `Result<T, E>` (or an alias of `Result`) where
 ///   `E: From<ratelimit::RateLimited>`.
 ///

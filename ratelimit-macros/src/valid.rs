@@ -17,6 +17,7 @@ use syn::{
 use ratelimit_core::{Quota, QuotaError, Rate};
 
 use crate::attr::{closest, Args, KeyArg};
+use crate::body::Body;
 use crate::key::{Placeholder, Segment, Template, TemplateError};
 
 const TOO_LARGE: &str = "quota too large to compute exactly: capacity times the rate's period \
@@ -181,9 +182,9 @@ pub(crate) fn period_us(rate: &Rate) -> u64 {
     rate.period().as_micros() as u64
 }
 
-/// Checks that the attribute can apply to this function: an `async fn`
-/// returning a `Result`.
-pub(crate) fn function(sig: &syn::Signature) -> syn::Result<Function<'_>> {
+/// Checks that the attribute can apply to this function: an `async fn`, or a
+/// `fn` returning an async block (see [`Body`]), whose output is a `Result`.
+pub(crate) fn function<'a>(sig: &'a syn::Signature, body: &Body<'a>) -> syn::Result<Function<'a>> {
     if let Some(constness) = &sig.constness {
         return Err(syn::Error::new(
             constness.span,
@@ -191,28 +192,44 @@ pub(crate) fn function(sig: &syn::Signature) -> syn::Result<Function<'_>> {
              `async`",
         ));
     }
-    if sig.asyncness.is_none() {
-        return Err(syn::Error::new(
-            sig.fn_token.span,
-            "`#[rate_limit]` requires an `async fn`; add `async` before `fn`",
-        ));
-    }
-    let error_type_span = match &sig.output {
-        ReturnType::Default => {
+    let output = match (body, &sig.output) {
+        (Body::Other, _) => {
+            return Err(syn::Error::new(
+                sig.fn_token.span,
+                "`#[rate_limit]` requires an `async fn`; add `async` before `fn`",
+            ))
+        }
+        (Body::Async, ReturnType::Default) => {
             return Err(syn::Error::new(
                 sig.ident.span(),
                 "`#[rate_limit]` requires a function returning `Result<T, E>` where \
                  `E: From<RateLimited>`; add a return type, such as `-> Result<(), MyError>`",
             ))
         }
-        ReturnType::Type(_, ty) => result_error_type(ty).ok_or_else(|| {
-            syn::Error::new_spanned(
-                ty,
-                "`#[rate_limit]` requires a return type of `Result<T, E>` where \
-                 `E: From<RateLimited>`, so that a denied call can return `Err`; change the \
-                 return type to a `Result`",
-            )
-        })?,
+        (Body::Async, ReturnType::Type(_, ty)) => &**ty,
+        (Body::Returned { output, .. }, returned) => match output {
+            Some(output) => *output,
+            None => {
+                return Err(syn::Error::new_spanned(
+                    returned,
+                    "`#[rate_limit]` cannot find the output of the future this function \
+                     returns; write its return type with `Future<Output = Result<T, E>>`, as \
+                     `#[async_trait]` does",
+                ))
+            }
+        },
+    };
+    let error_type_span = result_error_type(output).ok_or_else(|| {
+        syn::Error::new_spanned(
+            output,
+            "`#[rate_limit]` requires a return type of `Result<T, E>` where \
+             `E: From<RateLimited>`, so that a denied call can return `Err`; change the \
+             return type to a `Result`",
+        )
+    })?;
+    let moved = match body {
+        Body::Returned { patterns, .. } => &patterns[..],
+        _ => &[],
     };
     let params = sig
         .inputs
@@ -220,7 +237,14 @@ pub(crate) fn function(sig: &syn::Signature) -> syn::Result<Function<'_>> {
         .map(|input| match input {
             FnArg::Receiver(_) => Param::Receiver,
             FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(binding) if binding.subpat.is_none() => Param::Named(&binding.ident),
+                Pat::Ident(binding) if binding.subpat.is_none() => {
+                    // async-trait names a parameter bound by a pattern
+                    // `__argN` and binds the pattern inside its block.
+                    match moved.iter().find(|(ident, _)| **ident == binding.ident) {
+                        Some((_, pat)) => Param::Pattern(pat),
+                        None => Param::Named(&binding.ident),
+                    }
+                }
                 pat => Param::Pattern(pat),
             },
         })
@@ -999,7 +1023,7 @@ mod tests {
     fn check(attr: &str, item: &str) -> syn::Result<Check> {
         let item: syn::ItemFn = syn::parse_str(item).unwrap();
         let args: Args = syn::parse_str(attr).unwrap();
-        function(&item.sig)?.check(args)
+        function(&item.sig, &Body::of(&item))?.check(args)
     }
 
     fn error(attr: &str, item: &str) -> String {
