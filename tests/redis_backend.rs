@@ -754,3 +754,76 @@ async fn a_changed_quota_decides_keys_that_hold_state_without_errors_or_endless_
         }
     }
 }
+
+/// A lease never serves a token its algorithm could not have admitted when
+/// the token was counted: each algorithm keeps its own bound with leases.
+#[tokio::test]
+async fn leases_keep_each_algorithms_own_bound() {
+    use ratelimit::CallOptions;
+    let server = RedisServer::start();
+    let second = 1_000_000u64;
+    let start = 1_800_000_000 * second;
+    let clock = ManualClock::new(start);
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .clock(clock.clone())
+        .lease_ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let burst = |quota: Quota, key: &'static str, lease: u64| {
+        let limiter = limiter.clone();
+        async move {
+            let options = CallOptions::new("leased").lease(lease);
+            let mut admitted = 0;
+            for _ in 0..30 {
+                if limiter.acquire_with(&quota, key, 1, &options).await.is_ok() {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }
+    };
+
+    // Fixed window of 10 a second, leased 10 ms before the boundary.
+    let window = Quota::fixed_window(10, Duration::from_secs(1)).unwrap();
+    clock.set(start + second - 10_000);
+    let options = CallOptions::new("leased").lease(10);
+    limiter
+        .acquire_with(&window, "fw", 1, &options)
+        .await
+        .unwrap();
+    clock.set(start + second);
+    let next = burst(window, "fw", 10).await;
+    assert!(
+        next <= 10,
+        "{next} admitted in the next aligned window of 10"
+    );
+
+    // A token bucket of 10 at 10/s: leased at t, full again half a second on.
+    let bucket = Quota::new(10, "10/s".parse().unwrap()).unwrap();
+    clock.set(start + 5 * second);
+    limiter
+        .acquire_with(&bucket, "tb", 1, &CallOptions::new("leased").lease(5))
+        .await
+        .unwrap();
+    clock.set(start + 7 * second);
+    let later = burst(bucket, "tb", 5).await;
+    assert!(later <= 10, "a burst of {later} from a bucket of 10");
+
+    // The sliding log takes no lease: 5 in any second, a lease or not.
+    let log = Quota::sliding_log(5, Duration::from_secs(1)).unwrap();
+    clock.set(start + 10 * second);
+    limiter
+        .acquire_with(&log, "sl", 1, &CallOptions::new("leased").lease(5))
+        .await
+        .unwrap();
+    clock.set(start + 11 * second - 500_000);
+    let first = burst(log, "sl", 5).await;
+    clock.set(start + 11 * second + 50_000);
+    let second_half = burst(log, "sl", 5).await;
+    assert!(
+        first + second_half <= 5,
+        "{first} + {second_half} admitted within one second of 5"
+    );
+}

@@ -1,8 +1,18 @@
 //! Token leases: an instance takes up to N tokens in one backend call and
-//! serves them in process. The global bound holds exactly, since leased
-//! tokens are already counted in Redis; tokens not used before the lease
-//! expires are lost, so a key shared by many instances can be under-admitted
-//! by up to N - 1 tokens per instance per lease.
+//! serves them in process. Leased tokens are counted in Redis when leased, so
+//! a lease must never serve a token later than the algorithm could have
+//! admitted it then; what it holds is cut so each algorithm keeps its bound:
+//! - a fixed window's lease (and a sliding window counter's) ends with the
+//!   window its tokens were counted in;
+//! - a bucket's lease holds at most the tokens the bucket still owes for it:
+//!   as the bucket refills, the lease shrinks, so tokens served from it plus
+//!   those the bucket holds never exceed the capacity.
+//!
+//! Tokens not used before the lease ends are lost, so a key shared by many
+//! instances can be under-admitted by up to N - 1 tokens per instance per
+//! lease. The sliding log (whose bound is over any window, not an aligned
+//! one) and the leaky bucket (whose admissions carry each call's delay) take
+//! no leases.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -19,6 +29,24 @@ struct Lease {
     quota: Quota,
     tokens: u64,
     expires_at_us: u64,
+    /// For a bucket: when the bucket is full again, as of the lease's
+    /// decision. The lease holds no more than the tokens owed until then.
+    owed_until_us: Option<u64>,
+}
+
+impl Lease {
+    /// The tokens this lease may still serve at `now_us`.
+    fn usable(&self, now_us: u64) -> u64 {
+        let Some(until) = self.owed_until_us else {
+            return self.tokens;
+        };
+        // The decision's reset_after is rounded up to the microsecond: one
+        // microsecond less never counts a refilled token as owed.
+        let owed_us = until.saturating_sub(now_us).saturating_sub(1);
+        let rate = self.quota.rate();
+        let owed = u128::from(owed_us) * u128::from(rate.tokens()) / rate.period().as_micros();
+        self.tokens.min(u64::try_from(owed).unwrap_or(u64::MAX))
+    }
 }
 
 pub(crate) struct Leases {
@@ -47,15 +75,21 @@ impl Leases {
     pub(crate) fn take(&self, quota: &Quota, key: &str, cost: u64, now_us: u64) -> Option<u64> {
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
-        if lease.quota != *quota || lease.expires_at_us <= now_us || lease.tokens < cost {
+        if lease.quota != *quota || lease.expires_at_us <= now_us {
+            return None;
+        }
+        // Tokens the bucket has refilled since are gone from the lease.
+        lease.tokens = lease.usable(now_us);
+        if lease.tokens < cost {
             return None;
         }
         lease.tokens -= cost;
         Some(lease.tokens)
     }
 
-    /// Keeps `tokens` leased for `key` until `expires_at_us`; the previous
-    /// lease's tokens, if any, are lost.
+    /// Keeps `tokens` leased for `key` until `expires_at_us` (for a bucket,
+    /// shrinking as it refills until `owed_until_us`); the previous lease's
+    /// tokens, if any, are lost.
     pub(crate) fn put(
         &self,
         quota: &Quota,
@@ -63,6 +97,7 @@ impl Leases {
         tokens: u64,
         now_us: u64,
         expires_at_us: u64,
+        owed_until_us: Option<u64>,
     ) {
         let mut shard = self.shard(key);
         if shard.len() >= self.max_per_shard && !shard.contains_key(key) {
@@ -77,6 +112,7 @@ impl Leases {
                 quota: *quota,
                 tokens,
                 expires_at_us,
+                owed_until_us,
             },
         );
     }
@@ -90,14 +126,35 @@ mod tests {
     fn a_lease_serves_its_tokens_until_it_runs_out_or_expires() {
         let leases = Leases::new(100);
         let quota = Quota::per_second(100).unwrap();
-        leases.put(&quota, "k", 3, 0, 1_000);
+        leases.put(&quota, "k", 3, 0, 1_000, None);
         assert_eq!(leases.take(&quota, "k", 2, 10), Some(1));
         assert_eq!(leases.take(&quota, "k", 2, 10), None, "one token left");
         assert_eq!(leases.take(&quota, "k", 1, 10), Some(0));
-        leases.put(&quota, "k", 5, 0, 1_000);
+        leases.put(&quota, "k", 5, 0, 1_000, None);
         assert_eq!(leases.take(&quota, "k", 1, 1_000), None, "expired");
-        leases.put(&quota, "k", 5, 0, 1_000);
+        leases.put(&quota, "k", 5, 0, 1_000, None);
         let other = Quota::per_second(50).unwrap();
         assert_eq!(leases.take(&other, "k", 1, 10), None, "another rule");
+    }
+
+    #[test]
+    fn a_bucket_lease_shrinks_as_the_bucket_refills() {
+        let leases = Leases::new(100);
+        // 10 tokens a second: one token every 100,000 µs.
+        let quota = Quota::new(10, "10/s".parse().unwrap()).unwrap();
+        // Five leased from a bucket that is full again 500,000 µs later.
+        leases.put(&quota, "k", 5, 0, 10_000_000, Some(500_000));
+        assert_eq!(
+            leases.take(&quota, "k", 1, 0),
+            Some(3),
+            "4 owed at once, one served"
+        );
+        // 250 ms on, the bucket owes 2 tokens: the lease holds no more.
+        assert_eq!(leases.take(&quota, "k", 1, 250_000), Some(1));
+        assert_eq!(
+            leases.take(&quota, "k", 1, 499_999),
+            None,
+            "nothing owed any longer"
+        );
     }
 }

@@ -18,7 +18,7 @@ use crate::deny_cache::{Consulted, DenyCache};
 use crate::error::{DenialCause, Error, RateLimited};
 use crate::lease::Leases;
 use crate::metrics::{Outcome, Stats, StatsSnapshot};
-use crate::quota::Quota;
+use crate::quota::{Algorithm, Quota};
 
 mod policy;
 pub use policy::FailurePolicy;
@@ -516,8 +516,10 @@ impl Limiter {
         );
         let result = if options.lease > cost
             && self.inner.backend.can_fail()
-            && quota.algorithm() != crate::quota::Algorithm::LeakyBucket
-        {
+            && !matches!(
+                quota.algorithm(),
+                Algorithm::LeakyBucket | Algorithm::SlidingLog
+            ) {
             self.decide_leased(quota, key, cost, options.lease)
                 .instrument(span)
                 .await
@@ -595,10 +597,27 @@ impl Limiter {
         let lease = lease.min(quota.capacity()).max(cost);
         let decision = self.decide_quietly(quota, key, lease).await?;
         if decision.allowed {
-            let expires = now.saturating_add(self.inner.lease_ttl.as_micros() as u64);
+            // Cut so the lease never serves a token the algorithm could not
+            // have admitted when it was counted (see `lease`): `now` is read
+            // before the call, so these end no later than they should.
+            let mut expires = now.saturating_add(self.inner.lease_ttl.as_micros() as u64);
+            let reset = now.saturating_add(decision.reset_after.as_micros() as u64);
+            let window = quota.window().map_or(0, |w| w.as_micros() as u64);
+            let owed_until = match quota.algorithm() {
+                Algorithm::FixedWindow => {
+                    expires = expires.min(reset);
+                    None
+                }
+                // Its reset is a window after the end of the current one.
+                Algorithm::SlidingWindow => {
+                    expires = expires.min(reset.saturating_sub(window));
+                    None
+                }
+                _ => Some(reset),
+            };
             self.inner
                 .leases
-                .put(quota, key, lease - cost, now, expires);
+                .put(quota, key, lease - cost, now, expires, owed_until);
             return Ok(decision);
         }
         if lease == cost {
