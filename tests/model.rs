@@ -103,20 +103,53 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The numbers a quota's bound is made of, for a quota or a share of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Bound {
+    algorithm: Algorithm,
+    limit: u64,
+    /// Tokens per `period_us` (buckets).
+    tokens: u128,
+    period_us: u128,
+    window_us: u64,
+}
+
+impl Bound {
+    fn of(quota: &Quota) -> Self {
+        Self::share(quota, 1, 1)
+    }
+
+    /// `parts / whole` of `quota`, as the local fallback limiter grants it.
+    fn share(quota: &Quota, parts: u64, whole: u64) -> Self {
+        let rate = quota.rate();
+        Bound {
+            algorithm: quota.algorithm(),
+            limit: (quota.capacity() * parts / whole).max(1),
+            tokens: u128::from(rate.tokens()) * u128::from(parts),
+            period_us: rate.period().as_micros() * u128::from(whole),
+            window_us: quota.window().map_or(0, |w| w.as_micros() as u64),
+        }
+    }
+}
+
 /// What the reference model knows of one key: its quota and its
 /// admissions since the quota last changed or the clock last went back.
 #[derive(Default)]
 struct Stretch {
-    quota: Option<Quota>,
+    bound: Option<Bound>,
     start: u64,
     admitted: Vec<(u64, u64)>,
 }
 
 impl Stretch {
     fn decided(&mut self, quota: &Quota, now: u64, cost: u64, allowed: bool) {
-        if self.quota != Some(*quota) {
+        self.decided_within(Bound::of(quota), now, cost, allowed)
+    }
+
+    fn decided_within(&mut self, bound: Bound, now: u64, cost: u64, allowed: bool) {
+        if self.bound != Some(bound) {
             *self = Stretch {
-                quota: Some(*quota),
+                bound: Some(bound),
                 start: now,
                 admitted: Vec::new(),
             };
@@ -128,7 +161,7 @@ impl Stretch {
 
     /// The bound each algorithm documents, over this stretch.
     fn check(&self, now: u64) -> Result<(), String> {
-        let Some(quota) = self.quota else {
+        let Some(quota) = self.bound else {
             return Ok(());
         };
         let sum = |from: u64, to: u64| -> u64 {
@@ -138,12 +171,10 @@ impl Stretch {
                 .map(|(_, c)| c)
                 .sum()
         };
-        let limit = quota.capacity();
-        match quota.algorithm() {
+        let limit = quota.limit;
+        match quota.algorithm {
             Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
-                let rate = quota.rate();
-                let refilled = u128::from(now - self.start) * u128::from(rate.tokens())
-                    / rate.period().as_micros();
+                let refilled = u128::from(now - self.start) * quota.tokens / quota.period_us;
                 let bound = u128::from(limit) + refilled;
                 let total = u128::from(sum(0, u64::MAX));
                 if total > bound {
@@ -154,7 +185,7 @@ impl Stretch {
                 }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let w = quota.window().unwrap().as_micros() as u64;
+                let w = quota.window_us;
                 for (t, _) in &self.admitted {
                     let start = t - t % w;
                     let total = sum(start, start + w);
@@ -166,7 +197,7 @@ impl Stretch {
                 }
             }
             Algorithm::SlidingLog => {
-                let w = quota.window().unwrap().as_micros() as u64;
+                let w = quota.window_us;
                 for (t, _) in &self.admitted {
                     let total = sum(t.saturating_sub(w - 1), t + 1);
                     if total > limit {
@@ -347,6 +378,150 @@ fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clock
             for stretch in stretches.values() {
                 if let Err(broken) = stretch.check(now) {
                     prop_assert!(false, "{}: {}", context, broken);
+                }
+            }
+        }
+    });
+}
+
+#[derive(Debug, Clone)]
+enum Call {
+    /// `acquire_with`: key, quota (modulo), cost (modulo), lease size.
+    Acquire(usize, usize, u64, u64),
+    Forward(u64),
+}
+
+fn call() -> impl Strategy<Value = Call> {
+    prop_oneof![
+        6 => (0..KEYS, 0usize..4, 0u64..8, prop_oneof![Just(0u64), 2u64..12])
+            .prop_map(|(k, q, c, l)| Call::Acquire(k, q, c, l)),
+        3 => prop_oneof![0u64..2_000, 0u64..300_000, 0u64..5_000_000].prop_map(Call::Forward),
+    ]
+}
+
+/// Leases, the deny cache and changing quotas together, through `acquire`
+/// on Redis with the caller's clock: no key is admitted above its
+/// algorithm's bound, and no answer is an error.
+#[test]
+fn leases_with_the_deny_cache_keep_every_bound_under_changing_quotas() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = RedisServer::start();
+    let families = families();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(calls in proptest::collection::vec(call(), 1..80), ttl_ms in 1u64..3_000)| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut now = 1_760_000_000_000_000;
+        let clock = ManualClock::new(now);
+        let limiter = runtime.block_on(async {
+            Limiter::builder()
+                .redis(server.url())
+                .timeout(Duration::from_secs(5))
+                .clock(clock.clone())
+                .lease_ttl(Duration::from_millis(ttl_ms))
+                .build()
+                .unwrap()
+        });
+        let mut stretches: HashMap<usize, Stretch> = HashMap::new();
+        for (step, call) in calls.iter().enumerate() {
+            match call {
+                Call::Forward(d) => {
+                    now += d;
+                    clock.set(now);
+                }
+                Call::Acquire(k, q, c, lease) => {
+                    let family = &families[family_of(*k)];
+                    let quota = family[q % family.len()];
+                    let cost = c % (quota.capacity() + 1);
+                    let options = ratelimit::CallOptions::new("model").lease(*lease);
+                    let key = format!("lease:{case}:{k}");
+                    let result = runtime.block_on(limiter.acquire_with(&quota, &key, cost, &options));
+                    let allowed = match &result {
+                        Ok(d) => {
+                            prop_assert!(!d.fallback, "step {}: {:?}", step, d);
+                            true
+                        }
+                        Err(denied) => {
+                            prop_assert_eq!(denied.cause, ratelimit::DenialCause::Quota, "step {}", step);
+                            false
+                        }
+                    };
+                    stretches.entry(*k).or_default().decided(&quota, now, cost, allowed);
+                    if let Err(broken) = stretches[k].check(now) {
+                        prop_assert!(false, "step {} {:?}, lease ttl {} ms: {}", step, call, ttl_ms, broken);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The local fallback policy with a share of each quota, Redis unreachable:
+/// no panic (a debug build checks overflow), no admission above the share's
+/// bound, and every denial says the local limiter denied.
+#[test]
+fn the_local_policy_keeps_its_share_of_every_bound_while_redis_is_down() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let families = families();
+    let config = ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(calls in proptest::collection::vec(call(), 1..80), quarters in 1u64..5)| {
+        let mut now = 1_760_000_000_000_000;
+        let clock = ManualClock::new(now);
+        let limiter = runtime.block_on(async {
+            Limiter::builder()
+                .redis(url.clone())
+                .timeout(Duration::from_millis(50))
+                .clock(clock.clone())
+                .failure_policy(ratelimit::FailurePolicy::Local)
+                .local_share(quarters as f64 / 4.0)
+                .build()
+                .unwrap()
+        });
+        let mut stretches: HashMap<usize, Stretch> = HashMap::new();
+        for (step, call) in calls.iter().enumerate() {
+            match call {
+                Call::Forward(d) => {
+                    now += d;
+                    clock.set(now);
+                }
+                Call::Acquire(k, q, c, _) => {
+                    let family = &families[family_of(*k)];
+                    let quota = family[q % family.len()];
+                    let cost = c % (2 * quota.capacity() + 1);
+                    let result = runtime.block_on(limiter.acquire(&quota, &format!("local:{k}"), cost));
+                    let allowed = match &result {
+                        Ok(d) => {
+                            prop_assert!(d.fallback, "step {}: {:?}", step, d);
+                            true
+                        }
+                        Err(denied) => {
+                            prop_assert!(
+                                matches!(
+                                    denied.cause,
+                                    ratelimit::DenialCause::LocalFallback
+                                        | ratelimit::DenialCause::CostExceedsCapacity { .. }
+                                ),
+                                "step {}: {:?}", step, denied
+                            );
+                            false
+                        }
+                    };
+                    let bound = Bound::share(&quota, quarters, 4);
+                    stretches.entry(*k).or_default().decided_within(bound, now, cost, allowed);
+                    if let Err(broken) = stretches[k].check(now) {
+                        prop_assert!(false, "step {} {:?}, share {}/4: {}", step, call, quarters, broken);
+                    }
                 }
             }
         }
