@@ -4,6 +4,7 @@
 -- ARGV[1]  'each': decide each key on its own, in order, writing as it goes;
 --          'all': admit all or none: decide every key, then write only if
 --          every one admits (the keys must be distinct);
+--          'peek': decide as 'all' does, and write nothing (an inspection);
 --          'refund': give back each key's cost (see refund.lua); no reply
 -- then groups of 7 fields, each for the next `count` keys in KEYS order:
 --   count, algorithm (the index of Algorithm::ALL), cost, now in µs or ''
@@ -60,7 +61,7 @@ for g = 2, #ARGV, 7 do
     ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3)
   end
 end
-if not commit and not denied then
+if not commit and not denied and mode ~= 'peek' then
   for i = 1, last do
     if writes[i] then writes[i]() end
   end

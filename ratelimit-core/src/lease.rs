@@ -87,6 +87,11 @@ impl Leases {
         Some(lease.tokens)
     }
 
+    /// Drops `key`'s lease, if any.
+    pub(crate) fn remove(&self, key: &str) {
+        self.shard(key).remove(key);
+    }
+
     /// Keeps `tokens` leased for `key` until `expires_at_us` (for a bucket,
     /// shrinking as it refills until `owed_until_us`); the previous lease's
     /// tokens, if any, are lost.

@@ -302,6 +302,49 @@ impl Limiter {
         result
     }
 
+    /// The decision a request of `cost` from `key` would get now, with
+    /// nothing consumed or written (on Redis, one script call that decides
+    /// and writes nothing): for operators and dashboards, not for the
+    /// request path. A backend fault is an `Err`; no failure policy applies.
+    ///
+    /// ```
+    /// use ratelimit_core::{Limiter, Quota};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::memory();
+    /// let quota = Quota::per_minute(3)?;
+    /// limiter.acquire(&quota, "user:7", 3).await.unwrap();
+    /// let seen = limiter.inspect(&quota, "user:7", 1).await?;
+    /// assert!(!seen.allowed && seen.remaining == 0);
+    /// limiter.reset("user:7").await?;
+    /// assert_eq!(limiter.inspect(&quota, "user:7", 1).await?.remaining, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn inspect(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
+        if cost > quota.capacity() {
+            return Err(Error::CostExceedsCapacity {
+                cost,
+                capacity: quota.capacity(),
+            });
+        }
+        self.inner.backend.peek(quota, key, cost).await
+    }
+
+    /// Gives `key` its whole quota back, under any quota: deletes its state
+    /// in the backend, and forgets what this limiter keeps of it in process
+    /// (cached denials, leased tokens). Other instances' deny caches hold
+    /// their denials of the key until they expire (at most their
+    /// `retry_after`). A backend fault is an `Err`.
+    pub async fn reset(&self, key: &str) -> Result<(), Error> {
+        self.inner.backend.reset(key).await?;
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.inner.leases.remove(key);
+        Ok(())
+    }
+
     /// Decides several dimensions at one instant, all or nothing: either
     /// every dimension admits and each consumes, or none consumes. With no
     /// failure policy: a backend fault is an `Err`.

@@ -144,6 +144,40 @@ impl ClusterBackend {
         decode_one(&reply, quota, cost, &key)
     }
 
+    /// The decision a request of `cost` would get now, with nothing written.
+    pub(crate) async fn peek(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let key = self.full_key(key);
+        let reply = self
+            .call(
+                "peek",
+                std::slice::from_ref(&key),
+                &[Request::new(quota, cost, self.now())],
+            )
+            .await?;
+        decode_one(&reply, quota, cost, &key)
+    }
+
+    /// Deletes `key`'s state: its quota is whole again.
+    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+        let work = async {
+            let mut connection = self.connection().await?;
+            redis::cmd("DEL")
+                .arg(self.full_key(key))
+                .query_async::<i64>(&mut connection)
+                .await
+                .map_err(Error::from)
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))??;
+        Ok(())
+    }
+
     /// All or nothing over keys that may live on different slots.
     pub(crate) async fn decide_all(
         &self,

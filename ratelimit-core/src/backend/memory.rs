@@ -116,6 +116,22 @@ impl MemoryBackend {
         }
     }
 
+    /// The decision a request of `cost` would get now, with nothing written.
+    pub(crate) fn peek(&self, quota: &Quota, key: &str, cost: u64) -> Decision {
+        let now = self.clock.now_micros();
+        let mut state = self
+            .shard(key)
+            .buckets
+            .get(key)
+            .map(|(state, _)| state.clone());
+        algorithm::decide(quota, &mut state, now, cost).0
+    }
+
+    /// Forgets `key`'s state: its quota is whole again.
+    pub(crate) fn reset(&self, key: &str) {
+        self.shard(key).buckets.remove(key);
+    }
+
     /// Decides for every request at one instant, admitting all or none: the
     /// shards involved are locked together (in index order, so concurrent
     /// calls cannot deadlock), every key decided on a copy of its state, and

@@ -51,6 +51,36 @@ impl Backend {
         }
     }
 
+    /// The decision a request would get now, with nothing written.
+    pub(crate) async fn peek(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        match self {
+            Backend::Memory(memory) => Ok(memory.peek(quota, key, cost)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => redis.peek(quota, key, cost).await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.peek(quota, key, cost).await,
+        }
+    }
+
+    /// Deletes a key's state.
+    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+        match self {
+            Backend::Memory(memory) => {
+                memory.reset(key);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => redis.reset(key).await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.reset(key).await,
+        }
+    }
+
     /// Whether calls can fail (and so go through the circuit breaker).
     pub(crate) fn can_fail(&self) -> bool {
         !matches!(self, Backend::Memory(_))

@@ -438,6 +438,36 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// The decision a request of `cost` would get now, with nothing written.
+    pub(crate) async fn peek(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let mut connection = self.lane()?.connection.clone();
+        let key = self.full_key(key);
+        let invocation = invocation("peek", [(&key, Request::new(quota, cost, self.now()))]);
+        let reply: Vec<i64> =
+            tokio::time::timeout(self.timeout, invoke(&invocation, &mut connection))
+                .await
+                .map_err(|_| Error::Timeout(self.timeout))??;
+        decode_one(&reply, quota, cost, &key)
+    }
+
+    /// Deletes `key`'s state: its quota is whole again.
+    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+        let mut connection = self.lane()?.connection.clone();
+        let mut del = redis::cmd("DEL");
+        del.arg(self.full_key(key));
+        tokio::time::timeout(self.timeout, del.query_async::<i64>(&mut connection))
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))??;
+        Ok(())
+    }
+}
+
 /// Takes decisions off the queue and sends them in batches, with at most
 /// `MAX_IN_FLIGHT` script calls outstanding (one while Redis is not known
 /// to answer), taking turns on `connections`. Ends when the backend is
