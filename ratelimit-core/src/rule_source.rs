@@ -213,7 +213,7 @@ impl RedisRuleSourceBuilder {
     /// # }).unwrap();
     /// ```
     pub fn spawn(self, rules: &Rules) -> Result<RedisRuleSource, Error> {
-        let client = redis::Client::open(self.url.as_str())?;
+        let client = crate::backend::redis::open_client(&self.url)?;
         for (what, value) in [
             ("the reload period", self.reload_every),
             ("the timeout", self.timeout),
@@ -317,7 +317,7 @@ impl RedisRuleSourceBuilder {
     }
 
     async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
-        let client = redis::Client::open(self.url.as_str())?;
+        let client = crate::backend::redis::open_client(&self.url)?;
         within(
             self.timeout,
             client.get_multiplexed_async_connection_with_config(&self.connection_config()),

@@ -72,7 +72,10 @@ impl ClusterBackend {
             // Sent once; see the module's documentation and `call`.
             .retries(0)
             .build()
-            .map_err(|e| Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}")))?;
+            .map_err(|e| {
+                let urls: Vec<String> = urls.iter().map(|u| super::redis::redacted(u)).collect();
+                Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}"))
+            })?;
         Ok(Self {
             client,
             connection: tokio::sync::OnceCell::new(),

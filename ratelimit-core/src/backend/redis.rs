@@ -95,6 +95,37 @@ pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
     }
 }
 
+/// `url` with any password replaced by `***`, for errors and logs: a Redis
+/// URL carries the password of its user (`redis://user:secret@host`).
+pub(crate) fn redacted(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    match url[scheme_end..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &url[scheme_end..scheme_end + at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let hidden = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{}{hidden}{}", &url[..scheme_end], &url[scheme_end + at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// A client for `url`; an invalid URL is a configuration error that names
+/// the URL without its password.
+pub(crate) fn open_client(url: &str) -> Result<redis::Client, Error> {
+    redis::Client::open(url)
+        .map_err(|e| Error::Config(format!("invalid Redis URL `{}`: {e}", redacted(url))))
+}
+
 /// One key's request: what the script needs besides the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Request {
@@ -308,8 +339,7 @@ impl RedisBackend {
         timeout: Duration,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<Self, Error> {
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::Config(format!("invalid Redis URL `{url}`: {e}")))?;
+        let client = open_client(url)?;
         Ok(Self {
             client,
             lane: RwLock::new(None),
@@ -540,4 +570,27 @@ async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) -> bool {
         let _ = job.reply.send(result);
     }
     answered
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_appear_in_a_redacted_url() {
+        for (url, shown) in [
+            (
+                "rediss://svc:s3cret@127.0.0.1:7411",
+                "rediss://svc:***@127.0.0.1:7411",
+            ),
+            ("redis://:s3cret@host/0", "redis://:***@host/0"),
+            ("redis://token@host", "redis://***@host"),
+            ("redis://host:6379/2", "redis://host:6379/2"),
+            ("redis+unix:///tmp/r.sock", "redis+unix:///tmp/r.sock"),
+            ("redis://u:p@ss@host", "redis://u:***@host"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+    }
 }

@@ -1,0 +1,166 @@
+//! The limiter, every algorithm and the rule source as a Redis ACL user with
+//! exactly the permissions the README's `ACL SETUSER` line grants.
+
+mod support;
+
+use std::time::Duration;
+
+use ratelimit::{Algorithm, CallOptions, Dimension, Error, Limiter, Quota, Rate, RedisRuleSource};
+use support::RedisServer;
+
+const PASSWORD: &str = "pw-7f3a9c";
+
+/// The README's line, with the password filled in.
+fn acl_line() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("read README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER ratelimit "))
+        .expect("README.md gives the `ACL SETUSER ratelimit ...` line");
+    line.split_whitespace()
+        .map(|word| word.replace(">PASSWORD", &format!(">{PASSWORD}")))
+        .collect()
+}
+
+fn as_user(server: &RedisServer, password: &str) -> String {
+    format!("redis://ratelimit:{password}@127.0.0.1:{}", server.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let line = acl_line();
+    let mut setuser = redis::cmd(&line[0]);
+    for word in &line[1..] {
+        setuser.arg(word);
+    }
+    let _: () = setuser
+        .query_async(&mut admin)
+        .await
+        .unwrap_or_else(|e| panic!("the README's ACL line: {e}"));
+    let url = as_user(&server, PASSWORD);
+    let limiter = Limiter::builder()
+        .redis(url.clone())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let rate = Rate::per_second(1).unwrap();
+    let quotas: Vec<Quota> = Algorithm::ALL
+        .iter()
+        .map(|&algorithm| {
+            let builder = Quota::builder(algorithm);
+            if algorithm.is_windowed() {
+                builder.limit(3).window(Duration::from_secs(10)).build()
+            } else {
+                builder.capacity(3).rate(rate).build()
+            }
+            .unwrap()
+        })
+        .collect();
+    for (round, quota) in quotas.iter().enumerate() {
+        let key = format!("acl:{}", quota.algorithm());
+        for _ in 0..3 {
+            limiter
+                .decide(quota, &key, 1)
+                .await
+                .unwrap_or_else(|e| panic!("{quota}: {e}"));
+        }
+        assert!(!limiter.decide(quota, &key, 1).await.unwrap().allowed);
+        let (other, shared) = (format!("acl:all:{round}"), format!("acl:shared:{round}"));
+        limiter
+            .decide_all(&[
+                Dimension::new(quota, &other),
+                Dimension::new(quota, &shared),
+            ])
+            .await
+            .unwrap_or_else(|e| panic!("{quota}, all or nothing: {e}"));
+        limiter.inspect(quota, &key, 1).await.unwrap();
+        limiter.reset(&key).await.unwrap();
+        limiter
+            .acquire_with(
+                quota,
+                &format!("acl:lease:{round}"),
+                1,
+                &CallOptions::new("acl").lease(2),
+            )
+            .await
+            .unwrap_or_else(|d| panic!("{quota}, leased: {d}"));
+    }
+    // The script is loaded again by this user after a flush.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    limiter
+        .decide(&quotas[0], "acl:after-flush", 1)
+        .await
+        .unwrap();
+
+    // The rule source, following and publishing as the same user.
+    let source = RedisRuleSource::builder(url.clone())
+        .start(&limiter)
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), source.ready())
+        .await
+        .expect("the rule source read the rules as the ACL user");
+    RedisRuleSource::publish(&url, "checkout", "capacity=7 rate=1/s")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while limiter.rules().get("checkout").map(|q| q.capacity()) != Some(7) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the published rule never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(RedisRuleSource::remove(&url, "checkout").await.unwrap());
+
+    // Keys outside the prefix are refused: the line is least privilege.
+    let outside = Limiter::builder()
+        .redis(url.clone())
+        .prefix("other:")
+        .build()
+        .unwrap();
+    let refused = outside.decide(&quotas[0], "k", 1).await.unwrap_err();
+    assert!(refused.to_string().to_lowercase().contains("noperm"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let line = acl_line();
+    let mut setuser = redis::cmd(&line[0]);
+    for word in &line[1..] {
+        setuser.arg(word);
+    }
+    let _: () = setuser.query_async(&mut admin).await.unwrap();
+    let wrong = "not-the-password-93c1";
+    let limiter = Limiter::builder()
+        .redis(as_user(&server, wrong))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let error = limiter
+        .decide(&Quota::per_second(1).unwrap(), "k", 1)
+        .await
+        .unwrap_err();
+    let shown = format!("{error} {error:?}");
+    assert!(matches!(error, Error::Redis(_)), "{shown}");
+    assert!(
+        shown.contains("WRONGPASS") || shown.to_lowercase().contains("auth"),
+        "the error must say the credentials were refused: {shown}"
+    );
+    assert!(!shown.contains(wrong), "the password leaked: {shown}");
+    // And an invalid URL names the URL without its password.
+    let invalid = Limiter::builder()
+        .redis(format!("rediss://svc:{wrong}@127.0.0.1:1/notadb"))
+        .build();
+    if let Err(error) = invalid {
+        assert!(!error.to_string().contains(wrong), "{error}");
+    }
+}
