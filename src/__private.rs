@@ -165,6 +165,29 @@ impl<T: Display + ?Sized> KeyPart for T {
     }
 }
 
+/// The function's return type, which a denied call returns instead of
+/// running the body: `Result<T, E>` where `E: From<RateLimited>`, by whatever
+/// name it is written (`Result<T, E>`, `ApiResult<T>`, a crate's own
+/// `Result<T>`). The attribute cannot see through an alias, so the compiler
+/// checks it here, and the generated call carries the return type's span so
+/// that the error points at it.
+#[diagnostic::on_unimplemented(
+    message = "`#[rate_limit]` cannot return a denial as `{Self}`; return `Result<T, E>` where `E: From<RateLimited>`",
+    label = "a denied call returns `Err(E::from(denied))`, so this must be a `Result`",
+    note = "an alias of `Result` works too, such as `type ApiResult<T> = Result<T, ApiError>` with `impl From<RateLimited> for ApiError`"
+)]
+pub trait ReturnsDenial: Sized {
+    /// The value a denied call returns.
+    fn denied(denied: RateLimited) -> Self;
+}
+
+impl<T, E: From<RateLimited>> ReturnsDenial for Result<T, E> {
+    #[inline]
+    fn denied(denied: RateLimited) -> Self {
+        Err(E::from(denied))
+    }
+}
+
 /// A request's cost: any unsigned integer.
 #[diagnostic::on_unimplemented(
     message = "`cost` must be an unsigned integer, not `{Self}`",

@@ -94,9 +94,7 @@ fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<Attribute> {
 ///         if let ::core::result::Result::Err(__ratelimit_denied) =
 ///             ::ratelimit::__private::acquire_all(&mut [__ratelimit_call_0, __ratelimit_call_1]).await
 ///         {
-///             #[allow(clippy::useless_conversion)]
-///             let __ratelimit_error = ::core::convert::From::from(__ratelimit_denied);
-///             return ::core::result::Result::Err(__ratelimit_error);
+///             return ::ratelimit::__private::ReturnsDenial::denied(__ratelimit_denied);
 ///         }
 ///     }
 ///     body
@@ -118,7 +116,11 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
     if let [check] = &checks[..] {
         let prepared = prepare_check(&signature, check, "");
         let private = private_path(check);
-        let deny = deny(&signature, quote!(#private::acquire(__ratelimit_call)));
+        let deny = deny(
+            &signature,
+            &private,
+            quote!(#private::acquire(__ratelimit_call)),
+        );
         return Ok(quote!({ #prepared #deny }));
     }
     // Stacked: every check prepared, then one call that admits all or none.
@@ -129,7 +131,7 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
     let calls = (0..checks.len()).map(|i| format_ident!("__ratelimit_call_{}", i));
     let private = private_path(&checks[0]);
     let call = quote!(#private::acquire_all(&mut [#(#calls),*]));
-    let deny = deny(&signature, call);
+    let deny = deny(&signature, &private, call);
     Ok(quote!({ #(#prepared)* #deny }))
 }
 
@@ -139,20 +141,18 @@ fn private_path(check: &Check) -> TokenStream {
 }
 
 /// Awaits `call` (a `Result<(), RateLimited>`) and returns the denial as the
-/// function's error.
-fn deny(function: &Function, call: TokenStream) -> TokenStream {
-    // With the span of the error type, a missing `From<RateLimited>` is
-    // reported at the user's type.
-    let from = quote_spanned!(function.error_type_span=>
-        ::core::convert::From::from(__ratelimit_denied)
-    );
+/// function's error, through `ReturnsDenial`: the return type may be an alias
+/// the attribute cannot see into.
+fn deny(function: &Function, private: &TokenStream, call: TokenStream) -> TokenStream {
+    // Spanned over the return type, from its first token to its last: a type
+    // that cannot carry the denial (not a `Result`, or an error type without
+    // `From<RateLimited>`) is reported there.
+    let (first, last) = function.return_span;
+    let path = respan(&quote!(#private::ReturnsDenial::), first);
+    let denied = quote_spanned!(last=> denied(__ratelimit_denied));
     quote! {
         if let ::core::result::Result::Err(__ratelimit_denied) = #call.await {
-            // `From` may be the identity when the function returns
-            // `Result<T, RateLimited>`.
-            #[allow(clippy::useless_conversion)]
-            let __ratelimit_error = #from;
-            return ::core::result::Result::Err(__ratelimit_error);
+            return #path #denied;
         }
     }
 }

@@ -73,8 +73,12 @@ use proc_macro::TokenStream;
 ///   polled. Any `fn` whose last expression is `async move { .. }` or
 ///   `Box::pin(async move { .. })`, with `Future<Output = ..>` in its return
 ///   type, is taken the same way, and its `Output` is the return type below.
-/// - A return type `Result<T, E>` (or an alias of `Result`) where
-///   `E: From<ratelimit::RateLimited>`.
+/// - A return type that is `Result<T, E>` where
+///   `E: From<ratelimit::RateLimited>`, under any name: written out, an alias
+///   such as `type ApiResult<T> = Result<T, ApiError>`, or a crate's own
+///   `Result<T>`. The attribute cannot see through an alias, so the compiler
+///   checks this, and reports a type that cannot carry the denial at the
+///   return type.
 ///
 /// The body is left as written: `return`, `?`, borrows and lifetimes behave as
 /// without the attribute, and the future is `Send` whenever it was. The key

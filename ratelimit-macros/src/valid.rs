@@ -8,7 +8,6 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt as _;
-use syn::spanned::Spanned as _;
 use syn::{
     Expr, ExprLit, ExprUnary, FnArg, GenericArgument, Ident, Lit, LitInt, LitStr, Member, Pat,
     PathArguments, ReturnType, Type, UnOp,
@@ -28,8 +27,10 @@ const TOO_LARGE: &str = "quota too large to compute exactly: capacity times the 
 pub(crate) struct Function<'a> {
     pub name: &'a Ident,
     params: Vec<Param<'a>>,
-    /// Where a missing `From<RateLimited>` for the error type is reported.
-    pub error_type_span: Span,
+    /// Where a return type that cannot carry a denial is reported: the first
+    /// and last tokens of the error type of a visible `Result<T, E>`, else of
+    /// the whole type.
+    pub return_span: (Span, Span),
 }
 
 enum Param<'a> {
@@ -183,7 +184,9 @@ pub(crate) fn period_us(rate: &Rate) -> u64 {
 }
 
 /// Checks that the attribute can apply to this function: an `async fn`, or a
-/// `fn` returning an async block (see [`Body`]), whose output is a `Result`.
+/// `fn` returning an async block (see [`Body`]). Whether its output can
+/// carry a denial is the compiler's to check (`ReturnsDenial`), since an
+/// alias such as `ApiResult<T>` hides what it stands for.
 pub(crate) fn function<'a>(sig: &'a syn::Signature, body: &Body<'a>) -> syn::Result<Function<'a>> {
     if let Some(constness) = &sig.constness {
         return Err(syn::Error::new(
@@ -192,13 +195,15 @@ pub(crate) fn function<'a>(sig: &'a syn::Signature, body: &Body<'a>) -> syn::Res
              `async`",
         ));
     }
-    let output = match (body, &sig.output) {
+    let return_span = match (body, &sig.output) {
         (Body::Other, _) => {
             return Err(syn::Error::new(
                 sig.fn_token.span,
                 "`#[rate_limit]` requires an `async fn`; add `async` before `fn`",
             ))
         }
+        // Said here rather than by the compiler: "`()` cannot return a
+        // denial" would not say where to write the type.
         (Body::Async, ReturnType::Default) => {
             return Err(syn::Error::new(
                 sig.ident.span(),
@@ -206,27 +211,12 @@ pub(crate) fn function<'a>(sig: &'a syn::Signature, body: &Body<'a>) -> syn::Res
                  `E: From<RateLimited>`; add a return type, such as `-> Result<(), MyError>`",
             ))
         }
-        (Body::Async, ReturnType::Type(_, ty)) => &**ty,
+        (Body::Async, ReturnType::Type(_, ty)) => return_span(ty),
         (Body::Returned { output, .. }, returned) => match output {
-            Some(output) => *output,
-            None => {
-                return Err(syn::Error::new_spanned(
-                    returned,
-                    "`#[rate_limit]` cannot find the output of the future this function \
-                     returns; write its return type with `Future<Output = Result<T, E>>`, as \
-                     `#[async_trait]` does",
-                ))
-            }
+            Some(output) => return_span(output),
+            None => token_spans(returned.to_token_stream()),
         },
     };
-    let error_type_span = result_error_type(output).ok_or_else(|| {
-        syn::Error::new_spanned(
-            output,
-            "`#[rate_limit]` requires a return type of `Result<T, E>` where \
-             `E: From<RateLimited>`, so that a denied call can return `Err`; change the \
-             return type to a `Result`",
-        )
-    })?;
     let moved = match body {
         Body::Returned { patterns, .. } => &patterns[..],
         _ => &[],
@@ -252,47 +242,52 @@ pub(crate) fn function<'a>(sig: &'a syn::Signature, body: &Body<'a>) -> syn::Res
     Ok(Function {
         name: &sig.ident,
         params,
-        error_type_span,
+        return_span,
     })
 }
 
-/// For `Result<T, E>` (any path ending in `Result`, such as an alias), the
-/// span of `E`, or of the whole type when the alias hides it.
-fn result_error_type(ty: &Type) -> Option<Span> {
-    let ty = match ty {
-        Type::Paren(paren) => &paren.elem,
-        Type::Group(group) => &group.elem,
+/// Where a return type that cannot carry a denial is reported: for
+/// `Result<T, E>` written out, `E` (the type that lacks `From<RateLimited>`);
+/// for anything else, such as an alias, the whole type.
+fn return_span(ty: &Type) -> (Span, Span) {
+    let inner = match ty {
+        Type::Paren(paren) => &*paren.elem,
+        Type::Group(group) => &*group.elem,
         ty => ty,
     };
-    let Type::Path(path) = ty else { return None };
-    if path.qself.is_some() {
-        return None;
-    }
-    let last = path.path.segments.last()?;
-    if last.ident != "Result" {
-        return None;
-    }
-    let error_type = match &last.arguments {
-        PathArguments::AngleBracketed(args) => args
-            .args
-            .iter()
-            .filter_map(|arg| match arg {
-                GenericArgument::Type(ty) => Some(ty),
-                _ => None,
-            })
-            .nth(1),
+    let error_type = match inner {
+        Type::Path(path) if path.qself.is_none() => {
+            path.path
+                .segments
+                .last()
+                .and_then(|last| match &last.arguments {
+                    PathArguments::AngleBracketed(args) if last.ident == "Result" => args
+                        .args
+                        .iter()
+                        .filter_map(|arg| match arg {
+                            GenericArgument::Type(ty) => Some(ty),
+                            _ => None,
+                        })
+                        .nth(1),
+                    _ => None,
+                })
+        }
         _ => None,
     };
-    Some(match error_type {
-        // The type's name, rather than its first token, for `my::Error`.
-        Some(Type::Path(error)) if error.qself.is_none() => error
-            .path
-            .segments
-            .last()
-            .map_or_else(|| error.span(), |s| s.ident.span()),
-        Some(error) => error.span(),
-        None => last.ident.span(),
-    })
+    token_spans(error_type.unwrap_or(ty).to_token_stream())
+}
+
+/// The spans of the first and last tokens: code given the first span at its
+/// start and the last at its end is reported over all of them, as
+/// `syn::Error::new_spanned` is (one span cannot cover several tokens).
+fn token_spans(tokens: TokenStream) -> (Span, Span) {
+    let mut tokens = tokens.into_iter();
+    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
+    let last = tokens.last().map_or(first, |t| match t {
+        proc_macro2::TokenTree::Group(group) => group.span_close(),
+        t => t.span(),
+    });
+    (first, last)
 }
 
 impl Function<'_> {
@@ -1235,13 +1230,16 @@ mod tests {
     }
 
     #[test]
-    fn the_function_must_be_async_and_return_a_result() {
+    fn the_function_must_be_async_and_return_a_type() {
         let attr = "key = \"k\", capacity = 1, rate = 1";
         assert!(
             error(attr, "fn f() -> Result<(), E> { Ok(()) }").contains("requires an `async fn`")
         );
-        assert!(error(attr, "async fn f() -> Option<()> { None }").contains("`Result<T, E>`"));
         assert!(error(attr, "async fn f() {}").contains("add a return type"));
-        assert!(check(attr, "async fn f() -> io::Result<()> { Ok(()) }").is_ok());
+        // Whether the type carries a denial is checked by the compiler.
+        for ty in ["io::Result<()>", "ApiResult<u8>", "Option<()>"] {
+            let item = format!("async fn f() -> {ty} {{ todo!() }}");
+            assert!(check(attr, &item).is_ok(), "{item}");
+        }
     }
 }
