@@ -39,7 +39,7 @@ pub use ratelimit_core::{
     global, install, key, Algorithm, BreakerConfig, CallOptions, CircuitState, Clock, Decision,
     DenialCause, Dimension, Error, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder, ManualClock,
     MonotonicClock, Quota, QuotaError, Rate, RateLimited, RuleError, Rules, StatsSnapshot,
-    SystemClock, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 #[cfg(feature = "redis")]
 pub use ratelimit_core::{

@@ -23,6 +23,7 @@ mod quota;
 #[cfg(feature = "redis")]
 mod rule_source;
 mod rules;
+mod tls;
 
 pub use breaker::{BreakerConfig, CircuitState};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
@@ -44,3 +45,4 @@ pub use rule_source::{
     DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
 };
 pub use rules::{RuleError, Rules};
+pub use tls::TlsConfig;

@@ -798,6 +798,7 @@ pub struct LimiterBuilder {
     denial_log_sample: f64,
     deny_cache_max_keys: usize,
     lease_ttl: Duration,
+    tls: crate::tls::TlsConfig,
 }
 
 // Without the `redis` (or `cluster`) feature an address is only refused at
@@ -825,6 +826,7 @@ impl Default for LimiterBuilder {
             denial_log_sample: 0.01,
             deny_cache_max_keys: 100_000,
             lease_ttl: Duration::from_secs(1),
+            tls: crate::tls::TlsConfig::default(),
         }
     }
 }
@@ -837,7 +839,8 @@ impl LimiterBuilder {
     }
 
     /// Keeps state in Redis at `url` (`redis://host:port/db`,
-    /// `rediss://...`, `redis+unix:///path`), shared by every instance.
+    /// `redis://user:password@host`, `rediss://...` for TLS (see
+    /// [`tls`](Self::tls)), `redis+unix:///path`), shared by every instance.
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.backend = BackendChoice::Redis(url.into());
         self
@@ -853,6 +856,14 @@ impl LimiterBuilder {
         S: Into<String>,
     {
         self.backend = BackendChoice::Cluster(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Certificates for a `rediss://` URL (standalone or cluster): a private
+    /// CA to trust, a client certificate for mutual TLS. Without them a
+    /// `rediss://` URL trusts the platform's roots. See [`TlsConfig`](crate::TlsConfig).
+    pub fn tls(mut self, tls: crate::tls::TlsConfig) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -1013,15 +1024,17 @@ impl LimiterBuilder {
                 Backend::Memory(MemoryBackend::bounded(clock.clone(), self.memory_max_keys))
             }
             #[cfg(feature = "redis")]
-            BackendChoice::Redis(url) => Backend::Redis(crate::backend::redis::RedisBackend::new(
+            BackendChoice::Redis(url) => Backend::Redis(Box::new(crate::backend::redis::RedisBackend::new(
                 url,
+                &self.tls,
                 self.prefix.clone(),
                 self.timeout,
                 self.clock.clone(),
-            )?),
+            )?)),
             #[cfg(feature = "cluster")]
             BackendChoice::Cluster(nodes) => Backend::Cluster(Box::new(crate::backend::cluster::ClusterBackend::new(
                 nodes,
+                &self.tls,
                 self.prefix.clone(),
                 self.timeout,
                 self.clock.clone(),

@@ -90,6 +90,7 @@ impl RedisRuleSource {
             reload_every: DEFAULT_RELOAD_EVERY,
             timeout: Duration::from_secs(1),
             max_backoff: Duration::from_secs(1),
+            tls: crate::tls::TlsConfig::default(),
         }
     }
 
@@ -151,6 +152,7 @@ pub struct RedisRuleSourceBuilder {
     reload_every: Duration,
     timeout: Duration,
     max_backoff: Duration,
+    tls: crate::tls::TlsConfig,
 }
 
 impl RedisRuleSourceBuilder {
@@ -186,6 +188,12 @@ impl RedisRuleSourceBuilder {
         self
     }
 
+    /// Certificates for a `rediss://` URL, as [`LimiterBuilder::tls`](crate::LimiterBuilder::tls).
+    pub fn tls(mut self, tls: crate::tls::TlsConfig) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Starts keeping `limiter`'s [rules](Limiter::rules) in step with Redis.
     pub fn start(self, limiter: &Limiter) -> Result<RedisRuleSource, Error> {
         self.spawn(limiter.rules())
@@ -213,7 +221,7 @@ impl RedisRuleSourceBuilder {
     /// # }).unwrap();
     /// ```
     pub fn spawn(self, rules: &Rules) -> Result<RedisRuleSource, Error> {
-        let client = crate::backend::redis::open_client(&self.url)?;
+        let client = crate::backend::redis::open_client(&self.url, &self.tls)?;
         for (what, value) in [
             ("the reload period", self.reload_every),
             ("the timeout", self.timeout),
@@ -317,7 +325,7 @@ impl RedisRuleSourceBuilder {
     }
 
     async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
-        let client = crate::backend::redis::open_client(&self.url)?;
+        let client = crate::backend::redis::open_client(&self.url, &self.tls)?;
         within(
             self.timeout,
             client.get_multiplexed_async_connection_with_config(&self.connection_config()),

@@ -39,6 +39,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     binary: PathBuf,
     extra: Vec<String>,
+    /// Serves TLS only, on `port`.
+    tls: bool,
 }
 
 impl RedisServer {
@@ -61,6 +63,7 @@ impl RedisServer {
                 dir,
                 binary: binary.clone(),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
+                tls: false,
             };
             if server.spawn() {
                 return server;
@@ -68,6 +71,46 @@ impl RedisServer {
             last_log = server.log();
         }
         panic!("redis-server did not start; its last log:\n{last_log}");
+    }
+
+    /// Starts a server that speaks TLS only, with `certificates`' server
+    /// certificate; `client_certificates` says whether clients must present
+    /// one signed by the test CA.
+    pub fn start_tls(certificates: &TlsFiles, client_certificates: bool) -> Self {
+        let binary = redis_server_binary();
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
+                binary: binary.clone(),
+                extra: vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    port.to_string(),
+                    "--tls-cert-file".into(),
+                    certificates.path("server.pem"),
+                    "--tls-key-file".into(),
+                    certificates.path("server.key"),
+                    "--tls-ca-cert-file".into(),
+                    certificates.path("ca.pem"),
+                    "--tls-auth-clients".into(),
+                    if client_certificates { "yes" } else { "no" }.into(),
+                ],
+                tls: true,
+            };
+            if server.spawn() {
+                return server;
+            }
+            last_log = server.log();
+        }
+        panic!(
+            "redis-server with TLS did not start (Debian's redis-server is built with TLS; \
+             a build without it refuses --tls-port); its last log:\n{last_log}"
+        );
     }
 
     fn spawn(&mut self) -> bool {
@@ -134,7 +177,15 @@ impl RedisServer {
                     return false;
                 }
             }
-            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+            if self.tls {
+                // No plaintext PING on a TLS port: the server says when it
+                // is ready in its log.
+                if TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                    && self.log().contains("Ready to accept connections")
+                {
+                    return true;
+                }
+            } else if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
                 use std::io::Write;
                 let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
                 if stream.write_all(b"PING\r\n").is_ok() {
@@ -154,9 +205,10 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// A plain client for inspecting the server from the test.
@@ -346,5 +398,60 @@ impl RedisCluster {
             .get_connection()
             .and_then(|mut c| redis::cmd("DBSIZE").query(&mut c))
             .unwrap_or(-1)
+    }
+}
+
+/// A private CA, a server certificate for 127.0.0.1 and localhost, and a
+/// client certificate, all made for one test, as PEM files in a temp dir.
+pub struct TlsFiles {
+    dir: tempfile::TempDir,
+}
+
+impl TlsFiles {
+    pub fn generate() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let dir = tempfile::tempdir().expect("a temp dir for certificates");
+        // Each certificate its own subject: one equal to its issuer's looks
+        // self-signed to OpenSSL, which then refuses it.
+        let params = |names: Vec<String>, subject: &str| {
+            let mut params = CertificateParams::new(names).unwrap();
+            params.distinguished_name.push(DnType::CommonName, subject);
+            params
+        };
+        let mut ca_params = params(Vec::new(), "ratelimit test CA");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate().unwrap();
+        let server = params(
+            vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
+            "127.0.0.1",
+        )
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+        let client_key = KeyPair::generate().unwrap();
+        let client = params(Vec::new(), "ratelimit test client")
+            .signed_by(&client_key, &issuer)
+            .unwrap();
+        let files = TlsFiles { dir };
+        for (name, pem) in [
+            ("ca.pem", ca.pem()),
+            ("server.pem", server.pem()),
+            ("server.key", server_key.serialize_pem()),
+            ("client.pem", client.pem()),
+            ("client.key", client_key.serialize_pem()),
+        ] {
+            std::fs::write(files.dir.path().join(name), pem).expect("write a certificate");
+        }
+        files
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    pub fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.path().join(name)).expect("read a certificate")
     }
 }

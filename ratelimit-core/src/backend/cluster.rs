@@ -57,6 +57,7 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 impl ClusterBackend {
     pub(crate) fn new(
         urls: &[String],
+        tls: &crate::tls::TlsConfig,
         prefix: String,
         timeout: Duration,
         clock: Option<Arc<dyn Clock>>,
@@ -66,16 +67,39 @@ impl ClusterBackend {
                 "a Redis Cluster needs at least one node URL".into(),
             ));
         }
-        let client = ClusterClient::builder(urls.to_vec())
+        let secure = urls.iter().any(|u| u.starts_with("rediss://"));
+        if tls.is_set() && !secure {
+            return Err(Error::Config(
+                "TLS certificates were given for Redis Cluster URLs without TLS; use `rediss://`"
+                    .into(),
+            ));
+        }
+        #[cfg(not(feature = "tls"))]
+        if secure {
+            return Err(Error::Config(
+                "`rediss://` needs the `tls` feature of ratelimit; enable it in Cargo.toml".into(),
+            ));
+        }
+        let builder = ClusterClient::builder(urls.to_vec())
             .connection_timeout(timeout)
             .response_timeout(timeout)
             // Sent once; see the module's documentation and `call`.
-            .retries(0)
-            .build()
-            .map_err(|e| {
-                let urls: Vec<String> = urls.iter().map(|u| super::redis::redacted(u)).collect();
-                Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}"))
-            })?;
+            .retries(0);
+        #[cfg(feature = "tls")]
+        let builder = if secure {
+            crate::tls::ensure_crypto_provider();
+            if tls.is_set() {
+                builder.certs(tls.certificates())
+            } else {
+                builder
+            }
+        } else {
+            builder
+        };
+        let client = builder.build().map_err(|e| {
+            let urls: Vec<String> = urls.iter().map(|u| super::redis::redacted(u)).collect();
+            Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}"))
+        })?;
         Ok(Self {
             client,
             connection: tokio::sync::OnceCell::new(),

@@ -15,7 +15,7 @@ use crate::quota::Quota;
 pub(crate) enum Backend {
     Memory(memory::MemoryBackend),
     #[cfg(feature = "redis")]
-    Redis(redis::RedisBackend),
+    Redis(Box<redis::RedisBackend>),
     #[cfg(feature = "cluster")]
     Cluster(Box<cluster::ClusterBackend>),
 }

@@ -119,11 +119,36 @@ pub(crate) fn redacted(url: &str) -> String {
     }
 }
 
-/// A client for `url`; an invalid URL is a configuration error that names
-/// the URL without its password.
-pub(crate) fn open_client(url: &str) -> Result<redis::Client, Error> {
-    redis::Client::open(url)
-        .map_err(|e| Error::Config(format!("invalid Redis URL `{}`: {e}", redacted(url))))
+/// A client for `url`, with `tls`'s certificates for a `rediss://` URL; an
+/// invalid URL is a configuration error that names the URL without its
+/// password.
+pub(crate) fn open_client(url: &str, tls: &crate::tls::TlsConfig) -> Result<redis::Client, Error> {
+    use redis::IntoConnectionInfo as _;
+    let invalid = |e: &dyn std::fmt::Display| {
+        Error::Config(format!("invalid Redis URL `{}`: {e}", redacted(url)))
+    };
+    let info = url.into_connection_info().map_err(|e| invalid(&e))?;
+    let secure = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+    if tls.is_set() && !secure {
+        return Err(invalid(
+            &"TLS certificates were given for a URL without TLS; use `rediss://`",
+        ));
+    }
+    #[cfg(feature = "tls")]
+    if secure {
+        crate::tls::ensure_crypto_provider();
+        if tls.is_set() {
+            return redis::Client::build_with_tls(info, tls.certificates())
+                .map_err(|e| invalid(&e));
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    if secure {
+        return Err(invalid(
+            &"`rediss://` needs the `tls` feature of ratelimit; enable it in Cargo.toml",
+        ));
+    }
+    redis::Client::open(info).map_err(|e| invalid(&e))
 }
 
 /// One key's request: what the script needs besides the key.
@@ -335,11 +360,12 @@ pub(crate) struct RedisBackend {
 impl RedisBackend {
     pub(crate) fn new(
         url: &str,
+        tls: &crate::tls::TlsConfig,
         prefix: String,
         timeout: Duration,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<Self, Error> {
-        let client = open_client(url)?;
+        let client = open_client(url, tls)?;
         Ok(Self {
             client,
             lane: RwLock::new(None),

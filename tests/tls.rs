@@ -1,0 +1,108 @@
+//! `rediss://` against private TLS-only redis-server processes, with a CA,
+//! server and client certificates made by the test.
+
+mod support;
+
+use std::time::Duration;
+
+use ratelimit::{Dimension, Error, Limiter, Quota, RedisRuleSource, TlsConfig};
+use support::{RedisServer, TlsFiles};
+
+fn trusting(files: &TlsFiles) -> TlsConfig {
+    TlsConfig::new().root_certificate(files.read("ca.pem"))
+}
+
+fn limiter(url: String, tls: TlsConfig) -> Limiter {
+    Limiter::builder()
+        .redis(url)
+        .tls(tls)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn rediss_decides_checks_all_or_nothing_and_follows_rules_with_a_private_ca() {
+    let files = TlsFiles::generate();
+    let server = RedisServer::start_tls(&files, false);
+    let limiter = limiter(server.url(), trusting(&files));
+    let quota = Quota::new(2, "1/min".parse().unwrap()).unwrap();
+    for _ in 0..2 {
+        let d = limiter.decide(&quota, "tls:user", 1).await.unwrap();
+        assert!(d.allowed && !d.fallback, "{d:?}");
+    }
+    assert!(!limiter.decide(&quota, "tls:user", 1).await.unwrap().allowed);
+    let all = limiter
+        .decide_all(&[
+            Dimension::new(&quota, "tls:a"),
+            Dimension::new(&quota, "tls:b"),
+        ])
+        .await
+        .unwrap();
+    assert!(all.iter().all(|d| d.allowed));
+
+    let rules = RedisRuleSource::builder(server.url()).tls(trusting(&files));
+    let source = rules.clone().start(&limiter).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), source.ready())
+        .await
+        .expect("the rule source reads over TLS");
+    rules
+        .publish("checkout", "capacity=9 rate=1/s")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while limiter.rules().get("checkout").map(|q| q.capacity()) != Some(9) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rule never arrived over TLS"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn mutual_tls_needs_the_client_certificate() {
+    let files = TlsFiles::generate();
+    let server = RedisServer::start_tls(&files, true);
+    let quota = Quota::per_second(10).unwrap();
+    let without = limiter(server.url(), trusting(&files));
+    let refused = without.decide(&quota, "mtls", 1).await;
+    assert!(
+        matches!(refused, Err(Error::Redis(_) | Error::Timeout(_))),
+        "a server requiring client certificates refused none: {refused:?}"
+    );
+    let with = limiter(
+        server.url(),
+        trusting(&files).client_certificate(files.read("client.pem"), files.read("client.key")),
+    );
+    let d = with.decide(&quota, "mtls", 1).await.unwrap();
+    assert!(d.allowed);
+}
+
+#[tokio::test]
+async fn a_certificate_the_client_cannot_verify_is_an_error_never_plaintext() {
+    let files = TlsFiles::generate();
+    let server = RedisServer::start_tls(&files, false);
+    let quota = Quota::per_second(10).unwrap();
+    // The platform's roots do not know the test's CA.
+    let untrusted = limiter(server.url(), TlsConfig::new());
+    match untrusted.decide(&quota, "k", 1).await {
+        Err(Error::Redis(error)) => {
+            let text = error.to_string().to_lowercase();
+            assert!(
+                text.contains("certificate") || text.contains("issuer"),
+                "the error must say the certificate was not trusted: {error}"
+            );
+        }
+        other => panic!("an unverifiable certificate: {other:?}"),
+    }
+    // Certificates for a plaintext URL are a configuration error.
+    let plaintext = Limiter::builder()
+        .redis(server.url().replace("rediss://", "redis://"))
+        .tls(trusting(&files))
+        .build();
+    assert!(matches!(plaintext, Err(Error::Config(_))), "{plaintext:?}");
+    // redis-rs's `#insecure` fragment still turns verification off.
+    let insecure = limiter(format!("{}/#insecure", server.url()), TlsConfig::new());
+    assert!(insecure.decide(&quota, "k", 1).await.unwrap().allowed);
+}
