@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::Quota;
+
 /// The largest Integer a Structured Field can carry (RFC 9651, section 3.3.1).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
@@ -37,6 +39,51 @@ pub(crate) fn ceil_secs(duration: Duration) -> u64 {
     } else {
         secs
     }
+}
+
+/// The `q` and `w` a layer advertises for `quota` in `RateLimit-Policy`:
+/// `q` units in every `w` seconds, which a client can spend again and again.
+///
+/// `q / w` is the quota's sustained rate, and `q` is at least its burst (the
+/// capacity, or the window's limit). That takes the smallest whole `w` of at
+/// least one second and at least the time an empty quota takes to fill
+/// again, so both hold: a bucket of 10 at 100/s is `q=100;w=1`, not
+/// `q=10;w=1`, which would tell a client to send a tenth of what it may; a
+/// bucket of 20 at 10/s is `q=20;w=2`; 5 a minute is `q=5;w=60`.
+///
+/// `w` is then rounded up to a whole multiple of the rate's period where
+/// needed so that `q` is a whole number (1 every 1.2 s is `q=5;w=6`), as
+/// long as that window is at most a minute or twice the smallest one; past
+/// that (a rate such as 1 every 1.000001 s), `w` stays the smallest window
+/// and `q` is rounded down, so the sustained rate is understated by less
+/// than one unit per window and never overstated.
+///
+/// Saying exactly `capacity + rate * w` (what a full bucket can spend in
+/// `w`) was not chosen: it overstates the rate a client can keep up, and a
+/// client pacing itself at `q / w` would be denied.
+pub(crate) fn advertised(quota: &Quota) -> (u64, u64) {
+    let rate = quota.rate();
+    let per_second = u128::from(rate.tokens()) * 1_000_000;
+    let period_us = rate.period().as_micros().max(1);
+    let smallest = u128::from(ceil_secs(quota.replenish_all()).max(1));
+    // `per_second * w / period_us` is whole when `w` is a multiple of `step`.
+    let step = period_us / gcd(per_second, period_us);
+    let exact = smallest.div_ceil(step).saturating_mul(step);
+    let w = if exact <= (2 * smallest).max(60) {
+        exact
+    } else {
+        smallest
+    };
+    let q = per_second.saturating_mul(w) / period_us;
+    let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX).min(SF_INTEGER_MAX);
+    (clamp(q), clamp(w).max(1))
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
 }
 
 /// Whether `name` can be a policy name: a non-empty Structured Field String,
@@ -146,6 +193,47 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_millis(1_200)), 2);
         assert_eq!(ceil_secs(Duration::from_nanos(60_000_000_001)), 61);
         assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+    }
+
+    fn q_w(capacity: u64, rate: &str) -> (u64, u64) {
+        advertised(&Quota::new(capacity, rate.parse().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn the_policy_tells_the_sustained_rate_and_at_least_the_burst() {
+        assert_eq!(q_w(10, "100/s"), (100, 1), "fast: the rate, not the burst");
+        assert_eq!(q_w(20, "10/s"), (20, 2));
+        assert_eq!(q_w(100, "50/s"), (100, 2));
+        assert_eq!(q_w(5, "5/min"), (5, 60));
+        assert_eq!(q_w(3, "3/10s"), (3, 10));
+        assert_eq!(q_w(10, "1/h"), (10, 36_000));
+        // 1 every 1.2 s: no whole q in 2 s, 5 in 6 s.
+        assert_eq!(q_w(1, "1/1200ms"), (5, 6));
+        // 1 every 480 ms: 25 in 12 s.
+        assert_eq!(q_w(1, "1/480ms"), (25, 12));
+        // No whole q within a minute: the smallest window, q rounded down.
+        let odd = Quota::new(
+            1,
+            crate::Rate::new(1, Duration::from_micros(1_000_001)).unwrap(),
+        )
+        .unwrap();
+        let (q, w) = advertised(&odd);
+        assert_eq!(w, 2, "1.000001 s to fill: the smallest whole window is 2 s");
+        assert_eq!(q, 1, "rounded down, never overstated");
+        let window = Quota::fixed_window(100, Duration::from_secs(60)).unwrap();
+        assert_eq!(advertised(&window), (100, 60));
+        let short = Quota::fixed_window(5, Duration::from_millis(500)).unwrap();
+        assert_eq!(advertised(&short), (10, 1));
+        for (capacity, rate) in [(10, "100/s"), (7, "3/s"), (1, "1/480ms"), (1000, "1/d")] {
+            let quota = Quota::new(capacity, rate.parse().unwrap()).unwrap();
+            let (q, w) = advertised(&quota);
+            assert!(q >= capacity, "{quota}: q={q} is at least the burst");
+            let per_second = quota.rate().per_second_f64();
+            assert!(
+                ((q as f64 / w as f64) - per_second).abs() < 1e-9,
+                "{quota}: q/w = {q}/{w} is the rate {per_second}/s"
+            );
+        }
     }
 
     #[test]

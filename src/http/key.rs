@@ -14,6 +14,8 @@ use axum::http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv6Net};
 use sha2::{Digest, Sha256};
 
+use crate::KeyBuilder;
+
 /// Which forwarding header a [`TrustedProxies`] list reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -45,7 +47,7 @@ pub enum ForwardedHeader {
 /// use std::net::IpAddr;
 ///
 /// use axum::http::HeaderMap;
-/// use ratelimit::http::TrustedProxies;
+/// use ratelimit::http::{ClientAddr, TrustedProxies};
 ///
 /// let proxies = TrustedProxies::new(["10.0.0.0/8", "127.0.0.1"])?;
 /// let mut headers = HeaderMap::new();
@@ -53,17 +55,30 @@ pub enum ForwardedHeader {
 /// headers.insert("x-forwarded-for", "1.1.1.1, 203.0.113.7, 10.0.0.2".parse()?);
 ///
 /// let via_proxy: IpAddr = "10.0.0.1".parse()?;
-/// assert_eq!(proxies.client_ip(via_proxy, &headers), "203.0.113.7".parse::<IpAddr>()?);
+/// let client = proxies.client(via_proxy, &headers);
+/// assert_eq!(client, ClientAddr::Ip("203.0.113.7".parse()?));
 ///
 /// // Straight from the internet, the header is not believed:
 /// let direct: IpAddr = "198.51.100.9".parse()?;
-/// assert_eq!(proxies.client_ip(direct, &headers), direct);
+/// assert_eq!(proxies.client(direct, &headers), ClientAddr::Ip(direct));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct TrustedProxies {
     nets: Vec<IpNet>,
     header: ForwardedHeader,
+}
+
+/// The client [`TrustedProxies::client`] finds for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientAddr {
+    /// The client's address.
+    Ip(IpAddr),
+    /// The hop where the walk stopped holds bytes outside visible ASCII, so
+    /// it is no address: its raw bytes, without surrounding blanks. A layer
+    /// keys such a client by these bytes, escaped, in a bucket of its own.
+    Unreadable(Vec<u8>),
 }
 
 impl TrustedProxies {
@@ -104,31 +119,77 @@ impl TrustedProxies {
         self.nets.iter().any(|net| net.contains(&ip))
     }
 
-    /// The client's address for a request from `peer` with `headers`.
+    /// The client of a request from `peer` with `headers`.
     ///
-    /// When the peer is trusted, the forwarding header's addresses are walked
+    /// When the peer is trusted, the forwarding header's hops are walked
     /// from the right, past trusted proxies, to the first one that is not
     /// trusted. If every address is trusted, the left-most is the client; if
-    /// an entry is not an address (`unknown`, an obfuscated node, garbage),
-    /// the walk stops at the last address it had, as nothing further left
-    /// can be believed.
-    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    /// a hop is visible ASCII but not an address (`unknown`, an obfuscated
+    /// node such as `_hidden`), the walk stops at the last address it had,
+    /// the proxy that wrote it. A hop with bytes outside visible ASCII is
+    /// [`ClientAddr::Unreadable`]: see below. Hops are read one by one, so
+    /// such bytes in one hop never hide the others of the same line.
+    ///
+    /// Why an unreadable hop is the client, in a bucket of its own: it can
+    /// only be reached when every hop to its right is a trusted proxy, so a
+    /// trusted proxy passed it on as the client it saw (or appended nothing,
+    /// and then the client could forge any address anyway). Stopping at the
+    /// proxy instead, as an `unknown` hop does, would put every client who
+    /// sends such bytes in the proxy's own bucket, which all the traffic
+    /// the proxy sends in its own name shares: any client could spend it.
+    /// Keyed by its raw bytes, the hop can only reach buckets of such bytes,
+    /// never an address's (an escaped address has no `%80`..`%FF`) nor the
+    /// proxy's. Answering `400 Bad Request` was not chosen: a rate limit is
+    /// no place to reject requests a proxy chose to forward.
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> ClientAddr {
         let mut client = peer.to_canonical();
         if !self.is_trusted(client) {
-            return client;
+            return ClientAddr::Ip(client);
         }
         let hops = match self.header {
             ForwardedHeader::XForwardedFor => x_forwarded_for(headers),
             ForwardedHeader::Forwarded => forwarded_for(headers),
         };
         for hop in hops.into_iter().rev() {
-            let Some(ip) = hop else { break };
-            client = ip.to_canonical();
-            if !self.is_trusted(client) {
-                break;
+            match hop {
+                Hop::Ip(ip) => {
+                    client = ip.to_canonical();
+                    if !self.is_trusted(client) {
+                        break;
+                    }
+                }
+                Hop::NotAnAddress => break,
+                Hop::Unreadable(raw) => return ClientAddr::Unreadable(raw),
             }
         }
-        client
+        ClientAddr::Ip(client)
+    }
+}
+
+/// One hop of a forwarding header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hop {
+    Ip(IpAddr),
+    /// Visible ASCII, but no address: `unknown`, `_hidden`, garbage.
+    NotAnAddress,
+    /// Bytes outside visible ASCII, as they were.
+    Unreadable(Vec<u8>),
+}
+
+impl Hop {
+    /// Reads a node such as `192.0.2.1:8080` from raw bytes; `quoted`: a
+    /// `Forwarded` value, which may be a quoted string.
+    fn read(raw: &[u8], quoted: bool) -> Hop {
+        let raw = raw.trim_ascii();
+        let node = if quoted { unquote(raw) } else { raw.to_vec() };
+        // What `HeaderValue::to_str` accepts; anything else is no address.
+        let visible = |b: &u8| *b == b'\t' || (0x20..0x7F).contains(b);
+        match std::str::from_utf8(&node) {
+            Ok(text) if node.iter().all(visible) => {
+                parse_node(text).map_or(Hop::NotAnAddress, Hop::Ip)
+            }
+            _ => Hop::Unreadable(node),
+        }
     }
 }
 
@@ -151,61 +212,53 @@ impl fmt::Display for InvalidProxyRange {
 
 impl std::error::Error for InvalidProxyRange {}
 
-/// The hops of `X-Forwarded-For`, left to right; `None` for an entry that is
-/// not an address.
-fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut hops = Vec::new();
-    for line in headers.get_all(HeaderName::from_static("x-forwarded-for")) {
-        let Ok(line) = line.to_str() else {
-            hops.push(None);
-            continue;
-        };
-        hops.extend(
-            line.split(',')
-                .map(str::trim)
-                .filter(|entry| !entry.is_empty())
-                .map(parse_node),
-        );
-    }
-    hops
+/// The hops of `X-Forwarded-For`, left to right, read from the raw bytes.
+fn x_forwarded_for(headers: &HeaderMap) -> Vec<Hop> {
+    headers
+        .get_all(HeaderName::from_static("x-forwarded-for"))
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .filter(|entry| !entry.trim_ascii().is_empty())
+        .map(|entry| Hop::read(entry, false))
+        .collect()
 }
 
-/// The `for=` nodes of `Forwarded`, left to right; `None` for an element with
-/// no `for=` or whose node is not an address.
-fn forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+/// The `for=` nodes of `Forwarded`, left to right, read from the raw bytes;
+/// an element with no `for=` is not an address.
+fn forwarded_for(headers: &HeaderMap) -> Vec<Hop> {
     let mut hops = Vec::new();
     for line in headers.get_all(FORWARDED) {
-        let Ok(line) = line.to_str() else {
-            hops.push(None);
-            continue;
-        };
-        for element in split_unquoted(line, ',') {
-            if element.trim().is_empty() {
+        for element in split_unquoted(line.as_bytes(), b',') {
+            if element.trim_ascii().is_empty() {
                 continue;
             }
-            let node = split_unquoted(element, ';')
+            let node = split_unquoted(element, b';')
                 .into_iter()
-                .filter_map(|pair| pair.split_once('='))
-                .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
-                .and_then(|(_, value)| parse_node(&unquote(value.trim())));
+                .filter_map(|pair| {
+                    let at = pair.iter().position(|&b| b == b'=')?;
+                    Some((&pair[..at], &pair[at + 1..]))
+                })
+                .find(|(name, _)| name.trim_ascii().eq_ignore_ascii_case(b"for"))
+                .map_or(Hop::NotAnAddress, |(_, value)| Hop::read(value, true));
             hops.push(node);
         }
     }
     hops
 }
 
-/// Splits at `separator` outside quoted strings.
-fn split_unquoted(text: &str, separator: char) -> Vec<&str> {
+/// Splits at `separator` outside quoted strings. Quotes, backslashes and
+/// separators are ASCII, so bytes of other characters never match them.
+fn split_unquoted(text: &[u8], separator: u8) -> Vec<&[u8]> {
     let mut parts = Vec::new();
     let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (i, c) in text.char_indices() {
-        match c {
+    for (i, &b) in text.iter().enumerate() {
+        match b {
             _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            c if c == separator && !quoted => {
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b if b == separator && !quoted => {
                 parts.push(&text[start..i]);
-                start = i + c.len_utf8();
+                start = i + 1;
             }
             _ => {}
         }
@@ -215,24 +268,24 @@ fn split_unquoted(text: &str, separator: char) -> Vec<&str> {
 }
 
 /// A quoted string's content, or the token as it is.
-fn unquote(value: &str) -> String {
+fn unquote(value: &[u8]) -> Vec<u8> {
     match value
-        .strip_prefix('"')
-        .and_then(|rest| rest.strip_suffix('"'))
+        .strip_prefix(b"\"")
+        .and_then(|rest| rest.strip_suffix(b"\""))
     {
         Some(inner) => {
-            let mut out = String::with_capacity(inner.len());
-            let mut chars = inner.chars();
-            while let Some(c) = chars.next() {
-                out.push(if c == '\\' {
-                    chars.next().unwrap_or(c)
+            let mut out = Vec::with_capacity(inner.len());
+            let mut bytes = inner.iter();
+            while let Some(&b) = bytes.next() {
+                out.push(if b == b'\\' {
+                    bytes.next().copied().unwrap_or(b)
                 } else {
-                    c
+                    b
                 });
             }
             out
         }
-        None => value.to_owned(),
+        None => value.to_vec(),
     }
 }
 
@@ -295,7 +348,7 @@ fn ip_value(ip: IpAddr, ipv6_prefix_len: u8) -> String {
 /// What a closure makes of a request.
 pub(crate) type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
-/// Where a layer's key comes from.
+/// Where a limit's key comes from.
 #[derive(Clone)]
 pub(crate) enum KeySource {
     PeerIp,
@@ -322,7 +375,7 @@ impl fmt::Debug for KeySource {
 impl KeySource {
     /// The part of the default key prefix that names the source, after
     /// `http:<name>:`; a header's name is escaped like a value.
-    pub(crate) fn push_tag(&self, key: &mut crate::KeyBuilder) {
+    pub(crate) fn push_tag(&self, key: &mut KeyBuilder) {
         match self {
             KeySource::PeerIp | KeySource::ClientIp(_) => key.push_literal("ip:"),
             KeySource::Header(name) => {
@@ -336,39 +389,102 @@ impl KeySource {
         }
     }
 
-    /// The request's value, unescaped; `None` when it cannot be determined.
-    /// `Some("")` for the global source, whose key is the prefix alone.
-    pub(crate) fn value(&self, parts: &Parts, ipv6_prefix_len: u8) -> Option<String> {
+    /// Appends the request's value to `key`, escaped; `false` (and nothing
+    /// appended) when it cannot be determined. The global source appends
+    /// nothing: its key is the prefix alone.
+    pub(crate) fn push_value(
+        &self,
+        parts: &Parts,
+        ipv6_prefix_len: u8,
+        key: &mut KeyBuilder,
+    ) -> bool {
         match self {
-            KeySource::PeerIp => peer_ip(parts).map(|ip| ip_value(ip, ipv6_prefix_len)),
-            KeySource::ClientIp(proxies) => peer_ip(parts)
-                .map(|peer| ip_value(proxies.client_ip(peer, &parts.headers), ipv6_prefix_len)),
+            KeySource::PeerIp => match peer_ip(parts) {
+                Some(ip) => key.push_value(ip_value(ip, ipv6_prefix_len).as_str()),
+                None => return false,
+            },
+            KeySource::ClientIp(proxies) => match peer_ip(parts) {
+                Some(peer) => match proxies.client(peer, &parts.headers) {
+                    ClientAddr::Ip(ip) => key.push_value(ip_value(ip, ipv6_prefix_len).as_str()),
+                    ClientAddr::Unreadable(raw) => push_raw_value(key, &raw),
+                },
+                None => return false,
+            },
             KeySource::Header(name) => {
-                let value = parts.headers.get(name)?;
-                let value = String::from_utf8_lossy(value.as_bytes());
-                let value = value.trim();
-                (!value.is_empty()).then(|| value.to_owned())
+                let Some(value) = parts.headers.get(name) else {
+                    return false;
+                };
+                let value = value.as_bytes().trim_ascii();
+                if value.is_empty() {
+                    return false;
+                }
+                push_raw_value(key, value);
             }
-            KeySource::BearerToken => bearer_token(&parts.headers).map(token_digest),
-            KeySource::Custom(key) => key(parts),
-            KeySource::Global => Some(String::new()),
+            KeySource::BearerToken => match bearer_token(&parts.headers) {
+                Some(token) => key.push_value(token_digest(token).as_str()),
+                None => return false,
+            },
+            KeySource::Custom(value) => match value(parts) {
+                Some(value) => key.push_value(value.as_str()),
+                None => return false,
+            },
+            KeySource::Global => {}
         }
+        true
     }
 }
 
-/// The token of `Authorization: Bearer <token>` (the scheme is
-/// case-insensitive, RFC 9110 section 11.1).
-fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+/// Appends raw bytes (a header value, which need not be UTF-8) escaped as
+/// [`KeyBuilder::push_value`] escapes text, so that two different byte
+/// strings never make one key, and a string and its UTF-8 bytes make the
+/// same. Text is escaped one byte of its UTF-8 form at a time, every byte
+/// outside the value characters becoming `%XX`; bytes that are not UTF-8
+/// are escaped the same way here. No text escapes to a lone `%FF` or to
+/// `%C3` before a byte that cannot follow it, so these keys never meet the
+/// key of any text. Past [`MAX_VALUE_LEN`](crate::key::MAX_VALUE_LEN)
+/// escaped bytes the value is its digest, `%_` and 128 bits of the bytes'
+/// SHA-256, as text's is.
+fn push_raw_value(key: &mut KeyBuilder, raw: &[u8]) {
+    match std::str::from_utf8(raw) {
+        // The runtime owns the escaping of text.
+        Ok(text) => key.push_value(text),
+        Err(_) => key.push_literal(&escape_bytes(raw)),
+    }
 }
 
-/// 128 bits of the token's SHA-256, in hex: bearer tokens are secrets, and
-/// keys end up in Redis, in logs and in the denial's message.
-fn token_digest(token: &str) -> String {
-    let digest = Sha256::digest(token.as_bytes());
+/// Escapes bytes one by one as the runtime escapes UTF-8 text (see
+/// [`push_raw_value`]).
+fn escape_bytes(raw: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(raw.len());
+    for &b in raw {
+        if b.is_ascii() && crate::key::is_value_char(char::from(b)) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xF)]));
+        }
+        if out.len() > crate::key::MAX_VALUE_LEN {
+            return format!("%_{}", hex_digest(raw));
+        }
+    }
+    out
+}
+
+/// The token of `Authorization: Bearer <token>` (the scheme is
+/// case-insensitive, RFC 9110 section 11.1), as raw bytes: a token with bytes
+/// outside visible ASCII is still a token of its own, not a missing one.
+fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(AUTHORIZATION)?.as_bytes().trim_ascii();
+    let at = value.iter().position(|&b| b == b' ')?;
+    let (scheme, token) = (&value[..at], value[at + 1..].trim_ascii());
+    (scheme.eq_ignore_ascii_case(b"bearer") && !token.is_empty()).then_some(token)
+}
+
+/// 128 bits of the SHA-256 of `bytes`, in lowercase hex.
+fn hex_digest(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
     let mut hex = String::with_capacity(32);
     for b in &digest[..16] {
         let _ = write!(hex, "{b:02x}");
@@ -376,8 +492,16 @@ fn token_digest(token: &str) -> String {
     hex
 }
 
+/// 128 bits of the token's SHA-256, in hex: bearer tokens are secrets, and
+/// keys end up in Redis and in logs.
+fn token_digest(token: &[u8]) -> String {
+    hex_digest(token)
+}
+
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderValue;
+
     use super::*;
 
     fn headers(name: &'static str, values: &[&str]) -> HeaderMap {
@@ -392,12 +516,19 @@ mod tests {
         text.parse().unwrap()
     }
 
+    fn client_ip(proxies: &TrustedProxies, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        match proxies.client(peer, headers) {
+            ClientAddr::Ip(ip) => ip,
+            other => panic!("expected an address, got {other:?}"),
+        }
+    }
+
     #[test]
     fn forwarded_for_is_ignored_unless_the_peer_is_trusted() {
         let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
         let h = headers("x-forwarded-for", &["203.0.113.7"]);
-        assert_eq!(proxies.client_ip(ip("192.0.2.1"), &h), ip("192.0.2.1"));
-        assert_eq!(proxies.client_ip(ip("10.1.2.3"), &h), ip("203.0.113.7"));
+        assert_eq!(client_ip(&proxies, ip("192.0.2.1"), &h), ip("192.0.2.1"));
+        assert_eq!(client_ip(&proxies, ip("10.1.2.3"), &h), ip("203.0.113.7"));
     }
 
     #[test]
@@ -408,32 +539,32 @@ mod tests {
             "x-forwarded-for",
             &["6.6.6.6, 1.1.1.1", "203.0.113.7, 10.0.0.9"],
         );
-        assert_eq!(proxies.client_ip(ip("127.0.0.1"), &h), ip("203.0.113.7"));
+        assert_eq!(client_ip(&proxies, ip("127.0.0.1"), &h), ip("203.0.113.7"));
         // Every hop trusted: the left-most is the client.
         let h = headers("x-forwarded-for", &["10.0.0.5, 10.0.0.9"]);
-        assert_eq!(proxies.client_ip(ip("127.0.0.1"), &h), ip("10.0.0.5"));
+        assert_eq!(client_ip(&proxies, ip("127.0.0.1"), &h), ip("10.0.0.5"));
         // No header: the trusted peer itself.
         assert_eq!(
-            proxies.client_ip(ip("127.0.0.1"), &HeaderMap::new()),
+            client_ip(&proxies, ip("127.0.0.1"), &HeaderMap::new()),
             ip("127.0.0.1")
         );
         // Garbage stops the walk at the last address known.
         let h = headers("x-forwarded-for", &["1.1.1.1, unknown, 10.0.0.9"]);
-        assert_eq!(proxies.client_ip(ip("127.0.0.1"), &h), ip("10.0.0.9"));
+        assert_eq!(client_ip(&proxies, ip("127.0.0.1"), &h), ip("10.0.0.9"));
     }
 
     #[test]
     fn ports_brackets_and_mapped_addresses_are_understood() {
         let proxies = TrustedProxies::new(["::1", "10.0.0.1"]).unwrap();
         let h = headers("x-forwarded-for", &["[2001:db8::7]:4711, 198.51.100.2:80"]);
-        assert_eq!(proxies.client_ip(ip("::1"), &h), ip("198.51.100.2"));
+        assert_eq!(client_ip(&proxies, ip("::1"), &h), ip("198.51.100.2"));
         let h = headers("x-forwarded-for", &["2001:db8::7"]);
         assert_eq!(
-            proxies.client_ip(ip("::ffff:10.0.0.1"), &h),
+            client_ip(&proxies, ip("::ffff:10.0.0.1"), &h),
             ip("2001:db8::7")
         );
         let h = headers("x-forwarded-for", &["::ffff:192.0.2.4"]);
-        assert_eq!(proxies.client_ip(ip("::1"), &h), ip("192.0.2.4"));
+        assert_eq!(client_ip(&proxies, ip("::1"), &h), ip("192.0.2.4"));
     }
 
     #[test]
@@ -449,17 +580,17 @@ mod tests {
             ],
         );
         assert_eq!(
-            proxies.client_ip(ip("10.0.0.2"), &h),
+            client_ip(&proxies, ip("10.0.0.2"), &h),
             ip("2001:db8:cafe::17")
         );
         // X-Forwarded-For is not read when Forwarded is configured.
         let h = headers("x-forwarded-for", &["203.0.113.7"]);
-        assert_eq!(proxies.client_ip(ip("10.0.0.2"), &h), ip("10.0.0.2"));
+        assert_eq!(client_ip(&proxies, ip("10.0.0.2"), &h), ip("10.0.0.2"));
         // `unknown` and obfuscated nodes stop the walk.
         let h = headers("forwarded", &["for=1.1.1.1, for=unknown, for=10.0.0.4"]);
-        assert_eq!(proxies.client_ip(ip("10.0.0.2"), &h), ip("10.0.0.4"));
+        assert_eq!(client_ip(&proxies, ip("10.0.0.2"), &h), ip("10.0.0.4"));
         let h = headers("forwarded", &["for=1.1.1.1, for=_hidden"]);
-        assert_eq!(proxies.client_ip(ip("10.0.0.2"), &h), ip("10.0.0.2"));
+        assert_eq!(client_ip(&proxies, ip("10.0.0.2"), &h), ip("10.0.0.2"));
     }
 
     #[test]
@@ -488,15 +619,81 @@ mod tests {
         assert_eq!(ip_value(ip("192.0.2.1"), 64), "192.0.2.1");
     }
 
+    fn raw_headers(name: &'static str, values: &[&[u8]]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append(name, HeaderValue::from_bytes(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn bytes_outside_visible_ascii_spoil_one_hop_not_the_line() {
+        let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
+        // The client wrote the first hop; our proxy appended what it saw.
+        let h = raw_headers("x-forwarded-for", &[b"\xff\xfe, 203.0.113.7"]);
+        assert_eq!(client_ip(&proxies, ip("10.0.0.1"), &h), ip("203.0.113.7"));
+        // Reached past trusted proxies, such a hop is the client.
+        let h = raw_headers("x-forwarded-for", &[b" caf\xc3\xa9 , 10.0.0.2"]);
+        assert_eq!(
+            proxies.client(ip("10.0.0.1"), &h),
+            ClientAddr::Unreadable(b"caf\xc3\xa9".to_vec())
+        );
+        let proxies = proxies.header(ForwardedHeader::Forwarded);
+        let h = raw_headers(
+            "forwarded",
+            &[b"for=\"\xff\";proto=http, for=192.0.2.9;host=\"\xfe\""],
+        );
+        assert_eq!(client_ip(&proxies, ip("10.0.0.1"), &h), ip("192.0.2.9"));
+        let h = raw_headers("forwarded", &[b"for=192.0.2.9, for=\"\xff\xff\""]);
+        assert_eq!(
+            proxies.client(ip("10.0.0.1"), &h),
+            ClientAddr::Unreadable(b"\xff\xff".to_vec()),
+            "the value inside the quotes, as it came"
+        );
+    }
+
+    fn raw_key(raw: &[u8]) -> String {
+        let mut key = KeyBuilder::new();
+        push_raw_value(&mut key, raw);
+        key.finish()
+    }
+
+    #[test]
+    fn raw_values_escape_byte_by_byte_as_text_does() {
+        assert_ne!(raw_key(b"\xff"), raw_key(b"\xfe"));
+        assert_eq!(raw_key(b"\xff"), "%FF");
+        assert_eq!(raw_key(b"a\xc3"), "a%C3");
+        // Text escapes to the same key as its bytes would.
+        for text in [
+            "alice",
+            "alice:{x}",
+            "caf\u{e9}",
+            "\u{1F600}",
+            &"\u{e9}".repeat(40),
+        ] {
+            let mut key = KeyBuilder::new();
+            key.push_value(text);
+            assert_eq!(escape_bytes(text.as_bytes()), key.finish(), "{text:?}");
+        }
+        // Long: the digest of the bytes, never the escaped prefix.
+        let long = [0xffu8; 30];
+        let key = raw_key(&long);
+        assert!(key.starts_with("%_") && key.len() == 34, "{key}");
+        let mut other = long;
+        other[29] = 0xfe;
+        assert_ne!(raw_key(&other), key);
+    }
+
     #[test]
     fn bearer_tokens_are_digested() {
         let h = headers("authorization", &["bearer  s3cret "]);
         let token = bearer_token(&h).unwrap();
-        assert_eq!(token, "s3cret");
+        assert_eq!(token, b"s3cret");
         let digest = token_digest(token);
         assert_eq!(digest.len(), 32);
         assert!(!digest.contains("s3cret"));
-        assert_ne!(digest, token_digest("s3cres"));
+        assert_ne!(digest, token_digest(b"s3cres"));
         assert!(bearer_token(&headers("authorization", &["Basic abc"])).is_none());
         assert!(bearer_token(&headers("authorization", &["Bearer "])).is_none());
     }

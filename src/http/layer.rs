@@ -1,49 +1,37 @@
 //! The tower layer that limits requests.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use axum::http::request::Parts;
-use axum::http::{HeaderName, HeaderValue, Request};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service};
 
 use super::fields;
 use super::key::{KeySource, TrustedProxies};
+use super::limit::{Limit, MissingKey, QuotaSource};
 use super::problem::{self, TooManyRequests};
-use crate::{Decision, KeyBuilder, Limiter, Quota, RateLimited};
-
-/// What a layer does with a request whose key cannot be determined: no
-/// `ConnectInfo` for an address key, no such header, no bearer token, or a
-/// key closure that returned `None`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Every such request takes a token from one bucket of the layer's
-    /// quota, shared by all of them (the default): leaving the key out never
-    /// escapes the limit, and never spends another client's tokens. Its key
-    /// is the layer's prefix followed by `%unknown`, which no escaped value
-    /// can equal.
-    #[default]
-    SharedBucket,
-    /// Such requests pass this layer unlimited and without its header
-    /// fields: for keys that only some requests have, such as an API key on
-    /// routes that also serve anonymous users who are limited by another
-    /// layer.
-    Unlimited,
-}
+use crate::{
+    Algorithm, CallOptions, Decision, DenialCause, Dimension, KeyBuilder, Limiter, Quota,
+    RateLimited,
+};
 
 /// A [tower] layer that limits requests to a service: one token per request
-/// from the bucket of the request's key, a `429 Too Many Requests`
-/// ([`TooManyRequests`]) without calling the service when there is none, and
-/// the rate limit header fields on every response. See the
+/// from each of its [`Limit`]s (per client address, per token, for the
+/// whole service...), decided all or nothing; a `429 Too Many Requests`
+/// ([`TooManyRequests`]) without calling the service when a limit is spent;
+/// and the rate limit header fields on every response. See the
 /// [module documentation](super) for keys and fields.
 ///
 /// Put it on a whole router with `Router::layer` or on some routes with
-/// `Router::route_layer` (or on one method router), each with its quota:
+/// `Router::route_layer` (or on one method router). [`new`](Self::new)
+/// makes a layer of one limit, per peer address; [`all`](Self::all) one of
+/// several:
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -88,62 +76,100 @@ pub enum MissingKey {
 /// # }).unwrap();
 /// ```
 ///
-/// Layers with the same name and key source share buckets. Give each quota
-/// its own [`name`](Self::name) (or [`key_prefix`](Self::key_prefix)), as a
-/// key shared by two quotas is limited by neither as written.
+/// Layers (and limits) with the same name and key source share buckets.
+/// Give each quota its own name (or [`key_prefix`](Limit::key_prefix)), as
+/// a key shared by two quotas is limited by neither as written.
 ///
-/// When layers are nested, the outer one takes its token first, so a request
-/// that an inner layer then denies still spent the outer token.
+/// Nested layers decide one after the other: the outer one takes its token
+/// first, so a request that an inner layer then denies still spent the
+/// outer token. Limits of one layer never do that.
 ///
 /// [tower]: https://docs.rs/tower/0.5
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[must_use]
 pub struct RateLimitLayer {
     limiter: Limiter,
-    quota: Quota,
     name: String,
-    source: KeySource,
-    prefix: Option<String>,
+    limits: Vec<Limit>,
     legacy_headers: bool,
-    missing_key: MissingKey,
-    ipv6_prefix_len: u8,
+    shadow: bool,
     request_id_header: HeaderName,
 }
 
-impl fmt::Debug for RateLimitLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
-            .field("limiter", &self.limiter)
-            .field("quota", &self.quota)
-            .field("name", &self.name)
-            .field("source", &self.source)
-            .field("prefix", &self.prefix)
-            .field("legacy_headers", &self.legacy_headers)
-            .field("missing_key", &self.missing_key)
-            .field("ipv6_prefix_len", &self.ipv6_prefix_len)
-            .finish_non_exhaustive()
-    }
-}
-
 impl RateLimitLayer {
-    /// Limits each peer address to `quota`, in buckets kept by `limiter`,
-    /// under the policy name `default`.
-    pub fn new(limiter: Limiter, quota: Quota) -> Self {
+    /// Limits each peer address to `quota` (a [`Quota`], or any
+    /// [`QuotaSource`]), in buckets kept by `limiter`, under the policy name
+    /// `default`: a layer of one limit, which the `by_*` methods re-key.
+    pub fn new(limiter: Limiter, quota: impl Into<QuotaSource>) -> Self {
+        Self::all(limiter, [Limit::per_peer_ip(quota)])
+    }
+
+    /// Decides every one of `limits` for each request, all or nothing, in
+    /// one [`Limiter::check_all`]: the request is admitted when every limit
+    /// admits it, and each limit then takes its token; when one denies, none
+    /// takes a token, so a flood from one client spends that client's
+    /// bucket and nobody else's, however many other limits it passes.
+    ///
+    /// ```
+    /// use axum::http::request::Parts;
+    /// use axum::{routing::get, Router};
+    /// use ratelimit::http::{Limit, NamedRule, QuotaSource, RateLimitLayer, TrustedProxies};
+    /// use ratelimit::{FailurePolicy, Limiter, Quota};
+    ///
+    /// // A tier from the request, each tier a named rule operators can change:
+    /// let free = NamedRule::new("api.tier.free", Quota::per_minute(60)?);
+    /// let pro = NamedRule::new("api.tier.pro", Quota::per_minute(600)?);
+    /// let tier = move |request: &Parts| match request.headers.get("x-plan") {
+    ///     Some(plan) if plan == "pro" => pro,
+    ///     _ => free,
+    /// };
+    ///
+    /// let layer = RateLimitLayer::all(
+    ///     Limiter::memory(),
+    ///     [
+    ///         Limit::per_client_ip(TrustedProxies::new(["10.0.0.0/8"])?, Quota::per_second(10)?)
+    ///             .name("ip"),
+    ///         Limit::per_bearer_token(QuotaSource::rule_per_request(tier)).name("tier"),
+    ///         Limit::global(QuotaSource::rule("api.global", Quota::per_second(1_000)?))
+    ///             .name("global")
+    ///             .on_error(FailurePolicy::Local),
+    ///     ],
+    /// )
+    /// .name("api");
+    /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Each limit is a policy of its own in the fields, named
+    /// `api.ip`, `api.tier` and `api.global` here; a limit with no
+    /// [`name`](Limit::name) is named as the layer, so at most one may have
+    /// none.
+    ///
+    /// # Panics
+    ///
+    /// When the layer is applied (`Router::layer`), if it has no limit, or
+    /// two of its limits have the same name or the same key prefix.
+    pub fn all(limiter: Limiter, limits: impl IntoIterator<Item = Limit>) -> Self {
         Self {
             limiter,
-            quota,
             name: "default".to_owned(),
-            source: KeySource::PeerIp,
-            prefix: None,
+            limits: limits.into_iter().collect(),
             legacy_headers: false,
-            missing_key: MissingKey::default(),
-            ipv6_prefix_len: 64,
+            shadow: false,
             request_id_header: problem::REQUEST_ID,
         }
     }
 
-    /// Names the policy: in the `RateLimit-Policy` and `RateLimit` fields,
-    /// and in the default key prefix `http:<name>:`.
+    /// Adds `limit` to the ones decided together.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Names the layer: the policy name of its unnamed limit, and the first
+    /// part of its named limits' (`<name>.<limit>`), in the `RateLimit-Policy`
+    /// and `RateLimit` fields, the metrics' `rule` label, and the default
+    /// key prefix `http:<policy>:`.
     ///
     /// # Panics
     ///
@@ -155,47 +181,109 @@ impl RateLimitLayer {
         self
     }
 
-    /// Replaces the default key prefix (`http:<name>:<source>:`, see the
-    /// [module documentation](super#keys)) with `prefix`, used as written.
-    /// The limiter's own prefix (`rl:` by default) still comes first.
+    /// Shadow mode: decide, record and send the fields as usual, but never
+    /// deny; a request its limits would deny (a spent quota, a backend
+    /// failing closed) reaches the service, with the fields of that denial
+    /// (`r=0`). For rolling a limit out: metrics and the fields show what it
+    /// would do, and nothing is refused. A would-be denial takes no token,
+    /// exactly as a denial would not, so the buckets hold what they would
+    /// hold with the layer enforcing.
+    ///
+    /// A layer of one limit counts would-be denials as `shadow_denied`, as
+    /// `CallOptions::shadow` does; a layer of several limits counts them as
+    /// `denied` under the limit that would deny, since the all-or-nothing
+    /// check of the runtime has no shadow mode.
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// Also sets `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (seconds) on every response (default off).
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.legacy_headers = on;
+        self
+    }
+
+    /// Reads the request id copied into problem bodies from `header`
+    /// instead of `X-Request-Id`.
+    pub fn request_id_header(mut self, header: HeaderName) -> Self {
+        self.request_id_header = header;
+        self
+    }
+
+    /// The limit the `by_*` methods configure: the first, the one
+    /// [`new`](Self::new) makes.
+    #[track_caller]
+    fn first(&mut self) -> &mut Limit {
+        self.limits.first_mut().expect(
+            "this method configures the layer's first limit, and the layer has none; \
+             add limits with `RateLimitLayer::limit`, or configure each `Limit` itself",
+        )
+    }
+
+    /// Replaces the first limit's default key prefix; see
+    /// [`Limit::key_prefix`].
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit.
+    #[track_caller]
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Some(prefix.into());
+        self.first().prefix = Some(prefix.into());
         self
     }
 
-    /// Keys each request by the peer's address, from axum's
-    /// `ConnectInfo<SocketAddr>` (the default). Behind a proxy every request
-    /// has the proxy's address; use [`by_client_ip`](Self::by_client_ip).
+    /// Keys the first limit by the peer's address (the default of
+    /// [`new`](Self::new)); see [`Limit::per_peer_ip`].
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit.
+    #[track_caller]
     pub fn by_peer_ip(mut self) -> Self {
-        self.source = KeySource::PeerIp;
+        self.first().source = KeySource::PeerIp;
         self
     }
 
-    /// Keys each request by the client's address: the peer's, or, when the
-    /// peer is one of `proxies`, the address its forwarding header names.
-    /// See [`TrustedProxies`].
+    /// Keys the first limit by the client's address behind `proxies`; see
+    /// [`Limit::per_client_ip`].
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit.
+    #[track_caller]
     pub fn by_client_ip(mut self, proxies: TrustedProxies) -> Self {
-        self.source = KeySource::ClientIp(proxies);
+        self.first().source = KeySource::ClientIp(proxies);
         self
     }
 
-    /// Keys each request by the value of `header`, such as an API key. The
-    /// value is used escaped, or as a digest when long; a request without
-    /// the header is handled as [`MissingKey`] says.
+    /// Keys the first limit by the value of `header`; see
+    /// [`Limit::per_header`].
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit.
+    #[track_caller]
     pub fn by_header(mut self, header: HeaderName) -> Self {
-        self.source = KeySource::Header(header);
+        self.first().source = KeySource::Header(header);
         self
     }
 
-    /// Keys each request by its `Authorization: Bearer` token. The key holds
-    /// 128 bits of the token's SHA-256, never the token.
+    /// Keys the first limit by the bearer token; see
+    /// [`Limit::per_bearer_token`].
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit.
+    #[track_caller]
     pub fn by_bearer_token(mut self) -> Self {
-        self.source = KeySource::BearerToken;
+        self.first().source = KeySource::BearerToken;
         self
     }
 
-    /// Keys each request by what `key` returns for its head, escaped; `None`
-    /// is handled as [`MissingKey`] says.
+    /// Keys the first limit by what `key` returns for the request's head,
+    /// escaped; `None` is handled as [`MissingKey`] says.
     ///
     /// ```
     /// use ratelimit::http::RateLimitLayer;
@@ -212,79 +300,134 @@ impl RateLimitLayer {
     ///     });
     /// # Ok::<(), ratelimit::QuotaError>(())
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit.
+    #[track_caller]
     pub fn by_key<F>(mut self, key: F) -> Self
     where
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
-        self.source = KeySource::Custom(Arc::new(key));
+        self.first().source = KeySource::Custom(Arc::new(key));
         self
     }
 
-    /// One bucket for every request: a limit on the whole service.
-    pub fn global(mut self) -> Self {
-        self.source = KeySource::Global;
-        self
-    }
-
-    /// Keys IPv6 clients by their network of `len` bits (default 64; 128 keys
-    /// each address on its own). IPv4 addresses are always keyed as they are.
+    /// Makes the first limit one bucket for every request; see
+    /// [`Limit::global`].
     ///
     /// # Panics
     ///
-    /// If `len` is greater than 128.
+    /// If the layer has no limit.
+    #[track_caller]
+    pub fn global(mut self) -> Self {
+        self.first().source = KeySource::Global;
+        self
+    }
+
+    /// Sets the first limit's IPv6 network size; see
+    /// [`Limit::ipv6_prefix_len`].
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit, or `len` is greater than 128.
+    #[track_caller]
     pub fn ipv6_prefix_len(mut self, len: u8) -> Self {
-        assert!(
-            len <= 128,
-            "an IPv6 prefix length is at most 128, not {len}"
-        );
-        self.ipv6_prefix_len = len;
+        let first = self.first().clone();
+        *self.first() = first.ipv6_prefix_len(len);
         self
     }
 
-    /// Also sets `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-    /// `X-RateLimit-Reset` (seconds) on every response (default off).
-    pub fn legacy_headers(mut self, on: bool) -> Self {
-        self.legacy_headers = on;
-        self
-    }
-
-    /// What to do with requests whose key cannot be determined (default
-    /// [`MissingKey::SharedBucket`]).
+    /// What the first limit does with requests whose key cannot be
+    /// determined; see [`Limit::on_missing_key`].
+    ///
+    /// # Panics
+    ///
+    /// If the layer has no limit.
+    #[track_caller]
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+        self.first().missing_key = missing_key;
         self
     }
 
-    /// Reads the request id copied into 429 bodies from `header` instead of
-    /// `X-Request-Id`.
-    pub fn request_id_header(mut self, header: HeaderName) -> Self {
-        self.request_id_header = header;
-        self
-    }
-
+    #[track_caller]
     fn shared(&self) -> Shared {
-        let prefix = self.prefix.clone().unwrap_or_else(|| {
-            let mut key = KeyBuilder::new();
-            key.push_literal("http:");
-            key.push_value(self.name.as_str());
-            key.push_literal(":");
-            self.source.push_tag(&mut key);
-            key.finish()
-        });
-        let window = self.quota.window().unwrap_or(self.quota.replenish_all());
-        let window_secs = fields::ceil_secs(window).max(1);
+        assert!(
+            !self.limits.is_empty(),
+            "the rate limit layer `{}` has no limit; add one with `RateLimitLayer::limit`",
+            self.name
+        );
+        let limits: Vec<Prepared> = self.limits.iter().map(|l| self.prepare(l)).collect();
+        for (i, limit) in limits.iter().enumerate() {
+            for earlier in &limits[..i] {
+                assert!(
+                    earlier.name != limit.name,
+                    "two limits of the rate limit layer `{}` are named `{}`; give each a name \
+                     of its own with `Limit::name`",
+                    self.name,
+                    limit.name
+                );
+                assert!(
+                    earlier.prefix != limit.prefix,
+                    "the limits `{}` and `{}` have the same key prefix `{}`, so they would \
+                     share buckets; give each a prefix of its own",
+                    earlier.name,
+                    limit.name,
+                    limit.prefix
+                );
+            }
+        }
         Shared {
-            policy: fields::policy_value(&self.name, self.quota.capacity(), Some(window_secs)),
-            window_secs,
-            prefix,
-            layer: self.clone(),
+            limiter: self.limiter.clone(),
+            limits,
+            legacy_headers: self.legacy_headers,
+            shadow: self.shadow,
+            request_id_header: self.request_id_header.clone(),
         }
     }
+
+    fn prepare(&self, limit: &Limit) -> Prepared {
+        let name = match &limit.name {
+            Some(own) => intern(&format!("{}.{own}", self.name)),
+            None => intern(&self.name),
+        };
+        let prefix = limit.prefix.clone().unwrap_or_else(|| {
+            let mut key = KeyBuilder::new();
+            key.push_literal("http:");
+            key.push_value(name);
+            key.push_literal(":");
+            limit.source.push_tag(&mut key);
+            key.finish()
+        });
+        Prepared {
+            limit: limit.clone(),
+            name,
+            prefix,
+            home: limit.quota.home_algorithm(),
+            fixed: limit.quota.fixed_quota().map(|q| Advertised::new(name, &q)),
+        }
+    }
+}
+
+/// One `&'static str` per distinct name, as the runtime's rule names
+/// ([`Dimension::rule`], [`CallOptions::rule`]) are static. Layers are built
+/// at startup (and `Layer::layer` may run once per route), so each name is
+/// leaked once, never per request.
+fn intern(name: &str) -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(name) = names.get(name) {
+        return name;
+    }
+    let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(name);
+    name
 }
 
 impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
+    #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
         RateLimitService {
             inner,
@@ -296,72 +439,249 @@ impl<S> Layer<S> for RateLimitLayer {
 /// What every request of one layer needs, computed once.
 #[derive(Debug)]
 struct Shared {
-    layer: RateLimitLayer,
+    limiter: Limiter,
+    limits: Vec<Prepared>,
+    legacy_headers: bool,
+    shadow: bool,
+    request_id_header: HeaderName,
+}
+
+/// A limit with its name and prefix worked out.
+#[derive(Debug)]
+struct Prepared {
+    limit: Limit,
+    /// The policy name, metrics label and denials' rule.
+    name: &'static str,
     prefix: String,
-    policy: HeaderValue,
-    window_secs: u64,
+    /// See [`QuotaSource::home_algorithm`].
+    home: Algorithm,
+    /// The policy field of a fixed quota, the same for every request.
+    fixed: Option<Advertised>,
+}
+
+/// A quota as the `RateLimit-Policy` field advertises it.
+#[derive(Debug, Clone)]
+struct Advertised {
+    field: HeaderValue,
+    q: u64,
+    w: u64,
+}
+
+impl Advertised {
+    fn new(name: &str, quota: &Quota) -> Self {
+        let (q, w) = fields::advertised(quota);
+        Self {
+            field: fields::policy_value(name, q, Some(w)),
+            q,
+            w,
+        }
+    }
+}
+
+/// One limit's part of a request: its key and quota now.
+struct Asked<'a> {
+    limit: &'a Prepared,
+    quota: Quota,
+    key: String,
+}
+
+impl Asked<'_> {
+    fn advertised(&self) -> Advertised {
+        match &self.limit.fixed {
+            Some(fixed) => fixed.clone(),
+            None => Advertised::new(self.limit.name, &self.quota),
+        }
+    }
+}
+
+/// What a request's limits decided.
+enum Verdict {
+    /// Every limit admitted; one decision per limit asked.
+    Admitted(Vec<Decision>),
+    /// The limit at this index denied; the others took nothing.
+    Denied(usize, RateLimited),
 }
 
 impl Shared {
-    /// The request's full key, or `None` when it goes unlimited.
-    fn key(&self, parts: &Parts) -> Option<String> {
-        let layer = &self.layer;
-        let mut key = KeyBuilder::new();
-        key.push_literal(&self.prefix);
-        match layer.source.value(parts, layer.ipv6_prefix_len) {
-            Some(value) => key.push_value(value.as_str()),
-            None => match layer.missing_key {
-                MissingKey::SharedBucket => key.push_literal("%unknown"),
-                MissingKey::Unlimited => return None,
-            },
-        }
-        Some(key.finish())
+    /// The limits that apply to the request, with their keys and quotas;
+    /// a limit whose key is missing and [`MissingKey::Unlimited`] is left out.
+    fn asked(&self, parts: &Parts) -> Vec<Asked<'_>> {
+        self.limits
+            .iter()
+            .filter_map(|limit| {
+                let spec = &limit.limit;
+                let mut key = KeyBuilder::new();
+                key.push_literal(&limit.prefix);
+                if !spec
+                    .source
+                    .push_value(parts, spec.ipv6_prefix_len, &mut key)
+                {
+                    match spec.missing_key {
+                        MissingKey::SharedBucket => key.push_literal("%unknown"),
+                        MissingKey::Unlimited => return None,
+                    }
+                }
+                let quota = spec.quota.resolve(&self.limiter, parts);
+                let mut key = key.finish();
+                // Escaped values never hold `~`, so this suffix cannot be
+                // forged by a request.
+                if quota.algorithm() != limit.home {
+                    key.push('~');
+                    key.push_str(quota.algorithm().name());
+                }
+                Some(Asked { limit, quota, key })
+            })
+            .collect()
     }
 
-    fn allowed(&self, response: &mut Response, decision: &Decision) {
-        let layer = &self.layer;
+    async fn decide(&self, asked: &[Asked<'_>]) -> Verdict {
+        if let [one] = asked {
+            // One limit: the single-key call, whose shadow mode counts a
+            // would-be denial as `shadow_denied`.
+            let mut options = CallOptions::new(one.limit.name).shadow(self.shadow);
+            if let Some(policy) = one.limit.limit.on_error {
+                options = options.on_error(policy);
+            }
+            return match self
+                .limiter
+                .acquire_with(&one.quota, &one.key, 1, &options)
+                .await
+            {
+                Ok(decision) if decision.allowed => Verdict::Admitted(vec![decision]),
+                // Shadow mode's would-be denial.
+                Ok(decision) => Verdict::Denied(0, shadow_denial(one, &decision)),
+                Err(denied) => Verdict::Denied(0, denied),
+            };
+        }
+        let dimensions: Vec<Dimension<'_>> = asked
+            .iter()
+            .map(|a| {
+                let dimension = Dimension::new(&a.quota, &a.key).rule(a.limit.name);
+                match a.limit.limit.on_error {
+                    Some(policy) => dimension.on_error(policy),
+                    None => dimension,
+                }
+            })
+            .collect();
+        match self.limiter.check_all(&dimensions).await {
+            Ok(decisions) => Verdict::Admitted(decisions),
+            Err(denied) => {
+                let at = asked.iter().position(|a| a.key == denied.key).unwrap_or(0);
+                Verdict::Denied(at, denied)
+            }
+        }
+    }
+
+    /// Adds the fields of admitted limits to a response of the service.
+    fn admitted(&self, response: &mut Response, asked: &[Asked<'_>], decisions: &[Decision]) {
         let inner_denial = problem::denial_numbers(response);
         let headers = response.headers_mut();
-        if let (true, Some((limit, remaining, retry_after))) = (layer.legacy_headers, inner_denial)
-        {
+        if let (true, Some((limit, remaining, retry_after))) = (self.legacy_headers, inner_denial) {
             // A handler under this layer was denied (by `#[rate_limit]`):
             // the legacy fields report that denial, the tightest limit.
             fields::set_legacy(headers, limit, Some(remaining), retry_after);
         }
-        headers.append(fields::ratelimit_policy(), self.policy.clone());
-        if decision.fallback {
-            // The backend failed and the failure policy admitted the request:
-            // the remaining quota is unknown, and `r=0` would be false.
-            if layer.legacy_headers {
-                fields::set_legacy(headers, decision.limit, None, None);
+        for (asked, decision) in asked.iter().zip(decisions) {
+            let name = asked.limit.name;
+            headers.append(fields::ratelimit_policy(), asked.advertised().field);
+            if decision.fallback {
+                // The backend failed and the failure policy admitted the
+                // request: the remaining quota is unknown, and `r=0` would
+                // be false.
+                if self.legacy_headers {
+                    fields::set_legacy(headers, decision.limit, None, None);
+                }
+                continue;
             }
-            return;
-        }
-        let reset = fields::ceil_secs(decision.reset_after);
-        headers.append(
-            fields::ratelimit(),
-            fields::ratelimit_value(&layer.name, decision.remaining, Some(reset)),
-        );
-        if layer.legacy_headers {
-            fields::set_legacy(
-                headers,
-                decision.limit,
-                Some(decision.remaining),
-                Some(reset),
+            let reset = fields::ceil_secs(decision.reset_after);
+            headers.append(
+                fields::ratelimit(),
+                fields::ratelimit_value(name, decision.remaining, Some(reset)),
             );
+            if self.legacy_headers {
+                fields::set_legacy(
+                    headers,
+                    decision.limit,
+                    Some(decision.remaining),
+                    Some(reset),
+                );
+            }
         }
     }
 
-    fn denied(&self, denied: RateLimited) -> Response {
-        let layer = &self.layer;
+    /// The fields of a denial by the limit at `at` on a response that is
+    /// not its problem response (shadow mode's pass-through): every policy,
+    /// and the denying limit's `RateLimit` when its quota denied (a failure
+    /// policy's numbers are not the advertised policy's). The other limits
+    /// took nothing and were not read, so they have no `RateLimit`.
+    fn denial_fields(
+        &self,
+        headers: &mut HeaderMap,
+        asked: &[Asked<'_>],
+        at: usize,
+        denied: &RateLimited,
+    ) {
+        for (i, a) in asked.iter().enumerate() {
+            headers.append(fields::ratelimit_policy(), a.advertised().field);
+            if i != at || denied.cause != DenialCause::Quota {
+                continue;
+            }
+            let retry = denied
+                .is_retryable()
+                .then(|| fields::ceil_secs(denied.retry_after));
+            headers.append(
+                fields::ratelimit(),
+                fields::ratelimit_value(a.limit.name, denied.remaining, retry),
+            );
+            if self.legacy_headers {
+                fields::set_legacy(headers, denied.limit, Some(denied.remaining), retry);
+            }
+        }
+    }
+
+    /// The problem response for a denial by the limit at `at`, with every
+    /// other limit's policy.
+    fn denied(&self, asked: &[Asked<'_>], at: usize, denied: RateLimited) -> Response {
+        let denying = &asked[at];
+        let advertised = denying.advertised();
         let (limit, remaining) = (denied.limit, denied.remaining);
-        let problem = TooManyRequests::new(denied).with_policy(&layer.name, self.window_secs);
+        let problem = TooManyRequests::new(denied).with_policy(
+            denying.limit.name,
+            advertised.q,
+            advertised.w,
+        );
         let reset = problem.retry_after_secs();
         let mut response = problem.into_response();
-        if layer.legacy_headers {
+        let headers = response.headers_mut();
+        for (i, a) in asked.iter().enumerate() {
+            if i != at {
+                headers.append(fields::ratelimit_policy(), a.advertised().field);
+            }
+        }
+        // A 503 says nothing of what is left.
+        if self.legacy_headers && response.status() == StatusCode::TOO_MANY_REQUESTS {
             fields::set_legacy(response.headers_mut(), limit, Some(remaining), reset);
         }
         response
+    }
+}
+
+/// Shadow mode's would-be denial of one limit, as the denial it would be.
+/// The decision marks a would-be denial by a failure policy (closed, or the
+/// local share spent) as a fallback without telling which; both leave the
+/// `RateLimit` field out, as the numbers are not the advertised policy's.
+fn shadow_denial(asked: &Asked<'_>, decision: &Decision) -> RateLimited {
+    let denied = RateLimited::new(
+        asked.key.as_str(),
+        decision.limit,
+        decision.remaining,
+        decision.retry_after,
+    )
+    .with_rule(asked.limit.name);
+    if decision.fallback {
+        denied.with_cause(DenialCause::BackendUnavailable)
+    } else {
+        denied
     }
 }
 
@@ -376,7 +696,7 @@ impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitService")
             .field("inner", &self.inner)
-            .field("layer", &self.shared.layer)
+            .field("layer", &self.shared)
             .finish()
     }
 }
@@ -403,24 +723,30 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let key = shared.key(&parts);
-            let request_id = problem::request_id(&parts.headers, &shared.layer.request_id_header);
+            let asked = shared.asked(&parts);
+            let request_id = problem::request_id(&parts.headers, &shared.request_id_header);
             let request = Request::from_parts(parts, body);
-            let Some(key) = key else {
+            if asked.is_empty() {
                 return inner.call(request).await;
-            };
-            let layer = &shared.layer;
-            let mut response = match layer.limiter.acquire(&layer.quota, &key, 1).await {
-                Ok(decision) => {
+            }
+            let mut response = match shared.decide(&asked).await {
+                Verdict::Admitted(decisions) => {
                     // A leaky bucket admits a request for later: wait for its turn.
-                    if !decision.delay.is_zero() {
-                        tokio::time::sleep(decision.delay).await;
+                    if let Some(delay) = decisions.iter().map(|d| d.delay).max() {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
                     }
                     let mut response = inner.call(request).await?;
-                    shared.allowed(&mut response, &decision);
+                    shared.admitted(&mut response, &asked, &decisions);
                     response
                 }
-                Err(denied) => shared.denied(denied),
+                Verdict::Denied(at, denied) if shared.shadow => {
+                    let mut response = inner.call(request).await?;
+                    shared.denial_fields(response.headers_mut(), &asked, at, &denied);
+                    response
+                }
+                Verdict::Denied(at, denied) => shared.denied(&asked, at, denied),
             };
             if let Some(id) = request_id {
                 problem::attach_request_id(&mut response, &id);

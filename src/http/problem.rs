@@ -1,4 +1,5 @@
-//! `429 Too Many Requests` problem responses, and the request id in them.
+//! `429 Too Many Requests` and `503 Service Unavailable` problem responses,
+//! and the request id in them.
 
 use std::fmt;
 use std::future::Future;
@@ -40,8 +41,10 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
     fields::ceil_secs(retry_after)
 }
 
-/// A [`RateLimited`] denial as an HTTP response: `429 Too Many Requests` with
-/// a JSON problem body ([RFC 9457]) and the rate limit header fields.
+/// A [`RateLimited`] denial as an HTTP response: `429 Too Many Requests`
+/// (or `503 Service Unavailable` when the rate limiter itself could not
+/// decide) with a JSON problem body ([RFC 9457]) and the rate limit header
+/// fields.
 ///
 /// `RateLimited` comes from the runtime crate, and `IntoResponse` from axum,
 /// so neither can be implemented for the other here; this wrapper is the
@@ -51,25 +54,34 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 ///
 /// The response:
 ///
-/// | cause | `code` | `Retry-After` and `retryAfter` |
-/// |---|---|---|
-/// | [`DenialCause::Quota`] | `"rate_limited"` | the wait in whole seconds, rounded up |
-/// | [`DenialCause::LocalFallback`] (the backend failed, and the local share of the quota is spent) | `"rate_limited"` | the wait in whole seconds, rounded up |
-/// | [`DenialCause::BackendUnavailable`] (the backend failed and the failure policy is closed) | `"rate_limiter_unavailable"` | the denial's `retry_after`, rounded up |
-/// | [`DenialCause::CostExceedsCapacity`] | `"cost_exceeds_capacity"` | absent: the request costs more than the quota's capacity, so waiting never helps, and no header invites a retry |
+/// | cause | status | `code` | `Retry-After` and `retryAfter` |
+/// |---|---|---|---|
+/// | [`DenialCause::Quota`] | 429 | `"rate_limited"` | the wait in whole seconds, rounded up |
+/// | [`DenialCause::LocalFallback`] (the backend failed, and the local share of the quota is spent) | 429 | `"rate_limited"` | the wait in whole seconds, rounded up |
+/// | [`DenialCause::BackendUnavailable`] (the backend failed and the failure policy is closed) | 503 | `"rate_limiter_unavailable"` | the denial's `retry_after` (the limiter's `closed_retry_after`), rounded up |
+/// | [`DenialCause::CostExceedsCapacity`] | 429 | `"cost_exceeds_capacity"` | absent: the request costs more than the quota's capacity, so waiting never helps, and no header invites a retry |
+///
+/// A closed policy's denial is a `503`, not a `429`: the client did nothing
+/// wrong, and nothing is known of its quota, so no `RateLimit: r=0` says it
+/// spent it.
 ///
 /// The body, served as `application/problem+json`, has `type`
-/// (`"about:blank"`), `title` (`"Too Many Requests"`), `status` (429),
-/// `code`, `message` (the denial's `Display`, also as the RFC 9457 `detail`),
-/// `retryAfter` (seconds, as in the header, when retrying can help) and
-/// `requestId` (the request's `X-Request-Id`, added by
+/// (`"about:blank"`), `title` (`"Too Many Requests"` or `"Service
+/// Unavailable"`), `status`, `code`, `policy` (the name of the limit that
+/// denied), `message` (which limit denied and when to retry, also as the RFC
+/// 9457 `detail`), `retryAfter` (seconds, as in the header, when retrying
+/// can help) and `requestId` (the request's `X-Request-Id`, added by
 /// [`RateLimitLayer`](super::RateLimitLayer) or [`ProblemRequestIdLayer`]).
+/// The denial's key is never in the response: it can hold what identifies
+/// other clients, or how the service builds its keys; it stays in the
+/// logs. [`message`](Self::message) replaces the message.
 ///
-/// The response also carries `RateLimit-Policy: "<policy>";q=<limit>` and
-/// `RateLimit: "<policy>";r=0;t=<Retry-After>` (no `t` when retrying never
-/// helps). The policy name is the denying function's name for a
-/// `#[rate_limit]` denial, `default` otherwise, or what
-/// [`policy_name`](Self::policy_name) sets.
+/// The response also carries `RateLimit-Policy: "<policy>";q=<limit>` (a
+/// [`RateLimitLayer`](super::RateLimitLayer)'s denial advertises its `q` and
+/// `w`) and, on a `429`, `RateLimit: "<policy>";r=0;t=<Retry-After>` (no `t`
+/// when retrying never helps). The policy name is the denying function's
+/// name for a `#[rate_limit]` denial, the limit's name for a layer's,
+/// `default` otherwise, or what [`policy_name`](Self::policy_name) sets.
 ///
 /// ```
 /// use std::time::Duration;
@@ -133,7 +145,9 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 pub struct TooManyRequests {
     denied: RateLimited,
     policy: Option<String>,
-    window_secs: Option<u64>,
+    /// A layer's `q` and `w` for the policy.
+    advertised: Option<(u64, u64)>,
+    message: Option<String>,
 }
 
 impl TooManyRequests {
@@ -142,11 +156,13 @@ impl TooManyRequests {
         Self {
             denied,
             policy: None,
-            window_secs: None,
+            advertised: None,
+            message: None,
         }
     }
 
-    /// Names the policy in the `RateLimit-Policy` and `RateLimit` fields.
+    /// Names the policy in the `RateLimit-Policy` and `RateLimit` fields and
+    /// in the body.
     ///
     /// # Panics
     ///
@@ -159,10 +175,28 @@ impl TooManyRequests {
         self
     }
 
-    /// A checked policy name and the quota's window, from a layer.
-    pub(crate) fn with_policy(mut self, name: &str, window_secs: u64) -> Self {
+    /// Replaces the body's `message` and `detail`. Leave keys and other
+    /// clients' data out of it: it is sent to the client.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratelimit::http::TooManyRequests;
+    /// use ratelimit::RateLimited;
+    ///
+    /// let denied = RateLimited::new("export:7", 1, 0, Duration::from_secs(60));
+    /// let problem = TooManyRequests::from(denied).message("one export a minute; retry after 60s");
+    /// # let _ = problem;
+    /// ```
+    #[must_use]
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = Some(message.into());
+        self
+    }
+
+    /// A checked policy name and the quota's `q` and `w`, from a layer.
+    pub(crate) fn with_policy(mut self, name: &str, q: u64, w: u64) -> Self {
         self.policy = Some(name.to_owned());
-        self.window_secs = Some(window_secs);
+        self.advertised = Some((q, w));
         self
     }
 
@@ -174,6 +208,16 @@ impl TooManyRequests {
     /// The denial, unwrapped.
     pub fn into_inner(self) -> RateLimited {
         self.denied
+    }
+
+    /// The response's status: `503 Service Unavailable` when the backend
+    /// failed and the failure policy is closed, `429 Too Many Requests`
+    /// otherwise.
+    pub fn status(&self) -> StatusCode {
+        match self.denied.cause {
+            DenialCause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        }
     }
 
     /// The body's `code`: `"rate_limited"`, `"rate_limiter_unavailable"` or
@@ -208,6 +252,26 @@ impl TooManyRequests {
             .filter(|name| fields::is_valid_policy_name(name))
             .unwrap_or("default")
     }
+
+    /// Which limit denied and when to retry, with no key: the key names the
+    /// client's bucket, and can name other clients' (a path, an address, a
+    /// tenant) or tell how the service builds its keys.
+    fn default_message(&self) -> String {
+        let policy = self.policy();
+        let retry = self.retry_after_secs().unwrap_or(0);
+        match self.denied.cause {
+            DenialCause::BackendUnavailable => format!(
+                "rate limit `{policy}` cannot be checked while the rate limiter is unavailable; \
+                 retry after {retry}s"
+            ),
+            DenialCause::CostExceedsCapacity { cost } => format!(
+                "the request costs {cost}, more than the {} that rate limit `{policy}` ever \
+                 admits at once; send a smaller request, as this one can never be admitted",
+                self.denied.limit
+            ),
+            _ => format!("rate limit `{policy}` exceeded; retry after {retry}s"),
+        }
+    }
 }
 
 impl From<RateLimited> for TooManyRequests {
@@ -218,6 +282,7 @@ impl From<RateLimited> for TooManyRequests {
 
 impl fmt::Display for TooManyRequests {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // For logs, which may name the key; responses use the message.
         fmt::Display::fmt(&self.denied, f)
     }
 }
@@ -234,6 +299,7 @@ impl std::error::Error for TooManyRequests {
 #[derive(Debug, Clone)]
 struct Problem {
     body: Map<String, Value>,
+    status: StatusCode,
     limit: u64,
     remaining: u64,
     retry_after: Option<u64>,
@@ -241,37 +307,50 @@ struct Problem {
 
 impl IntoResponse for TooManyRequests {
     fn into_response(self) -> Response {
+        let status = self.status();
         let retry_after = self.retry_after_secs();
-        let message = self.denied.to_string();
+        let message = self
+            .message
+            .clone()
+            .unwrap_or_else(|| self.default_message());
+        let policy = self.policy();
         let mut body = Map::new();
         body.insert("type".into(), "about:blank".into());
-        body.insert("title".into(), "Too Many Requests".into());
-        body.insert("status".into(), 429.into());
+        let title = status.canonical_reason().unwrap_or("Too Many Requests");
+        body.insert("title".into(), title.into());
+        body.insert("status".into(), status.as_u16().into());
         body.insert("detail".into(), message.clone().into());
         body.insert("code".into(), self.code().into());
+        body.insert("policy".into(), policy.into());
         body.insert("message".into(), message.into());
         if let Some(secs) = retry_after {
             body.insert("retryAfter".into(), secs.into());
         }
 
         let mut response = Response::new(Body::from(Value::Object(body.clone()).to_string()));
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(secs) = retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
-        let policy = self.policy();
+        let (q, w) = match self.advertised {
+            Some((q, w)) => (q, Some(w)),
+            None => (self.denied.limit, None),
+        };
         headers.append(
             fields::ratelimit_policy(),
-            fields::policy_value(policy, self.denied.limit, self.window_secs),
+            fields::policy_value(policy, q, w),
         );
-        headers.append(
-            fields::ratelimit(),
-            fields::ratelimit_value(policy, 0, retry_after),
-        );
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            headers.append(
+                fields::ratelimit(),
+                fields::ratelimit_value(policy, 0, retry_after),
+            );
+        }
         response.extensions_mut().insert(Problem {
             body,
+            status,
             limit: self.denied.limit,
             remaining: self.denied.remaining,
             retry_after,
@@ -291,10 +370,12 @@ pub(crate) fn request_id(headers: &HeaderMap, name: &HeaderName) -> Option<Strin
 /// none yet. Other responses are left alone, as is one whose status was
 /// changed after it was built.
 pub(crate) fn attach_request_id(response: &mut Response, id: &str) {
-    if response.status() != StatusCode::TOO_MANY_REQUESTS {
-        return;
-    }
-    let Some(Problem { body, .. }) = response.extensions_mut().get_mut::<Problem>() else {
+    let status = response.status();
+    let Some(Problem { body, .. }) = response
+        .extensions_mut()
+        .get_mut::<Problem>()
+        .filter(|problem| problem.status == status)
+    else {
         return;
     };
     if body.contains_key("requestId") {
@@ -308,11 +389,16 @@ pub(crate) fn attach_request_id(response: &mut Response, id: &str) {
 
 /// The limit, remaining tokens and `Retry-After` of the denial a
 /// [`TooManyRequests`] response reports, if `response` is one.
+///
+/// A `503` reports no numbers: nothing is known of the quota then.
 pub(crate) fn denial_numbers(response: &Response) -> Option<(u64, u64, Option<u64>)> {
     if response.status() != StatusCode::TOO_MANY_REQUESTS {
         return None;
     }
-    let problem = response.extensions().get::<Problem>()?;
+    let problem = response
+        .extensions()
+        .get::<Problem>()
+        .filter(|problem| problem.status == StatusCode::TOO_MANY_REQUESTS)?;
     Some((problem.limit, problem.remaining, problem.retry_after))
 }
 
