@@ -1,21 +1,56 @@
-//! An HTTP API with three limits: per user (the `#[rate_limit]` attribute on
-//! what a handler calls), per client address (a layer on the whole router,
-//! and a tighter one on one route), and on the whole service (a layer with
-//! one key for every request).
+//! An HTTP API with its limits in one layer, decided all or nothing: per
+//! client address, per API token with the token's tier (each tier a named
+//! rule, changed while the server runs), and on the whole service. Under it,
+//! a per-user limit by the `#[rate_limit]` attribute on what a handler
+//! calls, and a tighter per-address limit on one route.
 //!
 //! Runs on the embedded memory backend:
 //!     cargo run --example axum_server --features axum
 //! on Redis when `REDIS_URL` is set, and on the port in `PORT` (default 3000):
 //!     REDIS_URL=redis://127.0.0.1:6379 PORT=8080 cargo run --example axum_server --features axum
+//!
+//! Then try, from another terminal:
+//!
+//!     # Every response lists the layer's three policies and what is left:
+//!     curl -i http://127.0.0.1:3000/
+//!     #   RateLimit-Policy: "api.ip";q=20;w=2, "api.global";q=100;w=2
+//!     #   RateLimit: "api.ip";r=19;t=1, "api.global";r=99;t=1
+//!     # (no "api.tier" member: anonymous requests are limited per address only)
+//!
+//!     # A token's tier: tokens starting with `pro-` are on the pro tier.
+//!     curl -i -H 'Authorization: Bearer free-alice' http://127.0.0.1:3000/
+//!     #   "api.tier";q=5;w=10   the free tier: 5 at once, 30 a minute
+//!     curl -i -H 'Authorization: Bearer pro-bob' http://127.0.0.1:3000/
+//!     #   "api.tier";q=50;w=5   the pro tier: 50 at once, 600 a minute
+//!
+//!     # Spend the free tier: the 6th is a 429 naming `api.tier`, and the
+//!     # per-address and global buckets kept the tokens of the denied ones.
+//!     for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code}\n' \
+//!         -H 'Authorization: Bearer free-alice' http://127.0.0.1:3000/; done
+//!
+//!     # Change the free tier while the server runs; the next request uses it:
+//!     curl -X PUT --data 'capacity=20 rate=120/min' http://127.0.0.1:3000/admin/rules/api.tier.free
+//!     curl -i -H 'Authorization: Bearer free-alice' http://127.0.0.1:3000/
+//!     #   "api.tier";q=20;w=10   alice's bucket keeps its state: spent under
+//!     #   the old rule, it now refills at 2 a second, up to 20
+//!
+//!     # Per user, by the attribute: 5 at once, then one a second.
+//!     for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' \
+//!         http://127.0.0.1:3000/users/42/orders; done
+//!
+//!     # The 4th search within 10 s is a 429 problem with requestId "demo-4":
+//!     for i in $(seq 4); do curl -s -H "X-Request-Id: demo-$i" http://127.0.0.1:3000/search; echo; done
 
 use std::net::SocketAddr;
 
-use axum::extract::Path;
+use axum::extract::{Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, put};
 use axum::{Json, Router};
-use ratelimit::http::{RateLimitLayer, TooManyRequests};
-use ratelimit::{rate_limit, Limiter, Quota, RateLimited};
+use ratelimit::http::{Limit, MissingKey, NamedRule, QuotaSource, RateLimitLayer, TooManyRequests};
+use ratelimit::{rate_limit, FailurePolicy, Limiter, Quota, RateLimited};
 use serde_json::{json, Value};
 
 /// The API's errors; a rate limit denial becomes a `429` problem response.
@@ -69,6 +104,43 @@ async fn hello() -> &'static str {
     "hello\n"
 }
 
+/// Sets a named rule from its text form (`capacity=20 rate=120/min`): the
+/// next request under it uses the new quota. A real service keeps this
+/// behind its admin authentication, or changes rules through
+/// `RedisRuleSource`, which every instance follows.
+async fn set_rule(
+    State(limiter): State<Limiter>,
+    Path(name): Path<String>,
+    text: String,
+) -> (StatusCode, String) {
+    match limiter.rules().set_text(name.clone(), text.trim()) {
+        Ok(_) => (
+            StatusCode::OK,
+            format!("rule `{name}` is now {}\n", text.trim()),
+        ),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            format!("invalid rule `{name}`: {e}\n"),
+        ),
+    }
+}
+
+/// The tier of a request's token. Here the token says it; a real service
+/// reads it from the token's verified claims or its account.
+fn tier(free: NamedRule, pro: NamedRule) -> impl Fn(&Parts) -> NamedRule + Send + Sync {
+    move |request| {
+        let token = request
+            .headers
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        match token {
+            Some(token) if token.starts_with("pro-") => pro,
+            _ => free,
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Shows the limiter's warnings, such as a backend failure.
@@ -79,28 +151,53 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limiter = Limiter::from_env()?;
     ratelimit::install(limiter.clone())?;
 
-    // Per client address on every route: bursts of 20, 10 a second. Behind a
-    // reverse proxy, key by `.by_client_ip(TrustedProxies::new([...])?)`
-    // instead, or every client has the proxy's address.
-    let per_ip = RateLimitLayer::new(limiter.clone(), Quota::new(20, "10/s".parse()?)?)
-        .name("per-ip")
-        .legacy_headers(true);
+    // The tiers' quotas are named rules: these are the defaults, and
+    // `limiter.rules().set(..)` (here through PUT /admin/rules/<name>)
+    // changes them for the next request.
+    let free = NamedRule::new("api.tier.free", Quota::new(5, "30/min".parse()?)?);
+    let pro = NamedRule::new("api.tier.pro", Quota::new(50, "600/min".parse()?)?);
+
+    // One layer, three limits, decided together: a request one of them
+    // denies takes no token from the others, so a client flooding the API
+    // spends its own buckets, never the global one.
+    let api = RateLimitLayer::all(
+        limiter.clone(),
+        [
+            // Per client address: bursts of 20, 10 a second. Behind a
+            // reverse proxy, use `Limit::per_client_ip(TrustedProxies::new([...])?, ..)`,
+            // or every client has the proxy's address.
+            Limit::per_peer_ip(Quota::new(20, "10/s".parse()?)?).name("ip"),
+            // Per token (its digest, never the token), at its tier's quota;
+            // anonymous requests are limited by address alone.
+            Limit::per_bearer_token(QuotaSource::rule_per_request(tier(free, pro)))
+                .name("tier")
+                .on_missing_key(MissingKey::Unlimited),
+            // The whole service: 100 at once and 50 a second, from everyone.
+            // If the backend fails, this limit holds in process.
+            Limit::global(QuotaSource::rule(
+                "api.global",
+                Quota::new(100, "50/s".parse()?)?,
+            ))
+            .name("global")
+            .on_error(FailurePolicy::Local),
+        ],
+    )
+    .name("api")
+    .legacy_headers(true);
     // Searching is dearer: 3 per client address every 10 seconds.
     let search_per_ip =
         RateLimitLayer::new(limiter.clone(), Quota::new(3, "3/10s".parse()?)?).name("search");
-    // The whole service: at most 100 at once and 50 a second, from everyone.
-    let global = RateLimitLayer::new(limiter.clone(), Quota::new(100, "50/s".parse()?)?)
-        .name("global")
-        .global();
 
     let app = Router::new()
         .route("/", get(hello))
         .route("/users/{user_id}/orders", get(orders))
         .route("/search", get(search).route_layer(search_per_ip))
-        // The per-IP layer also copies `X-Request-Id` into the 429 bodies of
+        // The layer also copies `X-Request-Id` into the problem bodies of
         // the handlers under it, such as the per-user denials.
-        .layer(per_ip)
-        .layer(global);
+        .layer(api)
+        // Not limited, so a spent quota never locks the operator out.
+        .route("/admin/rules/{name}", put(set_rule))
+        .with_state(limiter.clone());
 
     let port: u16 = match std::env::var("PORT") {
         Ok(port) => port
@@ -113,14 +210,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("listening on {base} (backend: {})", limiter.backend_name());
     println!(
         "try:\n  \
-         curl -i {base}/users/42/orders\n      \
-         # per user: 5 at once, then one a second; user 43 has a bucket of its own\n  \
-         for i in $(seq 8); do curl -s -o /dev/null -w '%{{http_code}}\\n' {base}/users/42/orders; done\n  \
-         for i in $(seq 4); do curl -s -i -H 'X-Request-Id: demo-'$i {base}/search | head -n 12; done\n      \
-         # the 4th is a 429 problem with requestId \"demo-4\", Retry-After and RateLimit fields"
+         curl -i {base}/\n  \
+         curl -i -H 'Authorization: Bearer pro-bob' {base}/\n  \
+         for i in $(seq 7); do curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'Authorization: Bearer free-alice' {base}/; done\n  \
+         curl -X PUT --data 'capacity=20 rate=120/min' {base}/admin/rules/api.tier.free\n  \
+         for i in $(seq 4); do curl -s -H 'X-Request-Id: demo-'$i {base}/search; echo; done"
     );
 
-    // Records each peer's address, which the per-IP layers key on.
+    // Records each peer's address, which the per-address limits key on.
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
