@@ -222,11 +222,37 @@ impl Limiter {
             .unwrap_or_else(|_| unreachable_config())
     }
 
-    /// Redis at `REDIS_URL` when it is set, the memory backend otherwise.
+    /// From the environment: the master Redis Sentinel names
+    /// `REDIS_SENTINEL_MASTER`, found through `REDIS_SENTINELS`
+    /// (comma-separated `host:port`, or URLs) when that is set; else Redis
+    /// at `REDIS_URL` when it is set; else the memory backend.
     pub fn from_env() -> Result<Self, Error> {
-        match std::env::var("REDIS_URL") {
-            Ok(url) if !url.trim().is_empty() => Self::builder().redis(url).build(),
-            _ => Ok(Self::memory()),
+        let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(sentinels) = var("REDIS_SENTINELS") {
+            let master = var("REDIS_SENTINEL_MASTER").ok_or_else(|| {
+                Error::Config(
+                    "REDIS_SENTINELS is set but REDIS_SENTINEL_MASTER is not; set it to the \
+                     master's name, such as `mymaster`"
+                        .into(),
+                )
+            })?;
+            let urls: Vec<String> = sentinels
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    if s.contains("://") {
+                        s.to_owned()
+                    } else {
+                        format!("redis://{s}")
+                    }
+                })
+                .collect();
+            return Self::builder().sentinel(master, urls).build();
+        }
+        match var("REDIS_URL") {
+            Some(url) => Self::builder().redis(url).build(),
+            None => Ok(Self::memory()),
         }
     }
 
@@ -808,6 +834,10 @@ enum BackendChoice {
     Memory,
     Redis(String),
     Cluster(Vec<String>),
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+    },
 }
 
 impl Default for LimiterBuilder {
@@ -843,6 +873,35 @@ impl LimiterBuilder {
     /// [`tls`](Self::tls)), `redis+unix:///path`), shared by every instance.
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.backend = BackendChoice::Redis(url.into());
+        self
+    }
+
+    /// Keeps state in the Redis master that Redis Sentinel names `master`,
+    /// given any of the Sentinels (`redis://host:26379`). After a failed
+    /// call the Sentinels are asked again (at most every 100 ms) where the
+    /// master is, so a failover is followed within about the Sentinels' own
+    /// `down-after-milliseconds` plus their election; meanwhile the failure
+    /// policy answers. The master's connections take the first URL's user,
+    /// password and database.
+    ///
+    /// ```
+    /// use ratelimit_core::Limiter;
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .sentinel("mymaster", ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"])
+    ///     .build()?; // connects on the first decision
+    /// assert_eq!(limiter.backend_name(), "redis");
+    /// # Ok::<(), ratelimit_core::Error>(())
+    /// ```
+    pub fn sentinel<I, S>(mut self, master: impl Into<String>, sentinels: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.backend = BackendChoice::Sentinel {
+            master: master.into(),
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+        };
         self
     }
 
@@ -1025,12 +1084,25 @@ impl LimiterBuilder {
             }
             #[cfg(feature = "redis")]
             BackendChoice::Redis(url) => Backend::Redis(Box::new(crate::backend::redis::RedisBackend::new(
-                url,
-                &self.tls,
+                crate::backend::redis::Endpoint::Fixed(crate::backend::redis::open_client(url, &self.tls)?),
                 self.prefix.clone(),
                 self.timeout,
                 self.clock.clone(),
-            )?)),
+            ))),
+            #[cfg(feature = "redis")]
+            BackendChoice::Sentinel { master, sentinels } => Backend::Redis(Box::new(crate::backend::redis::RedisBackend::new(
+                crate::backend::redis::Endpoint::sentinel(master, sentinels)?,
+                self.prefix.clone(),
+                self.timeout,
+                self.clock.clone(),
+            ))),
+            #[cfg(not(feature = "redis"))]
+            BackendChoice::Sentinel { .. } => {
+                return Err(Error::Config(
+                    "Redis Sentinel was given but the `redis` feature is off; enable it in Cargo.toml"
+                        .into(),
+                ))
+            }
             #[cfg(feature = "cluster")]
             BackendChoice::Cluster(nodes) => Backend::Cluster(Box::new(crate::backend::cluster::ClusterBackend::new(
                 nodes,

@@ -91,6 +91,26 @@ impl RedisRuleSource {
             timeout: Duration::from_secs(1),
             max_backoff: Duration::from_secs(1),
             tls: crate::tls::TlsConfig::default(),
+            sentinel: None,
+        }
+    }
+
+    /// Starts configuring a source reading the Redis master that Redis
+    /// Sentinel names `master`, given any of the Sentinels, as
+    /// [`LimiterBuilder::sentinel`](crate::LimiterBuilder::sentinel). The
+    /// Sentinels are asked again at each reconnection, so the source follows
+    /// a failover.
+    pub fn sentinel<I, S>(master: impl Into<String>, sentinels: I) -> RedisRuleSourceBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisRuleSourceBuilder {
+            sentinel: Some((
+                master.into(),
+                sentinels.into_iter().map(Into::into).collect(),
+            )),
+            ..Self::builder("")
         }
     }
 
@@ -153,6 +173,9 @@ pub struct RedisRuleSourceBuilder {
     timeout: Duration,
     max_backoff: Duration,
     tls: crate::tls::TlsConfig,
+    /// The master's name and the Sentinels' URLs, when Redis Sentinel names
+    /// the Redis to read (then `url` is unused).
+    sentinel: Option<(String, Vec<String>)>,
 }
 
 impl RedisRuleSourceBuilder {
@@ -221,7 +244,7 @@ impl RedisRuleSourceBuilder {
     /// # }).unwrap();
     /// ```
     pub fn spawn(self, rules: &Rules) -> Result<RedisRuleSource, Error> {
-        let client = crate::backend::redis::open_client(&self.url, &self.tls)?;
+        let endpoint = self.endpoint()?;
         for (what, value) in [
             ("the reload period", self.reload_every),
             ("the timeout", self.timeout),
@@ -238,7 +261,7 @@ impl RedisRuleSourceBuilder {
         })?;
         let (ready_tx, ready) = watch::channel(false);
         let follower = Follower {
-            client,
+            endpoint,
             config: self,
             rules: rules.clone(),
             loaded: HashSet::new(),
@@ -324,8 +347,17 @@ impl RedisRuleSourceBuilder {
         Ok(removed > 0)
     }
 
+    /// Where the rules are: the URL, or the master the Sentinels name.
+    fn endpoint(&self) -> Result<crate::backend::redis::Endpoint, Error> {
+        use crate::backend::redis::{open_client, Endpoint};
+        match &self.sentinel {
+            Some((master, sentinels)) => Endpoint::sentinel(master, sentinels),
+            None => Ok(Endpoint::Fixed(open_client(&self.url, &self.tls)?)),
+        }
+    }
+
     async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
-        let client = crate::backend::redis::open_client(&self.url, &self.tls)?;
+        let client = self.endpoint()?.client(self.timeout).await?;
         within(
             self.timeout,
             client.get_multiplexed_async_connection_with_config(&self.connection_config()),
@@ -386,6 +418,8 @@ enum Lost {
     Redis(RedisError),
     Timeout(Duration),
     Closed,
+    /// The Redis to read could not be found (no Sentinel answered).
+    Endpoint(Error),
 }
 
 impl Lost {
@@ -394,6 +428,7 @@ impl Lost {
             Lost::Redis(error) => Error::Redis(error),
             Lost::Timeout(timeout) => Error::Timeout(timeout),
             Lost::Closed => Error::UnexpectedReply("the connection was closed".into()),
+            Lost::Endpoint(error) => error,
         }
     }
 
@@ -407,7 +442,7 @@ impl Lost {
                     || error.is_connection_dropped()
                     || error.is_unrecoverable_error()
             }
-            Lost::Timeout(_) | Lost::Closed => true,
+            Lost::Timeout(_) | Lost::Closed | Lost::Endpoint(_) => true,
         }
     }
 }
@@ -418,6 +453,7 @@ impl fmt::Display for Lost {
             Lost::Redis(error) => write!(f, "{error}"),
             Lost::Timeout(timeout) => write!(f, "no answer within {timeout:?}"),
             Lost::Closed => f.write_str("the subscription connection was closed"),
+            Lost::Endpoint(error) => write!(f, "{error}"),
         }
     }
 }
@@ -435,7 +471,9 @@ async fn within<T>(
 
 /// The task behind a [`RedisRuleSource`].
 struct Follower {
-    client: redis::Client,
+    /// Asked for a client at each (re)connection, so a Sentinel-served
+    /// master is followed through a failover.
+    endpoint: crate::backend::redis::Endpoint,
     config: RedisRuleSourceBuilder,
     rules: Rules,
     /// The names this source set: a name gone from the hash is removed only
@@ -489,13 +527,13 @@ impl Follower {
         outage_since: &mut Option<Instant>,
     ) -> Result<Infallible, Lost> {
         let timeout = self.config.timeout;
-        let pubsub = within(timeout, self.client.get_async_pubsub()).await?;
+        let client = self.endpoint.client(timeout).await.map_err(Lost::Endpoint)?;
+        let pubsub = within(timeout, client.get_async_pubsub()).await?;
         let (mut sink, mut messages) = pubsub.split();
         within(timeout, sink.subscribe(&self.config.channel)).await?;
         let mut connection = within(
             timeout,
-            self.client
-                .get_multiplexed_async_connection_with_config(&self.config.connection_config()),
+            client.get_multiplexed_async_connection_with_config(&self.config.connection_config()),
         )
         .await?;
         // Subscribed before reading: a change made in between is in the
@@ -675,7 +713,9 @@ mod tests {
     fn backoff_doubles_up_to_the_bound_with_jitter() {
         let (tx, _) = watch::channel(false);
         let follower = Follower {
-            client: redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            endpoint: crate::backend::redis::Endpoint::Fixed(
+                redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            ),
             config: RedisRuleSource::builder("redis://127.0.0.1:1"),
             rules: Rules::new(),
             loaded: HashSet::new(),
@@ -701,7 +741,9 @@ mod tests {
         let mine = Quota::per_second(1).unwrap();
         rules.set("mine", mine);
         let mut follower = Follower {
-            client: redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            endpoint: crate::backend::redis::Endpoint::Fixed(
+                redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            ),
             config: RedisRuleSource::builder("redis://127.0.0.1:1"),
             rules: rules.clone(),
             loaded: HashSet::new(),

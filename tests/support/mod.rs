@@ -41,6 +41,8 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// Serves TLS only, on `port`.
     tls: bool,
+    /// A Sentinel's configuration file (the server runs `--sentinel`).
+    sentinel_config: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -64,6 +66,7 @@ impl RedisServer {
                 binary: binary.clone(),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
                 tls: false,
+                sentinel_config: None,
             };
             if server.spawn() {
                 return server;
@@ -101,6 +104,7 @@ impl RedisServer {
                     if client_certificates { "yes" } else { "no" }.into(),
                 ],
                 tls: true,
+                sentinel_config: None,
             };
             if server.spawn() {
                 return server;
@@ -113,8 +117,47 @@ impl RedisServer {
         );
     }
 
+    /// A Sentinel watching the master `name` at 127.0.0.1:`master_port`,
+    /// with a quorum of 2, calling it down after 1 s without an answer.
+    pub fn start_sentinel(name: &str, master_port: u16) -> Self {
+        let binary = redis_server_binary();
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("create a temp dir for a sentinel");
+            let config = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &config,
+                format!(
+                    "sentinel monitor {name} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {name} 1000\n\
+                     sentinel failover-timeout {name} 3000\n\
+                     sentinel parallel-syncs {name} 1\n"
+                ),
+            )
+            .expect("write the sentinel's configuration");
+            let mut server = RedisServer {
+                child: None,
+                port: free_port(),
+                dir,
+                binary: binary.clone(),
+                extra: Vec::new(),
+                tls: false,
+                sentinel_config: Some(config),
+            };
+            if server.spawn() {
+                return server;
+            }
+            last_log = server.log();
+        }
+        panic!("redis-server --sentinel did not start; its last log:\n{last_log}");
+    }
+
     fn spawn(&mut self) -> bool {
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(config) = &self.sentinel_config {
+            command.arg(config).arg("--sentinel");
+        }
+        let child = command
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])

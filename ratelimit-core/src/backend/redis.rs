@@ -337,6 +337,69 @@ struct Job {
     reply: oneshot::Sender<Result<Decision, Error>>,
 }
 
+/// Where the Redis to decide on is: one address, or the master a set of
+/// Sentinels name (asked again after a failure, to follow a failover).
+pub(crate) enum Endpoint {
+    Fixed(redis::Client),
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+}
+
+impl Endpoint {
+    /// The endpoint for `sentinels` (their URLs), serving `master`. The
+    /// master's connections take the first URL's user, password and
+    /// database.
+    pub(crate) fn sentinel(master: &str, sentinels: &[String]) -> Result<Self, Error> {
+        use redis::IntoConnectionInfo as _;
+        let invalid = |e: &dyn std::fmt::Display| {
+            let urls: Vec<String> = sentinels.iter().map(|u| redacted(u)).collect();
+            Error::Config(format!("invalid Redis Sentinel URLs {urls:?}: {e}"))
+        };
+        if master.is_empty() || sentinels.is_empty() {
+            return Err(Error::Config(
+                "Redis Sentinel needs the master's name and at least one Sentinel URL, \
+                 such as `.sentinel(\"mymaster\", [\"redis://10.0.0.1:26379\"])`"
+                    .into(),
+            ));
+        }
+        let infos = sentinels
+            .iter()
+            .map(|url| url.as_str().into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(&e))?;
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(infos[0].redis_settings().clone());
+        // redis-rs takes a `String` without its TLS feature and any
+        // `AsRef<str>` with it: an owned name suits both.
+        #[allow(clippy::unnecessary_to_owned)]
+        let client = redis::sentinel::SentinelClient::build(
+            infos,
+            master.to_owned(),
+            Some(node),
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(|e| invalid(&e))?;
+        Ok(Endpoint::Sentinel(tokio::sync::Mutex::new(client)))
+    }
+
+    /// A client for the Redis to use now; with Sentinel, the master they
+    /// name now.
+    pub(crate) async fn client(&self, timeout: Duration) -> Result<redis::Client, Error> {
+        match self {
+            Endpoint::Fixed(client) => Ok(client.clone()),
+            Endpoint::Sentinel(sentinel) => {
+                let ask = async { sentinel.lock().await.async_get_client().await };
+                Ok(tokio::time::timeout(timeout, ask)
+                    .await
+                    .map_err(|_| Error::Timeout(timeout))??)
+            }
+        }
+    }
+
+    fn follows_failovers(&self) -> bool {
+        matches!(self, Endpoint::Sentinel(_))
+    }
+}
+
 /// The connections and the batching task of one Tokio runtime. They live
 /// as long as that runtime: when it shuts down, its tasks are dropped, the
 /// queue closes, and the next decision makes a new lane on its own runtime.
@@ -344,90 +407,143 @@ struct Lane {
     queue: mpsc::Sender<Job>,
     /// For all-or-nothing calls, which go alone.
     connection: ConnectionManager,
+    /// The address the connections go to.
+    address: redis::ConnectionAddr,
+    /// Set when a call failed and the endpoint follows failovers: the next
+    /// decision asks the Sentinels where the master is now.
+    stale: Arc<AtomicBool>,
+}
+
+impl Lane {
+    fn live(&self) -> bool {
+        !self.queue.is_closed() && !self.stale.load(Ordering::Acquire)
+    }
 }
 
 pub(crate) struct RedisBackend {
-    client: redis::Client,
+    endpoint: Endpoint,
     /// Made on first use, inside the caller's Tokio runtime, which the
     /// connection managers and the batching task run on.
     lane: RwLock<Option<Arc<Lane>>>,
+    /// One lane is made at a time, and Sentinels are asked at most once per
+    /// `RESOLVE_EVERY` after a failure.
+    renewing: tokio::sync::Mutex<Option<std::time::Instant>>,
     prefix: String,
     timeout: Duration,
     /// The caller's clock, when configured; Redis `TIME` otherwise.
     clock: Option<Arc<dyn Clock>>,
 }
 
+/// After a failure on a Sentinel-served master, how often the Sentinels are
+/// asked where the master is now.
+const RESOLVE_EVERY: Duration = Duration::from_millis(100);
+
 impl RedisBackend {
     pub(crate) fn new(
-        url: &str,
-        tls: &crate::tls::TlsConfig,
+        endpoint: Endpoint,
         prefix: String,
         timeout: Duration,
         clock: Option<Arc<dyn Clock>>,
-    ) -> Result<Self, Error> {
-        let client = open_client(url, tls)?;
-        Ok(Self {
-            client,
+    ) -> Self {
+        Self {
+            endpoint,
             lane: RwLock::new(None),
+            renewing: tokio::sync::Mutex::new(None),
             prefix,
             timeout,
             clock,
-        })
+        }
     }
 
-    /// A new connection manager; it connects on first use.
-    fn new_connection(&self) -> Result<ConnectionManager, Error> {
+    /// A new connection manager to `client`; it connects on first use.
+    fn new_connection(&self, client: &redis::Client) -> Result<ConnectionManager, Error> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
-        ConnectionManager::new_lazy_with_config(self.client.clone(), config).map_err(Error::from)
+        ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(Error::from)
     }
 
-    /// The live lane, or a new one on the caller's runtime when there is none
-    /// or its runtime has shut down.
-    fn lane(&self) -> Result<Arc<Lane>, Error> {
-        if let Some(lane) = &*self.lane.read().unwrap_or_else(PoisonError::into_inner) {
-            if !lane.queue.is_closed() {
-                return Ok(lane.clone());
-            }
+    fn current(&self) -> Option<Arc<Lane>> {
+        self.lane.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The live lane, or a new one on the caller's runtime when there is none,
+    /// its runtime has shut down, or (with Sentinel) a call failed.
+    async fn lane(&self) -> Result<Arc<Lane>, Error> {
+        match self.current() {
+            Some(lane) if lane.live() => Ok(lane),
+            // Boxed: the cold path (a Sentinel query) would otherwise make
+            // every decision's future as deep and as large as redis-rs's.
+            _ => Box::pin(self.renew_lane()).await,
         }
-        self.renew_lane()
     }
 
     #[cold]
-    fn renew_lane(&self) -> Result<Arc<Lane>, Error> {
-        let mut slot = self.lane.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(lane) = &*slot {
-            if !lane.queue.is_closed() {
-                return Ok(lane.clone());
-            }
-        }
+    async fn renew_lane(&self) -> Result<Arc<Lane>, Error> {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| Error::Config(NO_RUNTIME.into()))?;
+        let mut last_resolve = self.renewing.lock().await;
+        let current = self.current();
+        let stale = match &current {
+            Some(lane) if lane.live() => return Ok(lane.clone()),
+            Some(lane) if !lane.queue.is_closed() => {
+                // Stale: ask the Sentinels, at most once per RESOLVE_EVERY;
+                // meanwhile calls go to the master as last known.
+                if last_resolve.is_some_and(|at| at.elapsed() < RESOLVE_EVERY) {
+                    return Ok(lane.clone());
+                }
+                Some(lane.clone())
+            }
+            _ => None,
+        };
+        *last_resolve = Some(std::time::Instant::now());
+        let client = self.endpoint.client(self.timeout).await?;
+        let address = client.get_connection_info().addr().clone();
+        if let Some(lane) = stale {
+            if lane.address == address {
+                // The master did not move: its connections reconnect by
+                // themselves.
+                lane.stale.store(false, Ordering::Release);
+                return Ok(lane);
+            }
+            tracing::warn!(master = %address, "the Redis master moved; deciding on the new one");
+        }
         let connections = (0..BATCH_CONNECTIONS)
-            .map(|_| self.new_connection())
+            .map(|_| self.new_connection(&client))
             .collect::<Result<Vec<_>, _>>()?;
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
+        let stale = Arc::new(AtomicBool::new(false));
         let lane = Arc::new(Lane {
             queue,
             connection: connections[0].clone(),
+            address,
+            stale: stale.clone(),
         });
-        runtime.spawn(run_batches(receiver, connections));
-        *slot = Some(lane.clone());
+        let on_failure = self.endpoint.follows_failovers().then_some(stale);
+        runtime.spawn(run_batches(receiver, connections, on_failure));
+        *self.lane.write().unwrap_or_else(PoisonError::into_inner) = Some(lane.clone());
         Ok(lane)
     }
 
+    /// Marks `lane` stale after a failed call, when the endpoint follows
+    /// failovers.
+    fn failed(&self, lane: &Lane) {
+        if self.endpoint.follows_failovers() {
+            lane.stale.store(true, Ordering::Release);
+        }
+    }
+
     /// Queues `job` for the next batch, without waiting.
-    fn enqueue(&self, job: Job) -> Result<(), Error> {
-        let job = match self.lane()?.queue.try_send(job) {
+    async fn enqueue(&self, job: Job) -> Result<(), Error> {
+        let job = match self.lane().await?.queue.try_send(job) {
             Ok(()) => return Ok(()),
             Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
             // The runtime shut down since `lane` looked: once more, on a new lane.
             Err(TrySendError::Closed(job)) => job,
         };
-        self.renew_lane()?.queue.try_send(job).map_err(|e| match e {
+        Box::pin(self.renew_lane()).await?.queue.try_send(job).map_err(|e| match e {
             TrySendError::Full(_) => Error::Overloaded(MAX_QUEUED),
             TrySendError::Closed(_) => Error::Config(NO_RUNTIME.into()),
         })
@@ -457,7 +573,7 @@ impl RedisBackend {
             request: Request::new(quota, cost, self.now()),
             reply,
         };
-        self.enqueue(job)?;
+        self.enqueue(job).await?;
         // Dropping `answer` (a timeout here, or the caller's future dropped)
         // tells the batcher not to send this decision if it has not yet.
         match tokio::time::timeout(self.timeout, answer).await {
@@ -473,7 +589,8 @@ impl RedisBackend {
         &self,
         requests: &[(&Quota, &str, u64)],
     ) -> Result<Vec<Decision>, Error> {
-        let mut connection = self.lane()?.connection.clone();
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
         let now = self.now();
         let keys: Vec<String> = requests
             .iter()
@@ -486,11 +603,26 @@ impl RedisBackend {
                 .zip(&keys)
                 .map(|((quota, _, cost), key)| (key, Request::new(quota, *cost, now))),
         );
-        let reply: Vec<i64> =
-            tokio::time::timeout(self.timeout, invoke(&invocation, &mut connection))
-                .await
-                .map_err(|_| Error::Timeout(self.timeout))??;
+        let reply = self.call(&lane, &invocation, &mut connection).await?;
         decode_all(&reply, requests, &keys)
+    }
+
+    /// Runs one script call on `lane`'s connection, within the timeout; a
+    /// failure may mean the master moved.
+    async fn call(
+        &self,
+        lane: &Lane,
+        invocation: &redis::ScriptInvocation<'_>,
+        connection: &mut ConnectionManager,
+    ) -> Result<Vec<i64>, Error> {
+        let reply = tokio::time::timeout(self.timeout, invoke(invocation, connection))
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))
+            .and_then(|reply| reply.map_err(Error::from));
+        if reply.is_err() {
+            self.failed(lane);
+        }
+        reply
     }
 }
 
@@ -502,19 +634,18 @@ impl RedisBackend {
         key: &str,
         cost: u64,
     ) -> Result<Decision, Error> {
-        let mut connection = self.lane()?.connection.clone();
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
         let key = self.full_key(key);
         let invocation = invocation("peek", [(&key, Request::new(quota, cost, self.now()))]);
-        let reply: Vec<i64> =
-            tokio::time::timeout(self.timeout, invoke(&invocation, &mut connection))
-                .await
-                .map_err(|_| Error::Timeout(self.timeout))??;
+        let reply = self.call(&lane, &invocation, &mut connection).await?;
         decode_one(&reply, quota, cost, &key)
     }
 
     /// Deletes `key`'s state: its quota is whole again.
     pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
-        let mut connection = self.lane()?.connection.clone();
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
         let mut del = redis::cmd("DEL");
         del.arg(self.full_key(key));
         tokio::time::timeout(self.timeout, del.query_async::<i64>(&mut connection))
@@ -528,7 +659,11 @@ impl RedisBackend {
 /// `MAX_IN_FLIGHT` script calls outstanding (one while Redis is not known
 /// to answer), taking turns on `connections`. Ends when the backend is
 /// dropped (the queue closes) or its runtime shuts down.
-async fn run_batches(mut queue: mpsc::Receiver<Job>, connections: Vec<ConnectionManager>) {
+async fn run_batches(
+    mut queue: mpsc::Receiver<Job>,
+    connections: Vec<ConnectionManager>,
+    stale_on_failure: Option<Arc<AtomicBool>>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let answering = Arc::new(AtomicBool::new(false));
     for connection in connections.iter().cycle() {
@@ -563,9 +698,13 @@ async fn run_batches(mut queue: mpsc::Receiver<Job>, connections: Vec<Connection
             continue;
         }
         let (connection, answering) = (connection.clone(), answering.clone());
+        let stale = stale_on_failure.clone();
         tokio::spawn(async move {
             let answered = send_batch(connection, jobs).await;
             answering.store(answered, Ordering::Release);
+            if let (false, Some(stale)) = (answered, stale) {
+                stale.store(true, Ordering::Release);
+            }
             drop(slot);
         });
     }

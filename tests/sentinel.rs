@@ -1,0 +1,199 @@
+//! Redis Sentinel: a private master, a replica and three Sentinels on
+//! loopback. The master is killed under load, a Sentinel promotes the
+//! replica, and limiting continues: through the failure policy meanwhile,
+//! on the new master after, with nothing panicking.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelimit::{Dimension, FailurePolicy, Limiter, Quota, RedisRuleSource};
+use support::RedisServer;
+
+const MASTER: &str = "rl-master";
+
+fn sentinel_command(sentinel: &RedisServer, args: &[&str]) -> redis::Value {
+    let mut connection = sentinel
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .expect("connect to a sentinel");
+    let mut cmd = redis::cmd("SENTINEL");
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut connection).unwrap_or(redis::Value::Nil)
+}
+
+/// The master's port as the Sentinels report it.
+fn master_port(sentinel: &RedisServer) -> Option<u16> {
+    match sentinel_command(sentinel, &["get-master-addr-by-name", MASTER]) {
+        redis::Value::Array(parts) => match parts.get(1) {
+            Some(redis::Value::BulkString(port)) => std::str::from_utf8(port).ok()?.parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < within,
+            "{what} did not happen within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
+    let mut master = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let sentinels: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_sentinel(MASTER, master.port()))
+        .collect();
+    // The Sentinels learn of the replica and of each other from the master.
+    wait_for(
+        "the Sentinels' discovery of the replica",
+        Duration::from_secs(20),
+        || {
+            sentinels.iter().all(|s| {
+            matches!(sentinel_command(s, &["replicas", MASTER]), redis::Value::Array(r) if !r.is_empty())
+        }) && matches!(
+            sentinel_command(&sentinels[0], &["sentinels", MASTER]),
+            redis::Value::Array(others) if others.len() == 2
+        )
+        },
+    );
+    let urls: Vec<String> = sentinels.iter().map(|s| s.url()).collect();
+    let limiter = Limiter::builder()
+        .sentinel(MASTER, urls.clone())
+        .timeout(Duration::from_millis(100))
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .unwrap();
+    let source = RedisRuleSource::sentinel(MASTER, urls.clone())
+        .start(&limiter)
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), source.ready())
+        .await
+        .expect("the rule source reads the master the Sentinels name");
+
+    let quota = Quota::new(1_000_000_000, "1000000000/s".parse().unwrap()).unwrap();
+    let (stop, from_redis, fallbacks) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let load: Vec<_> = (0..8)
+        .map(|task| {
+            let (limiter, stop) = (limiter.clone(), stop.clone());
+            let (from_redis, fallbacks) = (from_redis.clone(), fallbacks.clone());
+            tokio::spawn(async move {
+                let key = format!("sentinel:{task}");
+                while !stop.load(Ordering::Relaxed) {
+                    match limiter.acquire(&quota, &key, 1).await {
+                        Ok(d) if !d.fallback => from_redis.fetch_add(1, Ordering::Relaxed),
+                        _ => fallbacks.fetch_add(1, Ordering::Relaxed),
+                    };
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        })
+        .collect();
+    let redis_decides = |more: u64, within: Duration| {
+        let target = from_redis.load(Ordering::Relaxed) + more;
+        let from_redis = from_redis.clone();
+        async move {
+            let started = Instant::now();
+            while from_redis.load(Ordering::Relaxed) < target {
+                assert!(
+                    started.elapsed() < within,
+                    "Redis decided nothing for {within:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            started.elapsed()
+        }
+    };
+    redis_decides(100, Duration::from_secs(5)).await;
+    let spent = Quota::new(3, "1/h".parse().unwrap()).unwrap();
+    limiter.decide(&spent, "sentinel:spent", 3).await.unwrap();
+    // Replication is asynchronous: wait until the replica has the write, so
+    // what follows shows that replicated state survives (an unreplicated
+    // write is what a failover loses).
+    let mut on_replica = replica.connection().await;
+    let started = Instant::now();
+    loop {
+        let there: i64 = redis::cmd("EXISTS")
+            .arg("rl:sentinel:spent")
+            .query_async(&mut on_replica)
+            .await
+            .unwrap();
+        if there == 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the write never reached the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let killed_at = Instant::now();
+    master.kill();
+    let switch = redis_decides(100, Duration::from_secs(30)).await;
+    let promoted = master_port(&sentinels[0]);
+    assert_eq!(
+        promoted,
+        Some(replica.port()),
+        "the replica is the master now"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.expect("a caller panicked");
+    }
+    eprintln!(
+        "master killed: calls back on Redis after {switch:?} ({:?} since the kill), {} fallbacks meanwhile",
+        killed_at.elapsed(),
+        fallbacks.load(Ordering::Relaxed)
+    );
+    assert!(
+        fallbacks.load(Ordering::Relaxed) > 0,
+        "the failover caused no fallback"
+    );
+
+    // The new master decides, all or nothing too; state replicated before
+    // the kill is there.
+    let seen = limiter.decide(&spent, "sentinel:spent", 0).await.unwrap();
+    assert_eq!(
+        seen.remaining, 0,
+        "state written a while before the kill was replicated"
+    );
+    let all = limiter
+        .decide_all(&[
+            Dimension::new(&quota, "sentinel:a"),
+            Dimension::new(&quota, "sentinel:b"),
+        ])
+        .await
+        .unwrap();
+    assert!(all.iter().all(|d| d.allowed));
+    // And the rule source follows the new master.
+    RedisRuleSource::sentinel(MASTER, urls)
+        .publish("after-failover", "capacity=4 rate=1/s")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while limiter.rules().get("after-failover").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the rule published after the failover never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
