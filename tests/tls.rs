@@ -106,3 +106,41 @@ async fn a_certificate_the_client_cannot_verify_is_an_error_never_plaintext() {
     let insecure = limiter(format!("{}/#insecure", server.url()), TlsConfig::new());
     assert!(insecure.decide(&quota, "k", 1).await.unwrap().allowed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_redis_cluster_decides_and_checks_all_or_nothing_across_slots() {
+    let files = TlsFiles::generate();
+    let cluster = support::RedisCluster::start_tls(3, &files);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .tls(trusting(&files))
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let quota = Quota::new(2, "1/min".parse().unwrap()).unwrap();
+    for i in 0..30 {
+        let key = format!("tls:cluster:{i}");
+        for expected in [true, true, false] {
+            let d = limiter.decide(&quota, &key, 1).await.unwrap();
+            assert_eq!(d.allowed, expected, "{key}: {d:?}");
+        }
+    }
+    // Keys on different slots: consumed in order, given back on a denial.
+    let spent = "tls:cluster:0";
+    let denied = limiter
+        .check_all(&[
+            Dimension::new(&quota, "tls:cluster:fresh"),
+            Dimension::new(&quota, spent),
+        ])
+        .await
+        .unwrap_err();
+    assert_eq!(denied.key, spent);
+    let fresh = limiter
+        .decide(&quota, "tls:cluster:fresh", 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        fresh.remaining, 2,
+        "the denied check gave back what it took"
+    );
+}

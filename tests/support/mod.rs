@@ -80,6 +80,15 @@ impl RedisServer {
     /// certificate; `client_certificates` says whether clients must present
     /// one signed by the test CA.
     pub fn start_tls(certificates: &TlsFiles, client_certificates: bool) -> Self {
+        Self::start_tls_with(certificates, client_certificates, &[])
+    }
+
+    /// [`start_tls`](Self::start_tls) with extra `redis-server` arguments.
+    pub fn start_tls_with(
+        certificates: &TlsFiles,
+        client_certificates: bool,
+        more: &[&str],
+    ) -> Self {
         let binary = redis_server_binary();
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -102,7 +111,10 @@ impl RedisServer {
                     certificates.path("ca.pem"),
                     "--tls-auth-clients".into(),
                     if client_certificates { "yes" } else { "no" }.into(),
-                ],
+                ]
+                .into_iter()
+                .chain(more.iter().map(|s| s.to_string()))
+                .collect(),
                 tls: true,
                 sentinel_config: None,
             };
@@ -332,10 +344,21 @@ fn free_port() -> u16 {
 /// joined with `redis-cli --cluster create`. Killed on drop.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
+    /// `redis-cli` arguments that reach the nodes (TLS ones for a TLS cluster).
+    cli_tls: Vec<String>,
 }
 
 impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> Self {
+        Self::start_inner(masters, replicas, None)
+    }
+
+    /// A cluster whose nodes speak TLS only, to clients and to each other.
+    pub fn start_tls(masters: usize, certificates: &TlsFiles) -> Self {
+        Self::start_inner(masters, 0, Some(certificates))
+    }
+
+    fn start_inner(masters: usize, replicas: usize, tls: Option<&TlsFiles>) -> Self {
         let cli = std::env::var_os("RATELIMIT_REDIS_CLI")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("redis-cli"));
@@ -345,34 +368,45 @@ impl RedisCluster {
                 cli.display()
             );
         }
+        let cluster_args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            // A replica of a fresh cluster may have synced long ago
+            // by this measure; let it take over regardless.
+            "--cluster-replica-validity-factor",
+            "0",
+        ];
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                    // A replica of a fresh cluster may have synced long ago
-                    // by this measure; let it take over regardless.
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ])
+            .map(|_| match tls {
+                Some(files) => {
+                    let mut args = cluster_args.to_vec();
+                    args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                    RedisServer::start_tls_with(files, false, &args)
+                }
+                None => RedisServer::start_with(&cluster_args),
             })
             .collect();
+        let cli_tls: Vec<String> = match tls {
+            Some(files) => vec!["--tls".into(), "--cacert".into(), files.path("ca.pem")],
+            None => Vec::new(),
+        };
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
         let out = Command::new(&cli)
+            .args(&cli_tls)
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("run redis-cli --cluster create");
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, cli_tls };
         assert!(
             out.status.success(),
             "redis-cli --cluster create failed:\n{}\n{}",
@@ -393,6 +427,17 @@ impl RedisCluster {
     }
 
     fn info(&self, node: &RedisServer, what: &str) -> String {
+        if node.tls {
+            let cli = std::env::var_os("RATELIMIT_REDIS_CLI")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("redis-cli"));
+            return Command::new(cli)
+                .args(&self.cli_tls)
+                .args(["-p", &node.port().to_string(), "CLUSTER", what])
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+                .unwrap_or_default();
+        }
         node.client()
             .get_connection()
             .and_then(|mut c| redis::cmd("CLUSTER").arg(what).query::<String>(&mut c))
