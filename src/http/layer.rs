@@ -333,8 +333,8 @@ impl RateLimitLayer {
     /// If the layer has no limit, or `len` is greater than 128.
     #[track_caller]
     pub fn ipv6_prefix_len(mut self, len: u8) -> Self {
-        let first = self.first().clone();
-        *self.first() = first.ipv6_prefix_len(len);
+        super::limit::check_ipv6_prefix_len(len);
+        self.first().ipv6_prefix_len = len;
         self
     }
 

@@ -342,12 +342,19 @@ impl Limit {
     /// # Panics
     ///
     /// If `len` is greater than 128.
+    #[track_caller]
     pub fn ipv6_prefix_len(mut self, len: u8) -> Self {
-        assert!(
-            len <= 128,
-            "an IPv6 prefix length is at most 128, not {len}"
-        );
+        check_ipv6_prefix_len(len);
         self.ipv6_prefix_len = len;
         self
     }
+}
+
+/// Panics unless `len` is an IPv6 prefix length.
+#[track_caller]
+pub(crate) fn check_ipv6_prefix_len(len: u8) {
+    assert!(
+        len <= 128,
+        "invalid IPv6 prefix length {len}; a prefix length is at most 128"
+    );
 }
