@@ -23,13 +23,8 @@ fn acl_line() -> Vec<String> {
         .collect()
 }
 
-fn as_user(server: &RedisServer, password: &str) -> String {
-    format!("redis://ratelimit:{password}@127.0.0.1:{}", server.port())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
-    let server = RedisServer::start();
+/// Creates the README's user on `server`.
+async fn set_up_user(server: &RedisServer) {
     let mut admin = server.connection().await;
     let line = acl_line();
     let mut setuser = redis::cmd(&line[0]);
@@ -40,6 +35,17 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         .query_async(&mut admin)
         .await
         .unwrap_or_else(|e| panic!("the README's ACL line: {e}"));
+}
+
+fn as_user(server: &RedisServer, password: &str) -> String {
+    format!("redis://ratelimit:{password}@127.0.0.1:{}", server.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
+    let server = RedisServer::start();
+    set_up_user(&server).await;
+    let mut admin = server.connection().await;
     let url = as_user(&server, PASSWORD);
     let limiter = Limiter::builder()
         .redis(url.clone())
@@ -126,19 +132,16 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         .build()
         .unwrap();
     let refused = outside.decide(&quotas[0], "k", 1).await.unwrap_err();
-    assert!(refused.to_string().to_lowercase().contains("noperm"), "{refused}");
+    assert!(
+        refused.to_string().to_lowercase().contains("noperm"),
+        "{refused}"
+    );
 }
 
 #[tokio::test]
 async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
     let server = RedisServer::start();
-    let mut admin = server.connection().await;
-    let line = acl_line();
-    let mut setuser = redis::cmd(&line[0]);
-    for word in &line[1..] {
-        setuser.arg(word);
-    }
-    let _: () = setuser.query_async(&mut admin).await.unwrap();
+    set_up_user(&server).await;
     let wrong = "not-the-password-93c1";
     let limiter = Limiter::builder()
         .redis(as_user(&server, wrong))

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ratelimit::{Algorithm, Decision, Dimension, Error, Limiter, ManualClock, Quota};
+use ratelimit::{Algorithm, Clock as _, Decision, Dimension, Error, Limiter, ManualClock, Quota};
 use support::RedisServer;
 
 /// Quotas a key can be decided under, by the state they keep: a key's quota
@@ -399,6 +399,43 @@ fn call() -> impl Strategy<Value = Call> {
     ]
 }
 
+/// Runs `calls` on a clock starting at `start`: each acquisition (key,
+/// quota, cost, lease) is answered by `acquire` (whether it admitted; it
+/// checks the answer itself) and checked against the reference model with
+/// the bound `bound_of` its quota has.
+fn run_calls(
+    calls: &[Call],
+    clock: &ManualClock,
+    max_cost: impl Fn(&Quota) -> u64,
+    bound_of: impl Fn(&Quota) -> Bound,
+    mut acquire: impl FnMut(usize, &Quota, u64, u64) -> Result<bool, TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let families = families();
+    let mut now = clock.now_micros();
+    let mut stretches: HashMap<usize, Stretch> = HashMap::new();
+    for (step, call) in calls.iter().enumerate() {
+        match call {
+            Call::Forward(d) => {
+                now += d;
+                clock.set(now);
+            }
+            Call::Acquire(k, q, c, lease) => {
+                let family = &families[family_of(*k)];
+                let quota = family[q % family.len()];
+                let cost = c % (max_cost(&quota) + 1);
+                let allowed = acquire(*k, &quota, cost, *lease)
+                    .map_err(|e| TestCaseError::fail(format!("step {step} {call:?}: {e}")))?;
+                let stretch = stretches.entry(*k).or_default();
+                stretch.decided_within(bound_of(&quota), now, cost, allowed);
+                if let Err(broken) = stretch.check(now) {
+                    prop_assert!(false, "step {} {:?}: {}", step, call, broken);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Leases, the deny cache and changing quotas together, through `acquire`
 /// on Redis with the caller's clock: no key is admitted above its
 /// algorithm's bound, and no answer is an error.
@@ -406,7 +443,6 @@ fn call() -> impl Strategy<Value = Call> {
 fn leases_with_the_deny_cache_keep_every_bound_under_changing_quotas() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let server = RedisServer::start();
-    let families = families();
     let case = std::sync::atomic::AtomicU64::new(0);
     let config = ProptestConfig {
         cases: 128,
@@ -415,8 +451,7 @@ fn leases_with_the_deny_cache_keep_every_bound_under_changing_quotas() {
     };
     proptest!(config, |(calls in proptest::collection::vec(call(), 1..80), ttl_ms in 1u64..3_000)| {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut now = 1_760_000_000_000_000;
-        let clock = ManualClock::new(now);
+        let clock = ManualClock::new(1_760_000_000_000_000);
         let limiter = runtime.block_on(async {
             Limiter::builder()
                 .redis(server.url())
@@ -426,37 +461,20 @@ fn leases_with_the_deny_cache_keep_every_bound_under_changing_quotas() {
                 .build()
                 .unwrap()
         });
-        let mut stretches: HashMap<usize, Stretch> = HashMap::new();
-        for (step, call) in calls.iter().enumerate() {
-            match call {
-                Call::Forward(d) => {
-                    now += d;
-                    clock.set(now);
+        run_calls(&calls, &clock, Quota::capacity, Bound::of, |k, quota, cost, lease| {
+            let options = ratelimit::CallOptions::new("model").lease(lease);
+            let key = format!("lease:{case}:{k}");
+            match runtime.block_on(limiter.acquire_with(quota, &key, cost, &options)) {
+                Ok(d) => {
+                    prop_assert!(!d.fallback, "lease ttl {} ms: {:?}", ttl_ms, d);
+                    Ok(true)
                 }
-                Call::Acquire(k, q, c, lease) => {
-                    let family = &families[family_of(*k)];
-                    let quota = family[q % family.len()];
-                    let cost = c % (quota.capacity() + 1);
-                    let options = ratelimit::CallOptions::new("model").lease(*lease);
-                    let key = format!("lease:{case}:{k}");
-                    let result = runtime.block_on(limiter.acquire_with(&quota, &key, cost, &options));
-                    let allowed = match &result {
-                        Ok(d) => {
-                            prop_assert!(!d.fallback, "step {}: {:?}", step, d);
-                            true
-                        }
-                        Err(denied) => {
-                            prop_assert_eq!(denied.cause, ratelimit::DenialCause::Quota, "step {}", step);
-                            false
-                        }
-                    };
-                    stretches.entry(*k).or_default().decided(&quota, now, cost, allowed);
-                    if let Err(broken) = stretches[k].check(now) {
-                        prop_assert!(false, "step {} {:?}, lease ttl {} ms: {}", step, call, ttl_ms, broken);
-                    }
+                Err(denied) => {
+                    prop_assert_eq!(denied.cause, ratelimit::DenialCause::Quota);
+                    Ok(false)
                 }
             }
-        }
+        })?;
     });
 }
 
@@ -469,15 +487,13 @@ fn the_local_policy_keeps_its_share_of_every_bound_while_redis_is_down() {
     let mut server = RedisServer::start();
     let url = server.url();
     server.kill();
-    let families = families();
     let config = ProptestConfig {
         cases: 128,
         failure_persistence: None,
         ..ProptestConfig::default()
     };
     proptest!(config, |(calls in proptest::collection::vec(call(), 1..80), quarters in 1u64..5)| {
-        let mut now = 1_760_000_000_000_000;
-        let clock = ManualClock::new(now);
+        let clock = ManualClock::new(1_760_000_000_000_000);
         let limiter = runtime.block_on(async {
             Limiter::builder()
                 .redis(url.clone())
@@ -488,42 +504,26 @@ fn the_local_policy_keeps_its_share_of_every_bound_while_redis_is_down() {
                 .build()
                 .unwrap()
         });
-        let mut stretches: HashMap<usize, Stretch> = HashMap::new();
-        for (step, call) in calls.iter().enumerate() {
-            match call {
-                Call::Forward(d) => {
-                    now += d;
-                    clock.set(now);
+        let twice = |quota: &Quota| 2 * quota.capacity();
+        let share = |quota: &Quota| Bound::share(quota, quarters, 4);
+        run_calls(&calls, &clock, twice, share, |k, quota, cost, _| {
+            match runtime.block_on(limiter.acquire(quota, &format!("local:{k}"), cost)) {
+                Ok(d) => {
+                    prop_assert!(d.fallback, "share {}/4: {:?}", quarters, d);
+                    Ok(true)
                 }
-                Call::Acquire(k, q, c, _) => {
-                    let family = &families[family_of(*k)];
-                    let quota = family[q % family.len()];
-                    let cost = c % (2 * quota.capacity() + 1);
-                    let result = runtime.block_on(limiter.acquire(&quota, &format!("local:{k}"), cost));
-                    let allowed = match &result {
-                        Ok(d) => {
-                            prop_assert!(d.fallback, "step {}: {:?}", step, d);
-                            true
-                        }
-                        Err(denied) => {
-                            prop_assert!(
-                                matches!(
-                                    denied.cause,
-                                    ratelimit::DenialCause::LocalFallback
-                                        | ratelimit::DenialCause::CostExceedsCapacity { .. }
-                                ),
-                                "step {}: {:?}", step, denied
-                            );
-                            false
-                        }
-                    };
-                    let bound = Bound::share(&quota, quarters, 4);
-                    stretches.entry(*k).or_default().decided_within(bound, now, cost, allowed);
-                    if let Err(broken) = stretches[k].check(now) {
-                        prop_assert!(false, "step {} {:?}, share {}/4: {}", step, call, quarters, broken);
-                    }
+                Err(denied) => {
+                    prop_assert!(
+                        matches!(
+                            denied.cause,
+                            ratelimit::DenialCause::LocalFallback
+                                | ratelimit::DenialCause::CostExceedsCapacity { .. }
+                        ),
+                        "share {}/4: {:?}", quarters, denied
+                    );
+                    Ok(false)
                 }
             }
-        }
+        })?;
     });
 }
