@@ -445,7 +445,7 @@ fn leases_with_the_deny_cache_keep_every_bound_under_changing_quotas() {
     let server = RedisServer::start();
     let case = std::sync::atomic::AtomicU64::new(0);
     let config = ProptestConfig {
-        cases: 128,
+        cases: 384,
         failure_persistence: None,
         ..ProptestConfig::default()
     };

@@ -827,3 +827,38 @@ async fn leases_keep_each_algorithms_own_bound() {
         "{first} + {second_half} admitted within one second of 5"
     );
 }
+
+/// A lease taken under one quota is not served after the key was decided
+/// under another (a rule change between calls): the other quota may have
+/// started a new count without the leased tokens.
+#[tokio::test]
+async fn a_lease_does_not_outlive_a_change_of_its_keys_quota() {
+    use ratelimit::CallOptions;
+    let server = RedisServer::start();
+    let minute = 60_000_000u64;
+    // Half a minute into a minute: a one-second window starts a new count.
+    let clock = ManualClock::new(29_000_000 * minute + minute / 2);
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .clock(clock.clone())
+        .lease_ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let per_minute = Quota::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let per_second = Quota::fixed_window(5, Duration::from_secs(1)).unwrap();
+    let leased = |lease| CallOptions::new("r").lease(lease);
+    // Five tokens leased under 10 a minute, none used yet.
+    limiter
+        .acquire_with(&per_minute, "k", 0, &leased(5))
+        .await
+        .unwrap();
+    // The rule changes and back: the minute's count starts anew at 1, then 7.
+    limiter.acquire(&per_second, "k", 1).await.unwrap();
+    limiter.acquire(&per_minute, "k", 6).await.unwrap();
+    let fifth = limiter.acquire_with(&per_minute, "k", 5, &leased(6)).await;
+    assert!(
+        fifth.is_err(),
+        "7 counted in this minute's window of 10, and 5 more were served from an old lease"
+    );
+}

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::quota::Quota;
@@ -53,6 +54,9 @@ pub(crate) struct Leases {
     shards: Box<[Shard]>,
     hasher: RandomState,
     max_per_shard: usize,
+    /// Whether any lease was ever taken: until then, no decision pays for a
+    /// look at the leases.
+    used: AtomicBool,
 }
 
 impl Leases {
@@ -61,6 +65,7 @@ impl Leases {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             max_per_shard: (max_keys / SHARDS).max(1),
+            used: AtomicBool::new(false),
         }
     }
 
@@ -87,6 +92,20 @@ impl Leases {
         Some(lease.tokens)
     }
 
+    /// Drops `key`'s lease if it was taken under another quota than
+    /// `quota`: a decision under another quota may not count the leased
+    /// tokens (a changed window starts a new count), so serving them after
+    /// it could admit more than the quota's bound.
+    pub(crate) fn forget_other_quota(&self, quota: &Quota, key: &str) {
+        if !self.used.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut shard = self.shard(key);
+        if shard.get(key).is_some_and(|lease| lease.quota != *quota) {
+            shard.remove(key);
+        }
+    }
+
     /// Drops `key`'s lease, if any.
     pub(crate) fn remove(&self, key: &str) {
         self.shard(key).remove(key);
@@ -104,6 +123,7 @@ impl Leases {
         expires_at_us: u64,
         owed_until_us: Option<u64>,
     ) {
+        self.used.store(true, Ordering::Relaxed);
         let mut shard = self.shard(key);
         if shard.len() >= self.max_per_shard && !shard.contains_key(key) {
             shard.retain(|_, lease| lease.expires_at_us > now_us && lease.tokens > 0);

@@ -306,6 +306,7 @@ impl Limiter {
             answered_in_process().await;
             return decision;
         }
+        self.inner.leases.forget_other_quota(quota, key);
         let Some(cache) = &self.inner.deny_cache else {
             return self.guarded(backend.decide(quota, key, cost)).await;
         };
@@ -401,6 +402,9 @@ impl Limiter {
             let decisions = backend.decide_all(&requests).await;
             answered_in_process().await;
             return decisions;
+        }
+        for d in dimensions {
+            self.inner.leases.forget_other_quota(d.quota, d.key);
         }
         let cache = self.inner.deny_cache.as_ref();
         let asked = cache.map(|cache| cache.asked(self.inner.cache_clock.now_micros()));

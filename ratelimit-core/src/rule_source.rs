@@ -527,7 +527,11 @@ impl Follower {
         outage_since: &mut Option<Instant>,
     ) -> Result<Infallible, Lost> {
         let timeout = self.config.timeout;
-        let client = self.endpoint.client(timeout).await.map_err(Lost::Endpoint)?;
+        let client = self
+            .endpoint
+            .client(timeout)
+            .await
+            .map_err(Lost::Endpoint)?;
         let pubsub = within(timeout, client.get_async_pubsub()).await?;
         let (mut sink, mut messages) = pubsub.split();
         within(timeout, sink.subscribe(&self.config.channel)).await?;

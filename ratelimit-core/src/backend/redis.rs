@@ -466,7 +466,10 @@ impl RedisBackend {
     }
 
     fn current(&self) -> Option<Arc<Lane>> {
-        self.lane.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.lane
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The live lane, or a new one on the caller's runtime when there is none,
@@ -543,10 +546,14 @@ impl RedisBackend {
             // The runtime shut down since `lane` looked: once more, on a new lane.
             Err(TrySendError::Closed(job)) => job,
         };
-        Box::pin(self.renew_lane()).await?.queue.try_send(job).map_err(|e| match e {
-            TrySendError::Full(_) => Error::Overloaded(MAX_QUEUED),
-            TrySendError::Closed(_) => Error::Config(NO_RUNTIME.into()),
-        })
+        Box::pin(self.renew_lane())
+            .await?
+            .queue
+            .try_send(job)
+            .map_err(|e| match e {
+                TrySendError::Full(_) => Error::Overloaded(MAX_QUEUED),
+                TrySendError::Closed(_) => Error::Config(NO_RUNTIME.into()),
+            })
     }
 
     fn full_key(&self, key: &str) -> String {
