@@ -114,6 +114,24 @@ impl fmt::Display for RateLimited {
 
 impl std::error::Error for RateLimited {}
 
+/// So functions returning `std::io::Result` can be rate limited: the denial
+/// is an [`std::io::ErrorKind::Other`] error carrying the [`RateLimited`],
+/// which `get_ref().downcast_ref::<RateLimited>()` gives back.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_core::RateLimited;
+///
+/// let error = std::io::Error::from(RateLimited::new("k", 1, 0, Duration::from_secs(1)));
+/// let denied = error.get_ref().and_then(|e| e.downcast_ref::<RateLimited>()).unwrap();
+/// assert_eq!(denied.retry_after, Duration::from_secs(1));
+/// ```
+impl From<RateLimited> for std::io::Error {
+    fn from(denied: RateLimited) -> Self {
+        std::io::Error::other(denied)
+    }
+}
+
 /// A fault of the backend or of the configuration. Never a denial.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
