@@ -42,7 +42,7 @@ masters=$(redis-cli -p "$base" cluster nodes | awk '/master/ {split($2,a,"[:@]")
 shape=(--workload w2 --keys 100000 --capacity 10 --rate 2 --concurrency 64
   --seconds "$SECONDS_PER_RUN" --dimensions "$DIMENSIONS" --stats)
 field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d['$1'])"; }
-: >"$dir/standalone" && : >"$dir/cluster"
+: >"$dir/standalone.cpu" && : >"$dir/cluster.cpu"
 for run in $(seq "$RUNS"); do
   redis-cli -p "$port" flushall >/dev/null
   s=$("$loadgen" "${shape[@]}" --redis "$standalone" 2>/dev/null | tail -1)
@@ -50,10 +50,10 @@ for run in $(seq "$RUNS"); do
   c=$("$loadgen" "${shape[@]}" --cluster "$masters" 2>/dev/null | tail -1)
   echo "run $run standalone: $s"
   echo "run $run cluster:    $c"
-  echo "$s" | field redis_cpu_s_per_100k >>"$dir/standalone"
-  echo "$c" | field redis_cpu_s_per_100k >>"$dir/cluster"
+  echo "$s" | field redis_cpu_s_per_100k >>"$dir/standalone.cpu"
+  echo "$c" | field redis_cpu_s_per_100k >>"$dir/cluster.cpu"
 done
-python3 - "$dir/standalone" "$dir/cluster" <<'PY'
+python3 - "$dir/standalone.cpu" "$dir/cluster.cpu" <<'PY'
 import statistics, sys
 s = [float(x) for x in open(sys.argv[1])]
 c = [float(x) for x in open(sys.argv[2])]
