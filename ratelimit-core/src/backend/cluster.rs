@@ -75,6 +75,12 @@ const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// every batch meeting it asks for one.
 const REFRESH_GAP: Duration = Duration::from_millis(100);
 
+/// Batch calls in flight at once to one master. Fewer than one Redis gets
+/// (`MAX_IN_FLIGHT`): a master answers a third of the decisions, and with as
+/// many calls outstanding its batches would carry a third as many decisions
+/// each, which is what costs Redis per decision.
+const NODE_IN_FLIGHT: usize = 2;
+
 /// Slots no master serves (in the map) have this owner.
 const NO_NODE: u16 = u16::MAX;
 
@@ -317,6 +323,7 @@ impl ClusterBackend {
             receiver,
             vec![connection],
             Some(self.stale.clone()),
+            NODE_IN_FLIGHT,
             move |connection, jobs| send_node_batch(connection, timeout, stale.clone(), jobs),
         ));
         queue

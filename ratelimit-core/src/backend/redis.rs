@@ -567,7 +567,13 @@ impl RedisBackend {
             stale: stale.clone(),
         });
         let on_failure = self.endpoint.follows_failovers().then_some(stale);
-        runtime.spawn(run_batches(receiver, connections, on_failure, send_batch));
+        runtime.spawn(run_batches(
+            receiver,
+            connections,
+            on_failure,
+            MAX_IN_FLIGHT,
+            send_batch,
+        ));
         *self.lane.write().unwrap_or_else(PoisonError::into_inner) = Some(lane.clone());
         Ok(lane)
     }
@@ -705,7 +711,7 @@ impl RedisBackend {
 }
 
 /// Takes decisions off the queue and sends them in batches, with at most
-/// `MAX_IN_FLIGHT` script calls outstanding (one while Redis is not known
+/// `max_in_flight` script calls outstanding (one while Redis is not known
 /// to answer), taking turns on `connections`; `send` sends one batch and
 /// says whether Redis answered. Ends when the backend is dropped (the queue
 /// closes) or its runtime shuts down.
@@ -713,13 +719,14 @@ pub(crate) async fn run_batches<C, S, F>(
     mut queue: mpsc::Receiver<Job>,
     connections: Vec<C>,
     stale_on_failure: Option<Arc<AtomicBool>>,
+    max_in_flight: usize,
     send: S,
 ) where
     C: Clone + Send + 'static,
     S: Fn(C, Vec<Job>) -> F,
     F: std::future::Future<Output = bool> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let slots = Arc::new(Semaphore::new(max_in_flight));
     let answering = Arc::new(AtomicBool::new(false));
     for connection in connections.iter().cycle() {
         // Wait for a free slot first: meanwhile, arriving decisions queue up
@@ -727,7 +734,7 @@ pub(crate) async fn run_batches<C, S, F>(
         let wanted = if answering.load(Ordering::Acquire) {
             1
         } else {
-            MAX_IN_FLIGHT as u32
+            max_in_flight as u32
         };
         let Ok(slot) = slots.clone().acquire_many_owned(wanted).await else {
             return;
