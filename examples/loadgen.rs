@@ -12,12 +12,18 @@
 //! figures: commands per decision, CPU, and memory per key), and `--fill`
 //! (instead of a timed run, one decision for each of `--keys` keys named by
 //! ten digits, to measure memory per key).
+//!
+//! `--cluster URL,URL,URL` decides on a Redis Cluster instead of `--redis`
+//! (give every master: `--stats` sums their figures, and skips replicas), and
+//! `--dimensions 3` makes each decision a `check_all` over three dimensions
+//! of the same quota, or of an ample one for the third: the user (drawn from
+//! `--keys`), an IP (from a tenth as many) and one global key.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit::{Algorithm, Limiter, Quota, Rate};
+use ratelimit::{Algorithm, DenialCause, Dimension, Limiter, Quota, Rate};
 
 struct Args {
     workload: String,
@@ -31,6 +37,8 @@ struct Args {
     algorithm: Algorithm,
     stats: bool,
     fill: bool,
+    cluster: Vec<String>,
+    dimensions: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -46,6 +54,8 @@ fn parse_args() -> Result<Args, String> {
         algorithm: Algorithm::TokenBucket,
         stats: false,
         fill: false,
+        cluster: Vec::new(),
+        dimensions: 1,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -72,9 +82,14 @@ fn parse_args() -> Result<Args, String> {
             "--redis" => a.redis = value.clone(),
             "--threads" => a.threads = value.parse().map_err(|e| bad(&e))?,
             "--algorithm" => a.algorithm = value.parse().map_err(|e| bad(&e))?,
+            "--cluster" => a.cluster = value.split(',').map(str::to_owned).collect(),
+            "--dimensions" => a.dimensions = value.parse().map_err(|e| bad(&e))?,
             other => eprintln!("ignoring unknown flag {other}"),
         }
         i += 2;
+    }
+    if a.dimensions != 1 && a.dimensions != 3 {
+        return Err(format!("--dimensions {}: 1 or 3", a.dimensions));
     }
     Ok(a)
 }
@@ -120,13 +135,6 @@ async fn info(redis: &mut redis::aio::MultiplexedConnection, section: &str) -> S
         .unwrap_or_default()
 }
 
-fn field(info: &str, name: &str) -> f64 {
-    info.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Calls of the commands whose commandstats line starts with `prefix`.
 fn calls(commandstats: &str, prefix: &str) -> f64 {
     commandstats
@@ -137,36 +145,87 @@ fn calls(commandstats: &str, prefix: &str) -> f64 {
         .sum()
 }
 
+/// INFO `section` of every server in `servers`, one after another: the
+/// figures `field` and `calls` read are then sums over the servers.
+async fn info_all(servers: &mut [redis::aio::MultiplexedConnection], section: &str) -> String {
+    let mut all = String::new();
+    for server in servers {
+        all.push_str(&info(server, section).await);
+        all.push('\n');
+    }
+    all
+}
+
+/// The sum of every `name` field in `info`.
+fn field_sum(info: &str, name: &str) -> f64 {
+    info.lines()
+        .filter_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
 async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let quota = quota(&a)?;
-    let limiter = Limiter::builder()
-        .redis(&a.redis)
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let builder = Limiter::builder().timeout(Duration::from_secs(5));
+    let limiter = if a.cluster.is_empty() {
+        builder.redis(&a.redis).build()?
+    } else {
+        builder.cluster(a.cluster.clone()).build()?
+    };
+    // The third dimension, one key every decision names: ample, so that it
+    // costs Redis its work without deciding for the others.
+    let global = Quota::new(1_000_000_000, "1000000000/s".parse()?)?;
+    let global_key = format!("lg:{}:global", a.workload);
     let keys: Arc<Vec<String>> = Arc::new(
         (0..a.keys)
             .map(|i| format!("lg:{}:{i}", a.workload))
             .collect(),
     );
-    let mut inspect = redis::Client::open(a.redis.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
+    // The servers whose figures `--stats` sums: the one Redis, or the
+    // cluster's masters.
+    let mut inspect = Vec::new();
+    for url in if a.cluster.is_empty() {
+        std::slice::from_ref(&a.redis)
+    } else {
+        &a.cluster[..]
+    } {
+        let mut server = redis::Client::open(url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        if info(&mut server, "replication")
+            .await
+            .contains("role:master")
+        {
+            inspect.push(server);
+        }
+    }
 
-    // Open the connection and load the script before the clock starts.
+    // Open the connections and load the scripts before the clock starts:
+    // one at a time, then together (a batch, on a cluster its own script).
     for i in 0..8 {
         limiter.decide(&quota, &format!("warm-up:{i}"), 1).await?;
     }
-    let _: () = redis::cmd("DEL")
-        .arg("rl:warm-up:0")
-        .query_async(&mut inspect)
-        .await
-        .unwrap_or(());
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut inspect)
-        .await?;
-    let memory_before = field(&info(&mut inspect, "memory").await, "used_memory");
-    let cpu_before = info(&mut inspect, "cpu").await;
+    let warm: Vec<String> = (0..64).map(|i| format!("warm-up:{i}")).collect();
+    for decision in
+        futures::future::join_all(warm.iter().map(|key| limiter.decide(&quota, key, 0))).await
+    {
+        decision?;
+    }
+    if a.cluster.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg("rl:warm-up:0")
+            .query_async(&mut inspect[0])
+            .await
+            .unwrap_or(());
+    }
+    for server in &mut inspect {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(server)
+            .await?;
+    }
+    let memory_before = field_sum(&info_all(&mut inspect, "memory").await, "used_memory");
+    let cpu_before = info_all(&mut inspect, "cpu").await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -181,6 +240,7 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         let per_key = per_key.clone();
         let fill = a.fill;
         let (limiter, keys, stop) = (limiter.clone(), keys.clone(), stop.clone());
+        let (global, global_key, dimensions) = (global, global_key.clone(), a.dimensions);
         tasks.push(tokio::spawn(async move {
             let mut out = TaskResult {
                 latencies_ns: Vec::with_capacity(1 << 16),
@@ -204,10 +264,30 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                     seed % keys.len() as u64
                 };
                 let began = Instant::now();
-                match limiter.decide(&quota, &keys[index as usize], 1).await {
-                    Ok(d) => {
+                let outcome = if dimensions == 3 {
+                    let ip = &keys[(index / 10) as usize];
+                    let ip = format!("{ip}:ip");
+                    let check = [
+                        Dimension::new(&quota, &keys[index as usize]),
+                        Dimension::new(&quota, &ip),
+                        Dimension::new(&global, &global_key),
+                    ];
+                    match limiter.check_all(&check).await {
+                        Ok(_) => Ok(true),
+                        Err(denied) if denied.cause == DenialCause::Quota => Ok(false),
+                        Err(_) => Err(()),
+                    }
+                } else {
+                    limiter
+                        .decide(&quota, &keys[index as usize], 1)
+                        .await
+                        .map(|d| d.allowed)
+                        .map_err(|_| ())
+                };
+                match outcome {
+                    Ok(allowed) => {
                         out.decisions += 1;
-                        out.admitted += u64::from(d.allowed);
+                        out.admitted += u64::from(allowed);
                         per_key[index as usize].fetch_add(1, Ordering::Relaxed);
                         out.latencies_ns
                             .push(began.elapsed().as_nanos().min(u32::MAX as u128) as u32);
@@ -248,20 +328,29 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut json = format!(
         "{{\"decisions\": {decisions}, \"admitted\": {admitted}, \"elapsed_s\": {elapsed:.4}, \
          \"p50_us\": {:.1}, \"p99_us\": {:.1}, \"errors\": {errors}, \"max_admissible\": {max_admissible:.1}, \
-         \"version\": \"ratelimit {} (redis-rs 1)\", \"algorithm\": \"{} {}\"",
+         \"version\": \"ratelimit {} (redis-rs 1)\", \"algorithm\": \"{} {}\", \"backend\": \"{}\", \"dimensions\": {}",
         percentile(&latencies, 50.0),
         percentile(&latencies, 99.0),
         env!("CARGO_PKG_VERSION"),
         quota.algorithm(),
         quota,
+        if a.cluster.is_empty() {
+            "redis"
+        } else {
+            "redis-cluster"
+        },
+        a.dimensions,
     );
     if a.stats {
-        let commandstats = info(&mut inspect, "commandstats").await;
-        let cpu_after = info(&mut inspect, "cpu").await;
-        let cpu = |i: &str| field(i, "used_cpu_sys") + field(i, "used_cpu_user");
+        let commandstats = info_all(&mut inspect, "commandstats").await;
+        let cpu_after = info_all(&mut inspect, "cpu").await;
+        let cpu = |i: &str| field_sum(i, "used_cpu_sys") + field_sum(i, "used_cpu_user");
         let redis_cpu = cpu(&cpu_after) - cpu(&cpu_before);
-        let memory_after = field(&info(&mut inspect, "memory").await, "used_memory");
-        let dbsize: f64 = redis::cmd("DBSIZE").query_async(&mut inspect).await?;
+        let memory_after = field_sum(&info_all(&mut inspect, "memory").await, "used_memory");
+        let mut dbsize = 0.0;
+        for server in &mut inspect {
+            dbsize += redis::cmd("DBSIZE").query_async::<f64>(server).await?;
+        }
         json.push_str(&format!(
             ", \"redis_cmds_per_decision\": {:.2}, \"decisions_per_script_call\": {:.1}, \
              \"redis_busy\": {:.3}, \"redis_cpu_s_per_100k\": {:.3}, \"redis_keys\": {dbsize}, \

@@ -247,3 +247,156 @@ async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions() 
         "the refunds took the other instance's admission: {members:?}"
     );
 }
+
+/// Current-thread: every decision below is queued before the batching task
+/// runs, so they go together.
+#[tokio::test]
+async fn a_batch_over_several_slots_of_one_master_is_one_script_call() {
+    let cluster = RedisCluster::start(3, 0);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_millis(500))
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::new(1, "1/min".parse().unwrap()).unwrap();
+    let master = cluster.masters()[0];
+    let mut keys = (0..)
+        .map(|i| format!("user:{i}"))
+        .filter(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master);
+    let (warm, keys): (Vec<String>, Vec<String>) =
+        ((&mut keys).take(2).collect(), keys.take(20).collect());
+    let slots: std::collections::HashSet<u16> = keys
+        .iter()
+        .map(|key| cluster.keyslot(&format!("rl:{key}")))
+        .collect();
+    assert!(slots.len() > 10, "the keys share slots: {slots:?}");
+    // Loads the slot map and the flagged script, which a first call does.
+    for decision in
+        futures::future::join_all(warm.iter().map(|k| limiter.decide(&quota, k, 1))).await
+    {
+        assert!(decision.unwrap().allowed);
+    }
+    for node in cluster.masters() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut cluster.nodes[node].connection().await)
+            .await
+            .unwrap();
+    }
+    let decisions =
+        futures::future::join_all(keys.iter().map(|k| limiter.decide(&quota, k, 1))).await;
+    for (key, decision) in keys.iter().zip(decisions) {
+        let decision = decision.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(decision.allowed, "{key}: {decision:?}");
+        assert!(cluster.holds(master, &format!("rl:{key}")), "{key} written");
+    }
+    for node in cluster.masters() {
+        let calls = cluster.nodes[node].script_calls().await;
+        let expected = u64::from(node == master);
+        assert_eq!(
+            calls, expected,
+            "script calls on node {node} (the keys' master is {master})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_stay_exact_while_slots_move_between_masters() {
+    let cluster = Arc::new(RedisCluster::start(3, 0));
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    // Never refills within the test: what Redis has left is exactly what
+    // it did not admit.
+    let capacity = 100_000;
+    let quota = Quota::new(capacity, "1/h".parse().unwrap()).unwrap();
+    // Eight slots of 25 keys each; half of the slots move.
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..8)
+            .flat_map(|t| (0..25).map(move |i| format!("{{t{t}}}:k{i}")))
+            .collect(),
+    );
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let timeouts = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let (limiter, keys, admitted, timeouts, stop) = (
+                limiter.clone(),
+                keys.clone(),
+                admitted.clone(),
+                timeouts.clone(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                let mut i = t * 13;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let k = i % keys.len();
+                    match limiter.decide(&quota, &keys[k], 1).await {
+                        Ok(d) if d.allowed => {
+                            admitted[k].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(d) => panic!("{}: denied under capacity: {d:?}", keys[k]),
+                        // What a caller's failure policy answers.
+                        Err(ratelimit::Error::Timeout(_)) => {
+                            timeouts.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => panic!("{}: {e}", keys[k]),
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let moved: Vec<(String, usize, usize)> = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || {
+            let masters = cluster.masters();
+            (0..4)
+                .map(|t| {
+                    let key = format!("rl:{{t{t}}}:k0");
+                    let slot = cluster.keyslot(&key);
+                    let from = cluster.slot_owner(slot, masters[0]);
+                    let to = masters[(masters.iter().position(|&m| m == from).unwrap() + 1) % 3];
+                    cluster.move_slot(slot, from, to, Duration::from_millis(5));
+                    (key, from, to)
+                })
+                .collect()
+        }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("no caller saw an error but a timeout");
+    }
+    for (key, from, to) in &moved {
+        assert!(cluster.holds(*to, key), "{key} moved to node {to}");
+        assert!(!cluster.holds(*from, key), "{key} left node {from}");
+    }
+    let timeouts = timeouts.load(Ordering::Relaxed);
+    let mut total = 0;
+    for (k, key) in keys.iter().enumerate() {
+        let admitted = admitted[k].load(Ordering::Relaxed);
+        total += admitted;
+        let left = limiter.decide(&quota, key, 0).await.unwrap().remaining;
+        // Never more left than was not admitted: no admission was lost.
+        assert!(
+            left <= capacity - admitted,
+            "{key}: {admitted} admitted, {left} left"
+        );
+        // A call that timed out may have run; with none, nothing was
+        // applied twice either.
+        if timeouts == 0 {
+            assert_eq!(left, capacity - admitted, "{key}: applied twice");
+        }
+    }
+    assert!(total > 2_000, "decisions flowed: {total} admitted");
+    eprintln!("{total} admitted, {timeouts} timeouts");
+}

@@ -5,7 +5,11 @@
 --          'all': admit all or none: decide every key, then write only if
 --          every one admits (the keys must be distinct);
 --          'peek': decide as 'all' does, and write nothing (an inspection);
---          'refund': give back each key's cost (see refund.lua); no reply
+--          'refund': give back each key's cost (see refund.lua); no reply;
+--          'batch': 'each' over keys of several slots of this Redis Cluster
+--          node, sent as the script flagged allow-cross-slot-keys: KEYS[1]
+--          only routes the call here, ARGV[2] is the number of keys and the
+--          keys follow it, then the groups
 -- then groups of 7 fields, each for the next `count` keys in KEYS order:
 --   count, algorithm (the index of Algorithm::ALL), cost, now in µs or ''
 --   for Redis TIME, and the algorithm's numbers p1..p3
@@ -17,6 +21,10 @@
 -- Reply: each key's answer in KEYS order (see the prelude and the algorithm's
 -- file). A key whose value this algorithm did not write answers -1 first; in
 -- 'each' mode the others are still decided, in 'all' mode nothing is written.
+-- A 'batch' reply starts with the number of its keys this node does not
+-- serve now (moved, migrating, importing, or the cluster down): when that is
+-- not 0, their indexes (from 1) follow, nothing else, and nothing was
+-- written; when it is 0, the keys' answers follow.
 
 local time_now = nil
 local function now_of(arg)
@@ -32,9 +40,40 @@ local function now_of(arg)
 end
 
 local mode = ARGV[1]
+local first_group = 2
+-- In 'batch' mode, each key's value read up front, and the keys read since.
+local batch, read_first, reread = mode == 'batch', nil, nil
+if batch then
+  local count = tonumber(ARGV[2])
+  KEYS = { unpack(ARGV, 3, 2 + count) }
+  first_group = 3 + count
+  mode = 'each'
+  -- Every key is read before any is written: a key this node does not
+  -- serve fails its command, and a batch must not fail half written. The
+  -- read is a pcall so that such a key is reported, not raised.
+  read_first, reread = {}, {}
+  local elsewhere = {}
+  for i = 1, count do
+    local value = try_call('GET', KEYS[i])
+    if type(value) == 'table' and value.err then
+      -- A key of another type is this node's, and foreign to every algorithm.
+      if string.sub(value.err, 1, 9) == 'WRONGTYPE' then
+        value = FOREIGN
+      else
+        elsewhere[#elsewhere + 1] = i
+      end
+    end
+    read_first[i] = value
+  end
+  if #elsewhere > 0 then
+    table.insert(elsewhere, 1, #elsewhere)
+    return elsewhere
+  end
+  out[1], n = 0, 1
+end
 local commit = mode == 'each'
 local last = 0
-for g = 2, #ARGV, 7 do
+for g = first_group, #ARGV, 7 do
   local first = last + 1
   last = last + tonumber(ARGV[g])
   local algorithm, cost, now = tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), now_of(ARGV[g + 3])
@@ -47,7 +86,21 @@ for g = 2, #ARGV, 7 do
   else
     -- One read for the group: a command costs Redis far more than a key.
     local values = {}
-    if algorithm ~= SLIDING_LOG then
+    if batch then
+      -- One slot per command across slots, so no MGET: the values read up
+      -- front, unless an earlier group of this call wrote the key since.
+      for i = first, last do
+        local key = KEYS[i]
+        if reread[key] then
+          local value = try_call('GET', key)
+          if type(value) == 'table' then value = FOREIGN end
+          values[i - first + 1] = value
+        else
+          values[i - first + 1] = read_first[i]
+          reread[key] = true
+        end
+      end
+    elseif algorithm ~= SLIDING_LOG then
       values = call('MGET', unpack(KEYS, first, last))
       -- MGET reads a key of another type as absent. 'each' mode finds those
       -- when it writes (with NX); 'all' mode must know before anything is

@@ -30,6 +30,11 @@
 -- its state no longer changes any decision.
 
 local call = redis.call
+local try_call = redis.pcall
+-- The keys decided: KEYS, or on Redis Cluster the keys of a per-node batch,
+-- which come in ARGV (see entry.lua). A local, so that entry.lua can point
+-- it at them before anything reads it.
+local KEYS = KEYS
 local floor = math.floor
 local format = string.format
 local match = string.match

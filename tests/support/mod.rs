@@ -479,6 +479,114 @@ impl RedisCluster {
             .collect()
     }
 
+    /// A plain connection to node `index`, for commands to that node alone.
+    fn node_connection(&self, index: usize) -> redis::Connection {
+        self.nodes[index]
+            .client()
+            .get_connection()
+            .unwrap_or_else(|e| panic!("connect to cluster node {index}: {e}"))
+    }
+
+    /// The hash slot of `key`, as the cluster computes it.
+    pub fn keyslot(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.node_connection(self.masters()[0]))
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// The index of the node serving `slot` now, as master `asked` sees it.
+    pub fn slot_owner(&self, slot: u16, asked: usize) -> usize {
+        let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut self.node_connection(asked))
+            .expect("CLUSTER SLOTS");
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let number = |v: &redis::Value| redis::from_redis_value_ref::<u16>(v).ok();
+            let (Some(start), Some(end)) = (number(&fields[0]), number(&fields[1])) else {
+                continue;
+            };
+            let redis::Value::Array(master) = &fields[2] else {
+                continue;
+            };
+            if (start..=end).contains(&slot) {
+                let port = number(&master[1]).expect("a master's port");
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port() == port)
+                    .expect("a node of this cluster");
+            }
+        }
+        panic!("no master serves slot {slot}")
+    }
+
+    /// Whether node `index` holds `key` (asked of that node alone).
+    pub fn holds(&self, index: usize, key: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<i64>(&mut self.node_connection(index))
+            .map(|n| n == 1)
+            .unwrap_or(false)
+    }
+
+    /// Moves `slot` from master `from` to master `to` by hand, as
+    /// `redis-cli --cluster reshard` does: mark it importing and migrating,
+    /// `MIGRATE` its keys one at a time with `pause` between them (so that
+    /// calls meet the slot half moved), then assign it to `to` everywhere.
+    pub fn move_slot(&self, slot: u16, from: usize, to: usize, pause: Duration) {
+        let id = |index: usize| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut self.node_connection(index))
+                .expect("CLUSTER MYID")
+        };
+        let (from_id, to_id) = (id(from), id(to));
+        let setslot = |index: usize, state: &str, node: &str| {
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg("SETSLOT").arg(slot).arg(state);
+            if !node.is_empty() {
+                cmd.arg(node);
+            }
+            let _: () = cmd
+                .query(&mut self.node_connection(index))
+                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {state} on node {index}: {e}"));
+        };
+        setslot(to, "IMPORTING", &from_id);
+        setslot(from, "MIGRATING", &to_id);
+        std::thread::sleep(pause);
+        let mut source = self.node_connection(from);
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(1)
+                .query(&mut source)
+                .expect("CLUSTER GETKEYSINSLOT");
+            let Some(key) = keys.first() else { break };
+            let _: redis::Value = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.nodes[to].port())
+                .arg(key)
+                .arg(0)
+                .arg(5000)
+                .query(&mut source)
+                .unwrap_or_else(|e| panic!("MIGRATE {key}: {e}"));
+            std::thread::sleep(pause);
+        }
+        setslot(to, "NODE", &to_id);
+        setslot(from, "NODE", &to_id);
+        for master in self.masters() {
+            if master != from && master != to {
+                setslot(master, "NODE", &to_id);
+            }
+        }
+    }
+
     /// Keys stored on node `index`.
     pub fn dbsize(&self, index: usize) -> i64 {
         self.nodes[index]

@@ -2,8 +2,22 @@
 //! of its hash slot through redis-rs's async cluster client, which follows
 //! MOVED and ASK and refreshes the slot map after a failover.
 //!
-//! A script call only ever names keys of one slot, so no call can hit
-//! CROSSSLOT: single decisions name one key; an all-or-nothing check whose
+//! Concurrent single-key decisions are batched per master: each key goes
+//! to the queue of the master serving its slot, as a slot map read with
+//! `CLUSTER SLOTS` says (read again after a redirect, and every
+//! [`REFRESH_EVERY`]), and each queue runs the standalone backend's batching
+//! (`run_batches`: the queue bound, the in-flight window, callers gone
+//! dropped). A batch is one call of the script flagged
+//! `allow-cross-slot-keys` (Redis 7.0 or later), which may touch keys of
+//! several slots of the node running it, one slot per command: one key of
+//! the batch in KEYS routes the call, and the batch's keys go in ARGV. The
+//! script reads every key before it writes any; when one is not the node's
+//! now (the map was stale, or its slot is migrating), it writes nothing and
+//! names those keys, which are then decided one per call, as below, while
+//! the others go again as one batch.
+//!
+//! Every other call only ever names keys of one slot, so no call can hit
+//! CROSSSLOT: a decision alone names one key; an all-or-nothing check whose
 //! keys share a slot (a common hash tag, such as `"{user:<id>}:..."`) is one
 //! script call; across slots, the dimensions consume in order and what was
 //! taken is given back when a later one denies.
@@ -16,22 +30,94 @@
 //! `CLUSTERDOWN`, a write to a demoted master), after the client has begun
 //! refreshing its slot map.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
+use once_cell::sync::Lazy;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
 
-use super::redis::{decode_all, decode_one, invocation, invoke, Request};
+use super::redis::{
+    batch_invocation, decode_all, decode_one, decode_reply, invocation, invoke, run_batches, Job,
+    Request, MAX_QUEUED,
+};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::Quota;
 
+/// The script of every algorithm, flagged so that a call may touch keys of
+/// several slots of the node it runs on (a batch): the flag must be the
+/// first line. A script of its own, so that standalone Redis older than 7.0,
+/// which knows no flags, still runs the unflagged one.
+static CROSS_SLOT_SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
+    redis::Script::new(concat!(
+        "#!lua flags=allow-cross-slot-keys\n",
+        include_str!("../../scripts/prelude.lua"),
+        include_str!("../../scripts/gcra.lua"),
+        include_str!("../../scripts/fixed_window.lua"),
+        include_str!("../../scripts/sliding_log.lua"),
+        include_str!("../../scripts/sliding_window.lua"),
+        include_str!("../../scripts/refund.lua"),
+        include_str!("../../scripts/entry.lua"),
+    ))
+});
+
+/// How often the slot map is read again when no redirect asked for it: a
+/// slot moved by hand (resharding) is found by its first batch anyway, and
+/// this bounds how long batches keep meeting it.
+const REFRESH_EVERY: Duration = Duration::from_secs(10);
+
+/// The least time between two reads of the slot map: while a slot moves,
+/// every batch meeting it asks for one.
+const REFRESH_GAP: Duration = Duration::from_millis(100);
+
+/// Batch calls in flight at once to one master. Fewer than one Redis gets
+/// (`MAX_IN_FLIGHT`): a master answers a third of the decisions, and with as
+/// many calls outstanding its batches would carry a third as many decisions
+/// each, which is what costs Redis per decision.
+const NODE_IN_FLIGHT: usize = 2;
+
+/// Slots no master serves (in the map) have this owner.
+const NO_NODE: u16 = u16::MAX;
+
+/// Where each slot's decisions queue, as `CLUSTER SLOTS` said at `read_at`.
+struct Routing {
+    /// The index in `lanes` of the master serving each slot.
+    owner: Vec<u16>,
+    /// Each master's address (`ip:port`, which only tells masters apart:
+    /// calls are routed by key) and the queue of its batches.
+    lanes: Vec<(String, mpsc::Sender<Job>)>,
+    read_at: Instant,
+}
+
+impl Routing {
+    /// Whether every batching task still runs: they stop with the runtime
+    /// they were spawned on.
+    fn live(&self) -> bool {
+        self.lanes.iter().all(|(_, queue)| !queue.is_closed())
+    }
+
+    fn queue(&self, key: &str) -> Option<&mpsc::Sender<Job>> {
+        let node = *self.owner.get(usize::from(slot(key.as_bytes())))?;
+        self.lanes.get(usize::from(node)).map(|(_, queue)| queue)
+    }
+}
+
 pub(crate) struct ClusterBackend {
     client: ClusterClient,
     /// Connected on first use; a failed attempt is retried on the next call.
     connection: tokio::sync::OnceCell<ClusterConnection>,
+    /// The slot map and the masters' queues; none until first read.
+    routing: RwLock<Option<Arc<Routing>>>,
+    /// When the slot map was last asked for; one reader at a time.
+    refreshing: tokio::sync::Mutex<Option<Instant>>,
+    /// Set by a batch that met a key its node does not serve, or a failed
+    /// batch: the next decision reads the slot map again.
+    stale: Arc<AtomicBool>,
     prefix: String,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -51,7 +137,7 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
                 .map(|close| &rest[..close])
         })
         .unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16_384
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % SLOTS
 }
 
 impl ClusterBackend {
@@ -103,6 +189,9 @@ impl ClusterBackend {
         Ok(Self {
             client,
             connection: tokio::sync::OnceCell::new(),
+            routing: RwLock::new(None),
+            refreshing: tokio::sync::Mutex::new(None),
+            stale: Arc::new(AtomicBool::new(false)),
             prefix,
             timeout,
             clock,
@@ -133,21 +222,123 @@ impl ClusterBackend {
         keys: &[String],
         requests: &[Request],
     ) -> Result<Vec<i64>, Error> {
+        let connection = self.connection().await?;
+        let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
+        call_routed(connection, self.timeout, &invocation).await
+    }
+
+    /// The slot map, read now when there is none yet, when a batch found it
+    /// stale, or when it is older than `REFRESH_EVERY`; `None` when it
+    /// cannot be read, and decisions go one per call meanwhile.
+    async fn routing(&self) -> Option<Arc<Routing>> {
+        let current = self
+            .routing
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match &current {
+            Some(routing)
+                if routing.live()
+                    && routing.read_at.elapsed() < REFRESH_EVERY
+                    && !self.stale.load(Ordering::Acquire) =>
+            {
+                current
+            }
+            // Boxed: the cold path would make every decision's future as
+            // large as redis-rs's.
+            _ => Box::pin(self.refresh(current)).await,
+        }
+    }
+
+    #[cold]
+    async fn refresh(&self, current: Option<Arc<Routing>>) -> Option<Arc<Routing>> {
+        // With a map in hand, a decision does not wait for another's read.
+        let mut last = match &current {
+            Some(_) => match self.refreshing.try_lock() {
+                Ok(last) => last,
+                Err(_) => return current,
+            },
+            None => self.refreshing.lock().await,
+        };
+        if last.is_some_and(|at| at.elapsed() < REFRESH_GAP) {
+            return self
+                .routing
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+        }
+        *last = Some(Instant::now());
+        // Cleared before the read: a redirect met meanwhile asks again.
+        self.stale.store(false, Ordering::Release);
+        let masters = match self.read_slots().await {
+            Ok(masters) => masters,
+            Err(error) => {
+                tracing::warn!(%error, "could not read the Redis Cluster slot map");
+                return current;
+            }
+        };
+        let connection = self.connection().await.ok()?;
+        let mut owner = vec![NO_NODE; usize::from(SLOTS)];
+        let mut lanes: Vec<(String, mpsc::Sender<Job>)> = Vec::new();
+        for (start, end, address) in masters {
+            let index = match lanes.iter().position(|(a, _)| *a == address) {
+                Some(index) => index,
+                None => {
+                    // A master's batching task outlives map reads while it
+                    // stays a master and its runtime runs.
+                    let kept = current
+                        .as_ref()
+                        .and_then(|r| r.lanes.iter().find(|(a, _)| *a == address))
+                        .filter(|(_, queue)| !queue.is_closed())
+                        .map(|(_, queue)| queue.clone());
+                    let queue =
+                        kept.unwrap_or_else(|| self.spawn_lane(connection.clone(), &address));
+                    lanes.push((address, queue));
+                    lanes.len() - 1
+                }
+            };
+            let index = u16::try_from(index).unwrap_or(NO_NODE);
+            for slot in start..=end.min(SLOTS - 1) {
+                owner[usize::from(slot)] = index;
+            }
+        }
+        let routing = Arc::new(Routing {
+            owner,
+            lanes,
+            read_at: Instant::now(),
+        });
+        *self.routing.write().unwrap_or_else(PoisonError::into_inner) = Some(routing.clone());
+        Some(routing)
+    }
+
+    /// Starts the batching task of the master at `address`, on the
+    /// caller's runtime, and returns its queue.
+    fn spawn_lane(&self, connection: ClusterConnection, address: &str) -> mpsc::Sender<Job> {
+        let (queue, receiver) = mpsc::channel(MAX_QUEUED);
+        let (timeout, stale) = (self.timeout, self.stale.clone());
+        tracing::debug!(master = %address, "batching decisions for a Redis Cluster master");
+        // One connection: the cluster client's clones share its one
+        // multiplexed connection to each node.
+        tokio::spawn(run_batches(
+            receiver,
+            vec![connection],
+            Some(self.stale.clone()),
+            NODE_IN_FLIGHT,
+            move |connection, jobs| send_node_batch(connection, timeout, stale.clone(), jobs),
+        ));
+        queue
+    }
+
+    /// The masters' slot ranges, from `CLUSTER SLOTS`: first slot, last
+    /// slot, `ip:port`.
+    async fn read_slots(&self) -> Result<Vec<(u16, u16, String)>, Error> {
         let work = async {
             let mut connection = self.connection().await?;
-            let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
-            let mut wait = Duration::from_millis(2);
-            loop {
-                match invoke(&invocation, &mut connection).await {
-                    Err(error) if refused_unrun(&error) => {
-                        // The slot map is being refreshed (the client starts
-                        // that on a redirect); give it a moment.
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_millis(50));
-                    }
-                    result => return Ok::<Vec<i64>, Error>(result?),
-                }
-            }
+            let reply: redis::Value = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut connection)
+                .await?;
+            parse_slots(&reply).ok_or_else(|| Error::UnexpectedReply(format!("{reply:?}")))
         };
         tokio::time::timeout(self.timeout, work)
             .await
@@ -161,12 +352,54 @@ impl ClusterBackend {
         cost: u64,
     ) -> Result<Decision, Error> {
         let key = self.full_key(key);
+        let request = Request::new(quota, cost, self.now());
+        self.decide_request(quota, key, request).await
+    }
+
+    /// Decides `request` on the full key `key`: in its master's next batch,
+    /// or alone when the slot map is not known.
+    async fn decide_request(
+        &self,
+        quota: &Quota,
+        key: String,
+        request: Request,
+    ) -> Result<Decision, Error> {
+        let cost = request.cost;
+        let routing = self.routing().await;
+        let key = match routing.as_ref().and_then(|r| r.queue(&key)) {
+            Some(queue) => {
+                let (reply, answer) = oneshot::channel();
+                let job = Job {
+                    key,
+                    quota: *quota,
+                    request,
+                    reply,
+                };
+                match queue.try_send(job) {
+                    Ok(()) => {
+                        // Dropping `answer` (a timeout here, or the caller's
+                        // future dropped) tells the batcher not to send this
+                        // decision if it has not yet.
+                        return match tokio::time::timeout(self.timeout, answer).await {
+                            Ok(Ok(result)) => result,
+                            Ok(Err(_)) => {
+                                Err(Error::UnexpectedReply("the batch was dropped".into()))
+                            }
+                            Err(_) => Err(Error::Timeout(self.timeout)),
+                        };
+                    }
+                    Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
+                    // The task's runtime shut down: decided alone, and the
+                    // next decision makes new queues.
+                    Err(TrySendError::Closed(job)) => job.key,
+                }
+            }
+            // No slot map, or no master for the slot: alone, following
+            // redirects.
+            None => key,
+        };
         let reply = self
-            .call(
-                "each",
-                std::slice::from_ref(&key),
-                &[Request::new(quota, cost, self.now())],
-            )
+            .call("each", std::slice::from_ref(&key), &[request])
             .await?;
         decode_one(&reply, quota, cost, &key)
     }
@@ -229,11 +462,9 @@ impl ClusterBackend {
         // Across slots: consume in order; on a denial (or a failure), give
         // back what the earlier dimensions took.
         let mut decisions = Vec::with_capacity(requests.len());
-        for (i, ((quota, _, cost), key)) in requests.iter().zip(&keys).enumerate() {
-            let outcome = self
-                .call("each", std::slice::from_ref(key), &calls[i..=i])
-                .await
-                .and_then(|reply| decode_one(&reply, quota, *cost, key));
+        for (i, ((quota, _, _), key)) in requests.iter().zip(&keys).enumerate() {
+            // In the master's next batch, as a decision alone would be.
+            let outcome = self.decide_request(quota, key.clone(), calls[i]).await;
             let admitted = matches!(&outcome, Ok(d) if d.allowed);
             if !admitted {
                 for j in 0..i {
@@ -258,6 +489,189 @@ impl ClusterBackend {
         }
         Ok(decisions)
     }
+}
+
+/// Hash slots in a Redis Cluster.
+const SLOTS: u16 = 16_384;
+
+/// Runs one script call over keys of one slot, routed by its key, within
+/// `timeout`; sent again only when a node refused it unrun.
+async fn call_routed(
+    mut connection: ClusterConnection,
+    timeout: Duration,
+    invocation: &redis::ScriptInvocation<'_>,
+) -> Result<Vec<i64>, Error> {
+    let work = async {
+        let mut wait = Duration::from_millis(2);
+        loop {
+            match invoke(invocation, &mut connection).await {
+                Err(error) if refused_unrun(&error) => {
+                    // The slot map is being refreshed (the client starts
+                    // that on a redirect); give it a moment.
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(50));
+                }
+                result => return Ok::<Vec<i64>, Error>(result?),
+            }
+        }
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| Error::Timeout(timeout))?
+}
+
+/// Sends one batch of decisions whose keys the slot map puts on one master,
+/// and hands each caller its decision; whether the node answered. Keys the
+/// node turns out not to serve are decided alone and the rest go again
+/// once as a batch: the script wrote nothing, so nothing is applied twice.
+/// A batch the node refused unrun (the routing key moved, the cluster is
+/// down) is decided key by key. A call that may have run is never sent
+/// again: its decisions fail.
+async fn send_node_batch(
+    connection: ClusterConnection,
+    timeout: Duration,
+    stale: Arc<AtomicBool>,
+    mut jobs: Vec<Job>,
+) -> bool {
+    for _ in 0..2 {
+        if jobs.len() < 2 {
+            break;
+        }
+        let invocation = batch_invocation(
+            &CROSS_SLOT_SCRIPT,
+            &jobs[0].key,
+            jobs.iter().map(|job| (&job.key, job.request)),
+        );
+        let mut node = connection.clone();
+        let reply = match tokio::time::timeout(timeout, invoke(&invocation, &mut node)).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(error)) if refused_unrun(&error) => {
+                stale.store(true, Ordering::Release);
+                break;
+            }
+            Ok(Err(error)) => {
+                fail(jobs, &Error::from(error));
+                return false;
+            }
+            Err(_) => {
+                fail(jobs, &Error::Timeout(timeout));
+                return false;
+            }
+        };
+        match reply.split_first() {
+            Some((0, answers)) => {
+                let decoded = decode_reply(
+                    answers,
+                    jobs.iter()
+                        .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
+                );
+                match decoded {
+                    Ok(results) => {
+                        for (job, result) in jobs.into_iter().zip(results) {
+                            // The caller may have timed out and gone.
+                            let _ = job.reply.send(result);
+                        }
+                    }
+                    Err(error) => fail(jobs, &error),
+                }
+                return true;
+            }
+            Some((&count, indexes))
+                if count > 0
+                    && indexes.len() == count as usize
+                    && indexes.iter().all(|&i| i >= 1 && i as usize <= jobs.len()) =>
+            {
+                stale.store(true, Ordering::Release);
+                let mut elsewhere = vec![false; jobs.len()];
+                for &i in indexes {
+                    elsewhere[i as usize - 1] = true;
+                }
+                let (moved, here): (Vec<_>, Vec<_>) = jobs
+                    .into_iter()
+                    .zip(elsewhere)
+                    .partition(|(_, elsewhere)| *elsewhere);
+                let moved = tokio::spawn(decide_alone(
+                    connection.clone(),
+                    timeout,
+                    moved.into_iter().map(|(job, _)| job).collect(),
+                ));
+                jobs = here.into_iter().map(|(job, _)| job).collect();
+                // Decided alone while the rest go again; waited for, so
+                // that this batch holds its place in the in-flight window.
+                let _ = moved.await;
+            }
+            _ => {
+                fail(jobs, &Error::UnexpectedReply(format!("{reply:?}")));
+                return true;
+            }
+        }
+    }
+    decide_alone(connection, timeout, jobs).await;
+    true
+}
+
+/// Decides each job in a call of its own, concurrently, following
+/// redirects; a job whose caller has gone is not sent.
+async fn decide_alone(connection: ClusterConnection, timeout: Duration, jobs: Vec<Job>) {
+    let calls: Vec<_> = jobs
+        .into_iter()
+        .filter(Job::wanted)
+        .map(|job| {
+            let connection = connection.clone();
+            tokio::spawn(async move {
+                let invocation = invocation("each", [(&job.key, job.request)]);
+                let result = call_routed(connection, timeout, &invocation)
+                    .await
+                    .and_then(|reply| decode_one(&reply, &job.quota, job.request.cost, &job.key));
+                let _ = job.reply.send(result);
+            })
+        })
+        .collect();
+    for call in calls {
+        let _ = call.await;
+    }
+}
+
+/// Fails every job of a batch with `error`.
+fn fail(jobs: Vec<Job>, error: &Error) {
+    for job in jobs {
+        let _ = job.reply.send(Err(error.clone()));
+    }
+}
+
+/// The masters' slot ranges in a `CLUSTER SLOTS` reply: for each range, its
+/// first and last slot and its master's `ip:port` (the first node listed).
+fn parse_slots(reply: &redis::Value) -> Option<Vec<(u16, u16, String)>> {
+    use redis::Value;
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let number = |value: &Value| match value {
+                Value::Int(n) => u16::try_from(*n).ok(),
+                _ => None,
+            };
+            let (start, end) = (number(fields.first()?)?, number(fields.get(1)?)?);
+            let Value::Array(master) = fields.get(2)? else {
+                return None;
+            };
+            let ip = match master.first()? {
+                Value::BulkString(ip) => String::from_utf8_lossy(ip).into_owned(),
+                Value::SimpleString(ip) => ip.clone(),
+                _ => return None,
+            };
+            let port = match master.get(1)? {
+                Value::Int(port) => *port,
+                _ => return None,
+            };
+            Some((start, end, format!("{ip}:{port}")))
+        })
+        .collect()
 }
 
 /// Whether a node refused a call without running it, so that sending it

@@ -214,24 +214,64 @@ pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
 ) -> redis::ScriptInvocation<'static> {
     let mut invocation = SCRIPT.prepare_invoke();
     invocation.arg(mode);
+    let (keys, groups) = grouped(requests);
+    for key in keys {
+        invocation.key(key);
+    }
+    for (count, request) in groups {
+        request.push_group(count, &mut invocation);
+    }
+    invocation
+}
+
+/// Prepares one 'batch' call of `script` (the script flagged for keys of
+/// several slots) for `requests`, whose keys all live on the Redis Cluster
+/// node serving `routing`: that key alone is in KEYS, which is what the
+/// cluster client routes by; the keys go in ARGV, then the groups.
+#[cfg(feature = "cluster")]
+pub(crate) fn batch_invocation<'a, K: AsRef<str> + 'a>(
+    script: &'static redis::Script,
+    routing: &str,
+    requests: impl IntoIterator<Item = (&'a K, Request)>,
+) -> redis::ScriptInvocation<'static> {
+    let mut invocation = script.prepare_invoke();
+    let (keys, groups) = grouped(requests);
+    invocation.key(routing).arg("batch").arg(keys.len());
+    for key in keys {
+        invocation.arg(key);
+    }
+    for (count, request) in groups {
+        request.push_group(count, &mut invocation);
+    }
+    invocation
+}
+
+/// The keys of `requests` in order, and the groups that stand for them: a
+/// count of keys and their request, for each run of equal requests on
+/// distinct keys.
+fn grouped<'a, K: AsRef<str> + 'a>(
+    requests: impl IntoIterator<Item = (&'a K, Request)>,
+) -> (Vec<&'a str>, Vec<(usize, Request)>) {
+    let mut keys = Vec::new();
+    let mut groups = Vec::new();
     let mut run: Option<Request> = None;
     let mut run_keys: HashSet<&str> = HashSet::new();
     for (key, request) in requests {
         let key = key.as_ref();
         if let Some(current) = run {
             if current != request || run_keys.contains(key) {
-                current.push_group(run_keys.len(), &mut invocation);
+                groups.push((run_keys.len(), current));
                 run_keys.clear();
             }
         }
         run = Some(request);
         run_keys.insert(key);
-        invocation.key(key);
+        keys.push(key);
     }
     if let Some(current) = run {
-        current.push_group(run_keys.len(), &mut invocation);
+        groups.push((run_keys.len(), current));
     }
-    invocation
+    (keys, groups)
 }
 
 /// How many numbers the script answers for one key of `algorithm`: the
@@ -330,11 +370,13 @@ fn decode(quota: &Quota, cost: u64, key: &str, answer: &[i64]) -> Result<Decisio
     }
 }
 
-struct Job {
-    key: String,
-    quota: Quota,
-    request: Request,
-    reply: oneshot::Sender<Result<Decision, Error>>,
+/// One queued decision.
+pub(crate) struct Job {
+    /// The full key name.
+    pub key: String,
+    pub quota: Quota,
+    pub request: Request,
+    pub reply: oneshot::Sender<Result<Decision, Error>>,
 }
 
 /// Where the Redis to decide on is: one address, or the master a set of
@@ -525,7 +567,13 @@ impl RedisBackend {
             stale: stale.clone(),
         });
         let on_failure = self.endpoint.follows_failovers().then_some(stale);
-        runtime.spawn(run_batches(receiver, connections, on_failure));
+        runtime.spawn(run_batches(
+            receiver,
+            connections,
+            on_failure,
+            MAX_IN_FLIGHT,
+            send_batch,
+        ));
         *self.lane.write().unwrap_or_else(PoisonError::into_inner) = Some(lane.clone());
         Ok(lane)
     }
@@ -663,15 +711,22 @@ impl RedisBackend {
 }
 
 /// Takes decisions off the queue and sends them in batches, with at most
-/// `MAX_IN_FLIGHT` script calls outstanding (one while Redis is not known
-/// to answer), taking turns on `connections`. Ends when the backend is
-/// dropped (the queue closes) or its runtime shuts down.
-async fn run_batches(
+/// `max_in_flight` script calls outstanding (one while Redis is not known
+/// to answer), taking turns on `connections`; `send` sends one batch and
+/// says whether Redis answered. Ends when the backend is dropped (the queue
+/// closes) or its runtime shuts down.
+pub(crate) async fn run_batches<C, S, F>(
     mut queue: mpsc::Receiver<Job>,
-    connections: Vec<ConnectionManager>,
+    connections: Vec<C>,
     stale_on_failure: Option<Arc<AtomicBool>>,
-) {
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    max_in_flight: usize,
+    send: S,
+) where
+    C: Clone + Send + 'static,
+    S: Fn(C, Vec<Job>) -> F,
+    F: std::future::Future<Output = bool> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(max_in_flight));
     let answering = Arc::new(AtomicBool::new(false));
     for connection in connections.iter().cycle() {
         // Wait for a free slot first: meanwhile, arriving decisions queue up
@@ -679,7 +734,7 @@ async fn run_batches(
         let wanted = if answering.load(Ordering::Acquire) {
             1
         } else {
-            MAX_IN_FLIGHT as u32
+            max_in_flight as u32
         };
         let Ok(slot) = slots.clone().acquire_many_owned(wanted).await else {
             return;
@@ -704,10 +759,11 @@ async fn run_batches(
         if jobs.is_empty() {
             continue;
         }
-        let (connection, answering) = (connection.clone(), answering.clone());
+        let batch = send(connection.clone(), jobs);
+        let answering = answering.clone();
         let stale = stale_on_failure.clone();
         tokio::spawn(async move {
-            let answered = send_batch(connection, jobs).await;
+            let answered = batch.await;
             answering.store(answered, Ordering::Release);
             if let (false, Some(stale)) = (answered, stale) {
                 stale.store(true, Ordering::Release);
@@ -718,7 +774,7 @@ async fn run_batches(
 }
 
 impl Job {
-    fn wanted(&self) -> bool {
+    pub(crate) fn wanted(&self) -> bool {
         !self.reply.is_closed()
     }
 }
