@@ -755,6 +755,17 @@ async fn a_changed_quota_decides_keys_that_hold_state_without_errors_or_endless_
     }
 }
 
+/// A Redis limiter on the caller's `clock` whose leases last 10 s.
+fn leasing(server: &RedisServer, clock: &ManualClock) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .clock(clock.clone())
+        .lease_ttl(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
 /// A lease never serves a token its algorithm could not have admitted when
 /// the token was counted: each algorithm keeps its own bound with leases.
 #[tokio::test]
@@ -764,13 +775,7 @@ async fn leases_keep_each_algorithms_own_bound() {
     let second = 1_000_000u64;
     let start = 1_800_000_000 * second;
     let clock = ManualClock::new(start);
-    let limiter = Limiter::builder()
-        .redis(server.url())
-        .timeout(Duration::from_secs(2))
-        .clock(clock.clone())
-        .lease_ttl(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let limiter = leasing(&server, &clock);
     let burst = |quota: Quota, key: &'static str, lease: u64| {
         let limiter = limiter.clone();
         async move {
@@ -838,13 +843,7 @@ async fn a_lease_does_not_outlive_a_change_of_its_keys_quota() {
     let minute = 60_000_000u64;
     // Half a minute into a minute: a one-second window starts a new count.
     let clock = ManualClock::new(29_000_000 * minute + minute / 2);
-    let limiter = Limiter::builder()
-        .redis(server.url())
-        .timeout(Duration::from_secs(2))
-        .clock(clock.clone())
-        .lease_ttl(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let limiter = leasing(&server, &clock);
     let per_minute = Quota::fixed_window(10, Duration::from_secs(60)).unwrap();
     let per_second = Quota::fixed_window(5, Duration::from_secs(1)).unwrap();
     let leased = |lease| CallOptions::new("r").lease(lease);

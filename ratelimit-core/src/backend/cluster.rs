@@ -56,13 +56,7 @@ use crate::quota::Quota;
 static CROSS_SLOT_SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
     redis::Script::new(concat!(
         "#!lua flags=allow-cross-slot-keys\n",
-        include_str!("../../scripts/prelude.lua"),
-        include_str!("../../scripts/gcra.lua"),
-        include_str!("../../scripts/fixed_window.lua"),
-        include_str!("../../scripts/sliding_log.lua"),
-        include_str!("../../scripts/sliding_window.lua"),
-        include_str!("../../scripts/refund.lua"),
-        include_str!("../../scripts/entry.lua"),
+        super::redis::script_body!()
     ))
 });
 

@@ -60,17 +60,24 @@ const NO_RUNTIME: &str = "a Redis limiter decides on a Tokio runtime, which runs
 
 /// Built once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
 /// restart or `SCRIPT FLUSH`), loads the script and retries once.
-pub(crate) static SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
-    redis::Script::new(concat!(
-        include_str!("../../scripts/prelude.lua"),
-        include_str!("../../scripts/gcra.lua"),
-        include_str!("../../scripts/fixed_window.lua"),
-        include_str!("../../scripts/sliding_log.lua"),
-        include_str!("../../scripts/sliding_window.lua"),
-        include_str!("../../scripts/refund.lua"),
-        include_str!("../../scripts/entry.lua"),
-    ))
-});
+pub(crate) static SCRIPT: Lazy<redis::Script> = Lazy::new(|| redis::Script::new(script_body!()));
+
+/// The script's text, file by file: one list for the standalone script and
+/// the cluster's flagged one (a macro, as `concat!` takes only literals).
+macro_rules! script_body {
+    () => {
+        concat!(
+            include_str!("../../scripts/prelude.lua"),
+            include_str!("../../scripts/gcra.lua"),
+            include_str!("../../scripts/fixed_window.lua"),
+            include_str!("../../scripts/sliding_log.lua"),
+            include_str!("../../scripts/sliding_window.lua"),
+            include_str!("../../scripts/refund.lua"),
+            include_str!("../../scripts/entry.lua"),
+        )
+    };
+}
+pub(crate) use script_body;
 
 /// Runs `invocation`. `Script` answers NOSCRIPT by loading the script and
 /// retrying once; a `SCRIPT FLUSH` (or a restart) landing between that load
