@@ -1161,6 +1161,12 @@ async fn shadow_mode_passes_would_be_denials_with_their_fields() {
         9,
         "would-be denials take nothing, as denials would not"
     );
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.shadow_denied, stats.denied),
+        (4, 0),
+        "a layer of several limits counts would-be denials as such too"
+    );
 
     let closed = RateLimitLayer::new(unreachable_redis(FailurePolicy::Closed), hourly(5))
         .name("closed")
@@ -1172,6 +1178,21 @@ async fn shadow_mode_passes_would_be_denials_with_their_fields() {
     assert!(
         reply.header("ratelimit").is_none(),
         "nothing known, nothing claimed"
+    );
+
+    let down = unreachable_redis(FailurePolicy::Closed);
+    let several = per_client_and_global(&down, 1, 10)
+        .name("down")
+        .shadow(true);
+    let base = serve(Router::new().route("/", get(ok)).layer(several)).await;
+    let reply = fetch_with(&client, &base, &from).await;
+    assert_eq!(reply.status, 200, "a would-be 503 of several limits passes");
+    assert!(reply.header("ratelimit").is_none());
+    let stats = down.stats();
+    assert_eq!(
+        (stats.shadow_denied, stats.fallback_denied),
+        (1, 0),
+        "counted as a would-be denial, not as a denial by the failure policy"
     );
 }
 

@@ -32,8 +32,8 @@ pub use error::{DenialCause, Error, RateLimited};
 pub use global::{global, install};
 pub use key::KeyBuilder;
 pub use limiter::{
-    CallOptions, Dimension, FailurePolicy, Limiter, LimiterBuilder, DEFAULT_MEMORY_MAX_KEYS,
-    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    CallOptions, Dimension, FailurePolicy, Limiter, LimiterBuilder, ShadowCheck,
+    DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 pub use metrics::StatsSnapshot;
 #[doc(hidden)]

@@ -147,6 +147,18 @@ impl<'a> Dimension<'a> {
     }
 }
 
+/// What a check of several dimensions in shadow mode found: see
+/// [`Limiter::check_all_shadow`].
+#[derive(Debug)]
+#[must_use = "a would-be denial is only reported here"]
+pub enum ShadowCheck {
+    /// Every dimension admitted, and each consumed.
+    Admitted(Vec<Decision>),
+    /// The check would have been denied, by this denial (which dimension,
+    /// why, when to retry). Nothing was consumed; the call goes ahead.
+    WouldDeny(RateLimited),
+}
+
 /// A rate limiter: a backend plus how to use it. Cheap to clone; clones share
 /// the backend (and the Redis connection), the circuit breaker and the counters.
 ///
@@ -468,8 +480,55 @@ impl Limiter {
         &self,
         dimensions: &[Dimension<'_>],
     ) -> Result<Vec<Decision>, RateLimited> {
+        self.check_all_as(dimensions, false).await
+    }
+
+    /// [`check_all`](Self::check_all) in shadow mode, for rolling a new limit
+    /// out: decides and records as `check_all` does (the deny cache, the
+    /// failure policies, all or nothing), but a would-be denial is counted as
+    /// `shadow_denied` instead of `denied` (or `fallback_denied`) and
+    /// returned as [`ShadowCheck::WouldDeny`], which the caller lets through.
+    /// A would-be denial consumes nothing, as a denial does.
+    ///
+    /// ```
+    /// use ratelimit_core::{Dimension, Limiter, Quota, ShadowCheck};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::memory();
+    /// let per_user = Quota::per_minute(10)?;
+    /// let global = Quota::per_minute(1)?;
+    /// let check = [
+    ///     Dimension::new(&per_user, "user:7").rule("user"),
+    ///     Dimension::new(&global, "global").rule("global"),
+    /// ];
+    /// assert!(matches!(limiter.check_all_shadow(&check).await, ShadowCheck::Admitted(_)));
+    /// match limiter.check_all_shadow(&check).await {
+    ///     ShadowCheck::WouldDeny(denied) => assert_eq!(denied.rule, Some("global")),
+    ///     ShadowCheck::Admitted(_) => unreachable!("the global quota is spent"),
+    /// }
+    /// assert_eq!(limiter.stats().shadow_denied, 1);
+    /// assert_eq!(limiter.stats().denied, 0);
+    /// // Nothing was taken from the user by the would-be denial.
+    /// assert_eq!(limiter.inspect(&per_user, "user:7", 1).await?.remaining, 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn check_all_shadow(&self, dimensions: &[Dimension<'_>]) -> ShadowCheck {
+        match self.check_all_as(dimensions, true).await {
+            Ok(decisions) => ShadowCheck::Admitted(decisions),
+            Err(denied) => ShadowCheck::WouldDeny(denied),
+        }
+    }
+
+    /// [`check_all`](Self::check_all), with denials counted as would-be
+    /// denials when `shadow`.
+    async fn check_all_as(
+        &self,
+        dimensions: &[Dimension<'_>],
+        shadow: bool,
+    ) -> Result<Vec<Decision>, RateLimited> {
         let rule = dimensions.first().map_or("", |d| d.rule);
-        if let Some(denied) = self.cached_denial(dimensions).await {
+        if let Some(denied) = self.cached_denial(dimensions, shadow).await {
             return Err(denied);
         }
         match self.decide_all(dimensions).await {
@@ -482,14 +541,16 @@ impl Limiter {
             Ok(decisions) => {
                 let (dimension, decision) = longest_denial(dimensions, &decisions)
                     .unwrap_or((&dimensions[0], &decisions[0]));
-                Err(self.denied_by(dimension, decision))
+                Err(self.denied_by(dimension, decision, shadow))
             }
             Err(Error::CostExceedsCapacity { cost, capacity }) => {
                 let dimension = dimensions
                     .iter()
                     .find(|d| d.cost == cost && d.quota.capacity() == capacity);
                 let key = dimension.map_or("", |d| d.key);
-                self.inner.stats.record(rule, Outcome::Denied);
+                self.inner
+                    .stats
+                    .record(rule, Outcome::Denied.shadowed(shadow));
                 Err(RateLimited::new(key, capacity, 0, Duration::MAX)
                     .with_cause(DenialCause::CostExceedsCapacity { cost }))
             }
@@ -506,15 +567,21 @@ impl Limiter {
                 .with_cause(DenialCause::CostExceedsCapacity { cost: 0 }))
             }
             Err(error) => {
-                self.fall_back_all(dimensions, error, self.inner.failure_policy)
+                self.fall_back_all(dimensions, error, self.inner.failure_policy, shadow)
                     .await
             }
         }
     }
 
     /// The denial of a check of several dimensions by `dimension`, as
-    /// decided in `decision`: counted and logged.
-    fn denied_by(&self, dimension: &Dimension<'_>, decision: &Decision) -> RateLimited {
+    /// decided in `decision`: counted (as a would-be denial when `shadow`)
+    /// and logged.
+    fn denied_by(
+        &self,
+        dimension: &Dimension<'_>,
+        decision: &Decision,
+        shadow: bool,
+    ) -> RateLimited {
         let denied = RateLimited::new(
             dimension.key,
             decision.limit,
@@ -526,15 +593,21 @@ impl Limiter {
         } else {
             denied.with_rule(dimension.rule)
         };
-        self.inner.stats.record(dimension.rule, Outcome::Denied);
-        self.log_denial(&denied, false);
+        self.inner
+            .stats
+            .record(dimension.rule, Outcome::Denied.shadowed(shadow));
+        self.log_denial(&denied, shadow);
         denied
     }
 
     /// A check of several dimensions denied by the deny cache: the longest
     /// live cached denial among its dimensions, if any. Such a check could
     /// not be admitted before that denial ends, whatever the others hold.
-    async fn cached_denial(&self, dimensions: &[Dimension<'_>]) -> Option<RateLimited> {
+    async fn cached_denial(
+        &self,
+        dimensions: &[Dimension<'_>],
+        shadow: bool,
+    ) -> Option<RateLimited> {
         let cache = self.inner.deny_cache.as_ref()?;
         let now = self.inner.cache_clock.now_micros();
         let (dimension, decision) = dimensions
@@ -543,7 +616,7 @@ impl Limiter {
             .max_by_key(|(_, decision)| decision.retry_after)?;
         self.inner.stats.cache_hit();
         answered_in_process().await;
-        Some(self.denied_by(dimension, &decision))
+        Some(self.denied_by(dimension, &decision, shadow))
     }
 
     /// Whether `self` and `other` are clones of one limiter.

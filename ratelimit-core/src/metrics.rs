@@ -25,6 +25,15 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// This denial as shadow mode counts it: a would-be denial.
+    pub(crate) fn shadowed(self, shadow: bool) -> Self {
+        if shadow {
+            Outcome::ShadowDenied
+        } else {
+            self
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",

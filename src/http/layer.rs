@@ -18,7 +18,7 @@ use super::limit::{Limit, MissingKey, QuotaSource};
 use super::problem::{self, TooManyRequests};
 use crate::{
     Algorithm, CallOptions, Decision, DenialCause, Dimension, KeyBuilder, Limiter, Quota,
-    RateLimited,
+    RateLimited, ShadowCheck,
 };
 
 /// A [tower] layer that limits requests to a service: one token per request
@@ -189,10 +189,9 @@ impl RateLimitLayer {
     /// exactly as a denial would not, so the buckets hold what they would
     /// hold with the layer enforcing.
     ///
-    /// A layer of one limit counts would-be denials as `shadow_denied`, as
-    /// `CallOptions::shadow` does; a layer of several limits counts them as
-    /// `denied` under the limit that would deny, since the all-or-nothing
-    /// check of the runtime has no shadow mode.
+    /// Would-be denials are counted as `shadow_denied` under the limit that
+    /// would deny (`CallOptions::shadow` for one limit,
+    /// `Limiter::check_all_shadow` for several), never as `denied`.
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
         self
@@ -563,7 +562,15 @@ impl Shared {
                 }
             })
             .collect();
-        match self.limiter.check_all(&dimensions).await {
+        let result = if self.shadow {
+            match self.limiter.check_all_shadow(&dimensions).await {
+                ShadowCheck::Admitted(decisions) => Ok(decisions),
+                ShadowCheck::WouldDeny(denied) => Err(denied),
+            }
+        } else {
+            self.limiter.check_all(&dimensions).await
+        };
+        match result {
             Ok(decisions) => Verdict::Admitted(decisions),
             Err(denied) => {
                 let at = asked.iter().position(|a| a.key == denied.key).unwrap_or(0);

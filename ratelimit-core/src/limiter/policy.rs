@@ -126,7 +126,9 @@ impl Limiter {
         dimensions: &[Dimension<'_>],
         error: Error,
         default: FailurePolicy,
+        shadow: bool,
     ) -> Result<Vec<Decision>, RateLimited> {
+        let denied = Outcome::FallbackDenied.shadowed(shadow);
         answered_in_process().await;
         let policy_of = |d: &Dimension<'_>| d.on_error.unwrap_or(default);
         let first = dimensions.first();
@@ -146,9 +148,7 @@ impl Limiter {
             .iter()
             .find(|d| policy_of(d) == FailurePolicy::Closed)
         {
-            self.inner
-                .stats
-                .record(closed.rule, Outcome::FallbackDenied);
+            self.inner.stats.record(closed.rule, denied);
             return Err(named(
                 self.unavailable(closed.key, closed.quota.capacity()),
                 closed.rule,
@@ -163,10 +163,10 @@ impl Limiter {
         let requests: Vec<(&Quota, &str, u64)> = local.iter().map(|(_, r)| *r).collect();
         let mut decided = match self.decide_locally(&requests) {
             Ok(decisions) => decisions.into_iter(),
-            Err((index, denied)) => {
+            Err((index, refused)) => {
                 let rule = dimensions[local[index].0].rule;
-                self.inner.stats.record(rule, Outcome::FallbackDenied);
-                return Err(named(denied, rule));
+                self.inner.stats.record(rule, denied);
+                return Err(named(refused, rule));
             }
         };
         self.inner
