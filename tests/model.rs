@@ -527,3 +527,180 @@ fn the_local_policy_keeps_its_share_of_every_bound_while_redis_is_down() {
         })?;
     });
 }
+
+/// One user of [`checks_and_single_decisions_sharing_script_calls_stay_all_or_nothing`]:
+/// its capacity, how many checks of (user, global) it sends, and how many
+/// single decisions on its own key.
+#[derive(Debug, Clone, Copy)]
+struct User {
+    capacity: u64,
+    checks: usize,
+    singles: usize,
+}
+
+/// All-or-nothing checks and single decisions sent at once, so that they
+/// share script calls (a batch decides runs of single decisions and each
+/// check on its own), every check naming one global key: on a clock that
+/// stands still, whatever order Redis decides them in,
+/// - every check consumed on all its keys or on none, and every key holds
+///   exactly its capacity less what was admitted on it;
+/// - no key admitted more than its capacity;
+/// - a key that still has tokens at the end denied nothing.
+#[test]
+fn checks_and_single_decisions_sharing_script_calls_stay_all_or_nothing() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let (requests, inspections) = (AtomicU64::new(0), AtomicU64::new(0));
+    let calls_before = runtime.block_on(server.script_calls());
+    let config = ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let user = (1u64..5, 0usize..6, 0usize..3).prop_map(|(capacity, checks, singles)| User {
+        capacity,
+        checks,
+        singles,
+    });
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ];
+    proptest!(config, |(
+        users in proptest::collection::vec(user, 1..8),
+        global_capacity in 1u64..30,
+        global_singles in 0usize..12,
+        algorithm in proptest::sample::select(algorithms.to_vec()),
+        order in any::<u64>(),
+    )| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let quota = |capacity: u64| {
+            let builder = Quota::builder(algorithm);
+            if algorithm.is_windowed() {
+                builder.limit(capacity).window(Duration::from_secs(3_600)).build().unwrap()
+            } else {
+                builder.capacity(capacity).rate("1/h".parse().unwrap()).build().unwrap()
+            }
+        };
+        let clock = ManualClock::new(1_770_000_000_000_000);
+        let limiter = runtime.block_on(async {
+            Limiter::builder()
+                .redis(server.url())
+                .timeout(Duration::from_secs(5))
+                .clock(clock.clone())
+                .deny_cache_max_keys(0)
+                .build()
+                .unwrap()
+        });
+        let global = quota(global_capacity);
+        let global_key = format!("mixed:{case}:global");
+        let user_quotas: Vec<Quota> = users.iter().map(|u| quota(u.capacity)).collect();
+        let user_keys: Vec<String> = (0..users.len()).map(|u| format!("mixed:{case}:user:{u}")).collect();
+        // Who sends what: `None` a single decision on the global key,
+        // `Some((u, true))` a check of user u and the global key,
+        // `Some((u, false))` a single decision on user u's key.
+        let mut sends: Vec<Option<(usize, bool)>> = vec![None; global_singles];
+        for (u, user) in users.iter().enumerate() {
+            sends.extend(std::iter::repeat_n(Some((u, true)), user.checks));
+            sends.extend(std::iter::repeat_n(Some((u, false)), user.singles));
+        }
+        // A shuffle, so checks and singles interleave in the queue.
+        let mut seed = order | 1;
+        for i in (1..sends.len()).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            sends.swap(i, (seed % (i as u64 + 1)) as usize);
+        }
+        requests.fetch_add(sends.len() as u64, Relaxed);
+        let answers: Vec<Result<Vec<Decision>, Error>> = runtime.block_on(futures::future::join_all(
+            sends.iter().map(|send| {
+                let limiter = &limiter;
+                let (global, global_key) = (&global, &global_key);
+                let (user_quotas, user_keys) = (&user_quotas, &user_keys);
+                async move {
+                    match *send {
+                        None => limiter.decide(global, global_key, 1).await.map(|d| vec![d]),
+                        Some((u, false)) => limiter.decide(&user_quotas[u], &user_keys[u], 1).await.map(|d| vec![d]),
+                        Some((u, true)) => {
+                            limiter
+                                .decide_all(&[
+                                    Dimension::new(&user_quotas[u], &user_keys[u]),
+                                    Dimension::new(global, global_key),
+                                ])
+                                .await
+                        }
+                    }
+                }
+            }),
+        ));
+        let mut admitted_global = 0;
+        let mut admitted_user = vec![0u64; users.len()];
+        let (mut global_denied, mut user_denied) = (false, vec![false; users.len()]);
+        for (send, answer) in sends.iter().zip(&answers) {
+            let decisions = answer.as_ref().map_err(|e| TestCaseError::fail(format!("{send:?}: {e}")))?;
+            let all = decisions.iter().all(|d| d.allowed);
+            match *send {
+                None => {
+                    admitted_global += all as u64;
+                    global_denied |= !all;
+                }
+                Some((u, false)) => {
+                    admitted_user[u] += all as u64;
+                    user_denied[u] |= !all;
+                }
+                Some((u, true)) => {
+                    prop_assert_eq!(decisions.len(), 2);
+                    admitted_user[u] += all as u64;
+                    admitted_global += all as u64;
+                    user_denied[u] |= !decisions[0].allowed;
+                    global_denied |= !decisions[1].allowed;
+                }
+            }
+        }
+        let left = |quota: &Quota, key: &str| {
+            runtime
+                .block_on(limiter.inspect(quota, key, 0))
+                .map(|d| d.remaining)
+                .map_err(|e| TestCaseError::fail(format!("inspecting {key}: {e}")))
+        };
+        inspections.fetch_add(1 + users.len() as u64, Relaxed);
+        let context = format!("{algorithm:?}, global {global_capacity}, {users:?}, {global_singles} global singles");
+        prop_assert!(admitted_global <= global_capacity, "{}: global admitted {}", context, admitted_global);
+        prop_assert_eq!(left(&global, &global_key)?, global_capacity - admitted_global, "{}: global", context);
+        prop_assert!(
+            !global_denied || admitted_global == global_capacity,
+            "{}: the global key denied with {} of {} tokens taken",
+            context, admitted_global, global_capacity
+        );
+        for (u, user) in users.iter().enumerate() {
+            prop_assert!(admitted_user[u] <= user.capacity, "{}: user {} admitted {}", context, u, admitted_user[u]);
+            prop_assert_eq!(
+                left(&user_quotas[u], &user_keys[u])?,
+                user.capacity - admitted_user[u],
+                "{}: user {}: a check consumes on all its keys or on none", context, u
+            );
+            prop_assert!(
+                !user_denied[u] || admitted_user[u] == user.capacity,
+                "{}: user {} denied with {} of {} tokens taken",
+                context, u, admitted_user[u], user.capacity
+            );
+        }
+    });
+    // Less the inspections, which go one per call.
+    let (requests, inspections) = (requests.into_inner(), inspections.into_inner());
+    let calls = runtime.block_on(server.script_calls()) - calls_before - inspections;
+    assert!(
+        calls < requests / 2,
+        "{requests} checks and decisions sent together took {calls} script calls: they were not batched"
+    );
+}

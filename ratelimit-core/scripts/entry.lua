@@ -9,7 +9,12 @@
 --          'batch': 'each' over keys of several slots of this Redis Cluster
 --          node, sent as the script flagged allow-cross-slot-keys: KEYS[1]
 --          only routes the call here, ARGV[2] is the number of keys and the
---          keys follow it, then the groups
+--          keys follow it, then the groups;
+--          'runs': runs of keys in KEYS order, each decided as 'each' or as
+--          'all' on its own (a batch of single decisions and all-or-nothing
+--          checks): ARGV[2] is the number of runs, one count of keys per run
+--          follows (negative for an 'all' run), then the groups, which never
+--          span two runs; a run's writes land before the next run reads
 -- then groups of 7 fields, each for the next `count` keys in KEYS order:
 --   count, algorithm (the index of Algorithm::ALL), cost, now in µs or ''
 --   for Redis TIME, and the algorithm's numbers p1..p3
@@ -71,11 +76,31 @@ if batch then
   end
   out[1], n = 0, 1
 end
-local commit = mode == 'each'
+-- In 'runs' mode, the last key of each run and whether it is all or
+-- nothing; the run being decided, and its first key.
+local run_last, run_all, run, run_first = nil, nil, 1, 1
+if mode == 'runs' then
+  local count = tonumber(ARGV[2])
+  run_last, run_all = {}, {}
+  local through = 0
+  for r = 1, count do
+    local keys = tonumber(ARGV[2 + r])
+    run_all[r] = keys < 0
+    through = through + (keys < 0 and -keys or keys)
+    run_last[r] = through
+  end
+  first_group = 3 + count
+end
+local commit = mode == 'each' or mode == 'runs'
 local last = 0
 for g = first_group, #ARGV, 7 do
   local first = last + 1
   last = last + tonumber(ARGV[g])
+  if run_last then
+    commit = not run_all[run]
+    -- An all-or-nothing run is denied by its own keys alone.
+    if first == run_first then denied = false end
+  end
   local algorithm, cost, now = tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), now_of(ARGV[g + 3])
   local p1, p2, p3 = tonumber(ARGV[g + 4]), tonumber(ARGV[g + 5]), tonumber(ARGV[g + 6])
   if mode == 'refund' then
@@ -113,8 +138,16 @@ for g = first_group, #ARGV, 7 do
     end
     ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3)
   end
+  if run_last and last == run_last[run] then
+    if run_all[run] and not denied then
+      for i = run_first, last do
+        if writes[i] then writes[i]() end
+      end
+    end
+    run, run_first = run + 1, last + 1
+  end
 end
-if not commit and not denied and mode ~= 'peek' then
+if not run_last and not commit and not denied and mode ~= 'peek' then
   for i = 1, last do
     if writes[i] then writes[i]() end
   end

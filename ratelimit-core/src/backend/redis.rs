@@ -2,10 +2,12 @@
 //! for one or more keys atomically, on multiplexed, auto-reconnecting
 //! connections.
 //!
-//! Concurrent single-key decisions are batched: while a few script calls are
-//! in flight, the decisions that arrive wait and then go together in the next
-//! call (up to [`MAX_BATCH`]), on one of [`BATCH_CONNECTIONS`] connections in
-//! turn. With no queue, a decision goes at once, alone.
+//! Concurrent decisions are batched: while a few script calls are in flight,
+//! the decisions that arrive wait and then go together in the next call (up
+//! to [`MAX_BATCH`]), on one of [`BATCH_CONNECTIONS`] connections in turn.
+//! All-or-nothing checks join the same batches, each decided on its own
+//! within the call (the script's 'runs' mode). With no queue, a decision
+//! goes at once, alone.
 //! Redis's own work per decision is what bounds throughput, and one script
 //! call deciding for many keys costs far less than as many calls.
 
@@ -386,6 +388,60 @@ pub(crate) struct Job {
     pub reply: oneshot::Sender<Result<Decision, Error>>,
 }
 
+/// One queued all-or-nothing check: its keys' full names, quotas and
+/// requests, in order.
+pub(crate) struct Check {
+    keys: Vec<String>,
+    quotas: Vec<Quota>,
+    requests: Vec<Request>,
+    reply: oneshot::Sender<Result<Vec<Decision>, Error>>,
+}
+
+/// What one Redis's batches carry: single decisions, and all-or-nothing
+/// checks, which share script calls with them (a check goes as a run of its
+/// own, see `runs_invocation`).
+pub(crate) enum Work {
+    One(Job),
+    All(Check),
+}
+
+/// Queued work whose caller may have gone.
+pub(crate) trait Waiting {
+    /// Whether its caller still waits for the answer.
+    fn wanted(&self) -> bool;
+}
+
+impl Waiting for Job {
+    fn wanted(&self) -> bool {
+        Job::wanted(self)
+    }
+}
+
+impl Waiting for Work {
+    fn wanted(&self) -> bool {
+        match self {
+            Work::One(job) => job.wanted(),
+            Work::All(check) => !check.reply.is_closed(),
+        }
+    }
+}
+
+impl Work {
+    /// Each key's quota, cost and full name, in the order of the reply.
+    fn keys(&self) -> Vec<(&Quota, u64, &str)> {
+        match self {
+            Work::One(job) => vec![(&job.quota, job.request.cost, job.key.as_str())],
+            Work::All(check) => check
+                .quotas
+                .iter()
+                .zip(&check.requests)
+                .zip(&check.keys)
+                .map(|((quota, request), key)| (quota, request.cost, key.as_str()))
+                .collect(),
+        }
+    }
+}
+
 /// Where the Redis to decide on is: one address, or the master a set of
 /// Sentinels name (asked again after a failure, to follow a failover).
 pub(crate) enum Endpoint {
@@ -453,8 +509,8 @@ impl Endpoint {
 /// as long as that runtime: when it shuts down, its tasks are dropped, the
 /// queue closes, and the next decision makes a new lane on its own runtime.
 struct Lane {
-    queue: mpsc::Sender<Job>,
-    /// For all-or-nothing calls, which go alone.
+    queue: mpsc::Sender<Work>,
+    /// For inspections and resets, which go alone.
     connection: ConnectionManager,
     /// The address the connections go to.
     address: redis::ConnectionAddr,
@@ -594,7 +650,7 @@ impl RedisBackend {
     }
 
     /// Queues `job` for the next batch, without waiting.
-    async fn enqueue(&self, job: Job) -> Result<(), Error> {
+    async fn enqueue(&self, job: Work) -> Result<(), Error> {
         let job = match self.lane().await?.queue.try_send(job) {
             Ok(()) => return Ok(()),
             Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
@@ -635,38 +691,43 @@ impl RedisBackend {
             request: Request::new(quota, cost, self.now()),
             reply,
         };
-        self.enqueue(job).await?;
-        // Dropping `answer` (a timeout here, or the caller's future dropped)
-        // tells the batcher not to send this decision if it has not yet.
+        self.enqueue(Work::One(job)).await?;
+        self.answer(answer).await
+    }
+
+    /// Decides for every key at once, admitting all or none, in the next
+    /// batch's script call. The keys must be distinct.
+    pub(crate) async fn decide_all(
+        &self,
+        requests: &[(&Quota, &str, u64)],
+    ) -> Result<Vec<Decision>, Error> {
+        let now = self.now();
+        let (reply, answer) = oneshot::channel();
+        let check = Check {
+            keys: requests
+                .iter()
+                .map(|(_, key, _)| self.full_key(key))
+                .collect(),
+            quotas: requests.iter().map(|(quota, _, _)| **quota).collect(),
+            requests: requests
+                .iter()
+                .map(|(quota, _, cost)| Request::new(quota, *cost, now))
+                .collect(),
+            reply,
+        };
+        self.enqueue(Work::All(check)).await?;
+        self.answer(answer).await
+    }
+
+    /// Waits for the batcher's answer, within the timeout. Dropping `answer`
+    /// (a timeout here, or the caller's future dropped) tells the batcher
+    /// not to send the work if it has not yet.
+    async fn answer<T>(&self, answer: oneshot::Receiver<Result<T, Error>>) -> Result<T, Error> {
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(Error::UnexpectedReply("the batch was dropped".into())),
             Err(_) => Err(Error::Timeout(self.timeout)),
         }
-    }
-
-    /// Decides for every key in one script call, admitting all or none. The
-    /// keys must be distinct.
-    pub(crate) async fn decide_all(
-        &self,
-        requests: &[(&Quota, &str, u64)],
-    ) -> Result<Vec<Decision>, Error> {
-        let lane = self.lane().await?;
-        let mut connection = lane.connection.clone();
-        let now = self.now();
-        let keys: Vec<String> = requests
-            .iter()
-            .map(|(_, key, _)| self.full_key(key))
-            .collect();
-        let invocation = invocation(
-            "all",
-            requests
-                .iter()
-                .zip(&keys)
-                .map(|((quota, _, cost), key)| (key, Request::new(quota, *cost, now))),
-        );
-        let reply = self.call(&lane, &invocation, &mut connection).await?;
-        decode_all(&reply, requests, &keys)
     }
 
     /// Runs one script call on `lane`'s connection, within the timeout; a
@@ -722,15 +783,16 @@ impl RedisBackend {
 /// to answer), taking turns on `connections`; `send` sends one batch and
 /// says whether Redis answered. Ends when the backend is dropped (the queue
 /// closes) or its runtime shuts down.
-pub(crate) async fn run_batches<C, S, F>(
-    mut queue: mpsc::Receiver<Job>,
+pub(crate) async fn run_batches<T, C, S, F>(
+    mut queue: mpsc::Receiver<T>,
     connections: Vec<C>,
     stale_on_failure: Option<Arc<AtomicBool>>,
     max_in_flight: usize,
     send: S,
 ) where
+    T: Waiting,
     C: Clone + Send + 'static,
-    S: Fn(C, Vec<Job>) -> F,
+    S: Fn(C, Vec<T>) -> F,
     F: std::future::Future<Output = bool> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(max_in_flight));
@@ -755,7 +817,7 @@ pub(crate) async fn run_batches<C, S, F>(
         // A decision whose caller has gone (timed out, or its future was
         // dropped) is not sent: it would consume tokens nobody was answered
         // with.
-        let mut jobs: Vec<Job> = Some(first).into_iter().filter(Job::wanted).collect();
+        let mut jobs: Vec<T> = Some(first).into_iter().filter(T::wanted).collect();
         while jobs.len() < MAX_BATCH {
             match queue.try_recv() {
                 Ok(job) if job.wanted() => jobs.push(job),
@@ -786,25 +848,102 @@ impl Job {
     }
 }
 
-/// Sends one batch and hands each caller its decision; whether Redis answered.
-async fn send_batch(mut connection: ConnectionManager, jobs: Vec<Job>) -> bool {
-    let invocation = invocation("each", jobs.iter().map(|job| (&job.key, job.request)));
+/// Sends one batch and hands each caller its answer; whether Redis answered.
+async fn send_batch(mut connection: ConnectionManager, batch: Vec<Work>) -> bool {
+    let invocation = runs_invocation(&batch);
     let reply = invoke(&invocation, &mut connection).await;
     let answered = reply.is_ok();
-    let decoded = reply.map_err(Error::from).and_then(|reply| {
-        decode_reply(
-            &reply,
-            jobs.iter()
-                .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
-        )
-    });
+    let decoded = reply
+        .map_err(Error::from)
+        .and_then(|reply| decode_reply(&reply, batch.iter().flat_map(Work::keys)));
     // A failed call, or a reply of the wrong length: every decision fails.
-    let results = decoded.unwrap_or_else(|error| jobs.iter().map(|_| Err(error.clone())).collect());
-    for (job, result) in jobs.into_iter().zip(results) {
-        // The caller may have timed out and gone: nothing to do then.
-        let _ = job.reply.send(result);
+    let mut results = match decoded {
+        Ok(results) => results.into_iter(),
+        Err(error) => {
+            fail_all(batch, &error);
+            return answered;
+        }
+    };
+    // The caller may have timed out and gone: nothing to do then.
+    for work in batch {
+        match work {
+            Work::One(job) => {
+                let result = results.next().unwrap_or_else(|| Err(short_reply()));
+                let _ = job.reply.send(result);
+            }
+            Work::All(check) => {
+                let result = results
+                    .by_ref()
+                    .take(check.keys.len())
+                    .collect::<Result<Vec<_>, _>>();
+                let _ = check.reply.send(result);
+            }
+        }
     }
     answered
+}
+
+/// `decode_reply` answers for every key it was given, or fails whole.
+#[cold]
+fn short_reply() -> Error {
+    Error::UnexpectedReply("a reply shorter than its batch".into())
+}
+
+/// Hands `error` to every caller of `batch`.
+fn fail_all(batch: Vec<Work>, error: &Error) {
+    for work in batch {
+        match work {
+            Work::One(job) => drop(job.reply.send(Err(error.clone()))),
+            Work::All(check) => drop(check.reply.send(Err(error.clone()))),
+        }
+    }
+}
+
+/// One script call for `batch`: 'each' when it holds single decisions
+/// only; otherwise 'runs', consecutive single decisions making one run
+/// decided as 'each', and each check a run of its own decided as 'all'.
+fn runs_invocation(batch: &[Work]) -> redis::ScriptInvocation<'static> {
+    if batch.iter().all(|work| matches!(work, Work::One(_))) {
+        let jobs = batch.iter().filter_map(|work| match work {
+            Work::One(job) => Some((&job.key, job.request)),
+            Work::All(_) => None,
+        });
+        return invocation("each", jobs);
+    }
+    let mut runs: Vec<(bool, Vec<(&String, Request)>)> = Vec::new();
+    for work in batch {
+        match (work, runs.last_mut()) {
+            (Work::One(job), Some((false, run))) => run.push((&job.key, job.request)),
+            (Work::One(job), _) => runs.push((false, vec![(&job.key, job.request)])),
+            (Work::All(check), _) => runs.push((
+                true,
+                check
+                    .keys
+                    .iter()
+                    .zip(check.requests.iter().copied())
+                    .collect(),
+            )),
+        }
+    }
+    let mut invocation = SCRIPT.prepare_invoke();
+    invocation.arg("runs").arg(runs.len());
+    for (all, run) in &runs {
+        let keys = run.len() as i64;
+        invocation.arg(if *all { -keys } else { keys });
+    }
+    // Grouped run by run: a group never spans two runs.
+    let mut groups = Vec::new();
+    for (_, run) in runs {
+        let (keys, run_groups) = grouped(run);
+        for key in keys {
+            invocation.key(key);
+        }
+        groups.extend(run_groups);
+    }
+    for (count, request) in groups {
+        request.push_group(count, &mut invocation);
+    }
+    invocation
 }
 
 #[cfg(test)]
