@@ -7,6 +7,10 @@
 #
 #     benches/cluster.sh              # RUNS=5 SECONDS_PER_RUN=10 DIMENSIONS=1
 #
+# CONCURRENCY (default 64) sets the decisions in flight; STANDALONE_REPLICA=1
+# gives the standalone Redis a replica too, as each cluster master has, so
+# that both pay for feeding one.
+#
 # Needs redis-server and redis-cli; the cluster is
 # /work/shared/bench/tools/redis-cluster.sh's (3 masters, 1 replica each),
 # or $CLUSTER_TOOL's.
@@ -15,6 +19,8 @@ cd "$(dirname "$0")/.."
 : "${RUNS:=5}"
 : "${SECONDS_PER_RUN:=10}"
 : "${DIMENSIONS:=1}"
+: "${CONCURRENCY:=64}"
+: "${STANDALONE_REPLICA:=0}"
 : "${CLUSTER_TOOL:=/work/shared/bench/tools/redis-cluster.sh}"
 cargo build -q --release --example loadgen
 loadgen=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
@@ -27,6 +33,7 @@ base=$((20000 + RANDOM % 20000))
 export CLUSTER_DIR="$dir/cluster"
 cleanup() {
   kill "$(cat "$dir/redis.pid" 2>/dev/null)" 2>/dev/null || true
+  kill "$(cat "$dir/replica.pid" 2>/dev/null)" 2>/dev/null || true
   "$CLUSTER_TOOL" down "$base" >/dev/null 2>&1 || true
   rm -rf "$dir"
 }
@@ -34,12 +41,19 @@ trap cleanup EXIT
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
   --logfile "$dir/redis.log" --daemonize yes --pidfile "$dir/redis.pid"
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+if [ "$STANDALONE_REPLICA" = 1 ]; then
+  replica_port=$(free_port)
+  mkdir -p "$dir/replica"
+  redis-server --port "$replica_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir/replica" \
+    --logfile "$dir/replica.log" --daemonize yes --pidfile "$dir/replica.pid" --replicaof 127.0.0.1 "$port"
+  until redis-cli -p "$port" info replication | grep -q 'slave0:.*state=online'; do sleep 0.05; done
+fi
 "$CLUSTER_TOOL" up "$base" 3 >/dev/null
 standalone="redis://127.0.0.1:$port"
 # The masters' URLs (loadgen skips replicas in its figures anyway).
 masters=$(redis-cli -p "$base" cluster nodes | awk '/master/ {split($2,a,"[:@]"); printf "%sredis://127.0.0.1:%s", sep, a[2]; sep=","}')
 
-shape=(--workload w2 --keys 100000 --capacity 10 --rate 2 --concurrency 64
+shape=(--workload w2 --keys 100000 --capacity 10 --rate 2 --concurrency "$CONCURRENCY"
   --seconds "$SECONDS_PER_RUN" --dimensions "$DIMENSIONS" --stats)
 field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d['$1'])"; }
 : >"$dir/standalone.cpu" && : >"$dir/cluster.cpu"
