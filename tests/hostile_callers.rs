@@ -406,6 +406,34 @@ async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing()
     );
 }
 
+/// All-or-nothing checks wait in the same queue as single decisions: one
+/// whose caller has gone before it is sent consumes nothing either.
+#[tokio::test(flavor = "current_thread")]
+async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Open);
+    let (user, global) = (Quota::per_hour(5).unwrap(), Quota::per_hour(5_000).unwrap());
+    limiter.decide(&user, "warm", 1).await.unwrap();
+    for i in 0..1_000 {
+        let key = format!("gone-check:{i}");
+        let dimensions = [
+            Dimension::new(&user, &key),
+            Dimension::new(&global, "gone-check-global"),
+        ];
+        let call = limiter.check_all(&dimensions);
+        assert!(
+            call.now_or_never().is_none(),
+            "a Redis check cannot be ready at once"
+        );
+    }
+    limiter.decide(&user, "after", 1).await.unwrap();
+    assert_eq!(
+        keys(&server, "rl:gone-check*").await,
+        0,
+        "checks whose callers had gone reached Redis"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_callers_that_time_out() {
     let server = RedisServer::start();
