@@ -628,6 +628,77 @@ async fn a_foreign_key_in_a_batch_leaves_the_others_decided_and_the_breaker_clos
     assert_eq!(kept, "a string");
 }
 
+/// Checks share script calls with other checks and with single decisions:
+/// a foreign value in one check is that check's error, and nothing else in
+/// its call is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_decided() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Closed);
+    let mut redis = server.connection().await;
+    let _: () = redis.hset("rl:bad", "field", "value").await.unwrap();
+    let calls_before = server.script_calls().await;
+    for quota in every_string_algorithm() {
+        let name = quota.algorithm().name();
+        let calls: Vec<_> = (0..64)
+            .map(|i| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let (one, two) = (format!("{name}:{i}:one"), format!("{name}:{i}:two"));
+                    let result = match i % 4 {
+                        0 => {
+                            limiter
+                                .decide_all(&[
+                                    Dimension::new(&quota, &one),
+                                    Dimension::new(&quota, "bad"),
+                                ])
+                                .await
+                        }
+                        1 => {
+                            limiter
+                                .decide_all(&[
+                                    Dimension::new(&quota, &one),
+                                    Dimension::new(&quota, &two),
+                                ])
+                                .await
+                        }
+                        _ => limiter.decide(&quota, &one, 1).await.map(|d| vec![d]),
+                    };
+                    (i, result)
+                })
+            })
+            .collect();
+        for call in calls {
+            match call.await.unwrap() {
+                (i, Err(Error::ForeignValue { key, .. })) if i % 4 == 0 => {
+                    assert_eq!(key, "rl:bad", "{name}: check {i}")
+                }
+                (i, Ok(decisions)) if i % 4 != 0 => assert!(
+                    decisions.iter().all(|d| d.allowed && !d.fallback),
+                    "{name}: {i} beside a bad check: {decisions:?}"
+                ),
+                (i, other) => panic!("{name}: {i}: {other:?}"),
+            }
+        }
+        for i in (0..64).step_by(4) {
+            let written: u64 = redis.exists(format!("rl:{name}:{i}:one")).await.unwrap();
+            assert_eq!(written, 0, "{name}: check {i} wrote beside a foreign key");
+        }
+    }
+    let calls = server.script_calls().await - calls_before;
+    assert!(
+        calls < 5 * 64 / 2,
+        "{calls} script calls for 320 checks and decisions: they did not share calls"
+    );
+    assert_eq!(limiter.circuit_state(), CircuitState::Closed);
+    let kind: String = redis::cmd("TYPE")
+        .arg("rl:bad")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(kind, "hash", "the foreign value was overwritten");
+}
+
 #[test]
 fn a_redis_limiter_outlives_the_runtime_of_its_first_decision() {
     let server = RedisServer::start();
