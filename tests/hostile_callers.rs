@@ -406,6 +406,54 @@ async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing()
     );
 }
 
+/// Checks on a frozen Redis: each caller is answered by its failure policy
+/// within the timeout, and the checks still queued when their callers gave
+/// up are not sent after the thaw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_checks_that_time_out() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Open);
+    let (user, global) = (
+        Quota::per_hour(5).unwrap(),
+        Quota::per_hour(100_000).unwrap(),
+    );
+    limiter.decide(&user, "warm", 1).await.unwrap();
+    server.freeze();
+    let calls: Vec<_> = (0..2_000)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let key = format!("late-check:{i}");
+                let result = limiter
+                    .check_all(&[
+                        Dimension::new(&user, &key),
+                        Dimension::new(&global, "late-global"),
+                    ])
+                    .await;
+                (started.elapsed(), result)
+            })
+        })
+        .collect();
+    for call in calls {
+        let (took, result) = call.await.unwrap();
+        assert!(took < TIMEOUT + MARGIN, "a check took {took:?}");
+        let decisions = result.unwrap();
+        assert!(
+            decisions.iter().all(|d| d.fallback),
+            "a frozen Redis decided: {decisions:?}"
+        );
+    }
+    server.thaw();
+    until_redis_decides(&limiter, &user).await;
+    let consumed = keys(&server, "rl:late-check:*").await;
+    eprintln!("2,000 checks timed out on a frozen Redis; {consumed} consumed after the thaw");
+    assert!(
+        consumed <= 16 * 32 + 32,
+        "{consumed} of 2,000 abandoned checks consumed tokens"
+    );
+}
+
 /// All-or-nothing checks wait in the same queue as single decisions: one
 /// whose caller has gone before it is sent consumes nothing either.
 #[tokio::test(flavor = "current_thread")]
