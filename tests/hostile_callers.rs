@@ -406,6 +406,50 @@ async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing()
     );
 }
 
+/// A check of no dimensions admits and takes nothing, and the checks that
+/// share its script call stay all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_check_leaves_the_checks_beside_it_all_or_nothing() {
+    let server = RedisServer::start();
+    // No deny cache: every check goes to Redis.
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(5))
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let (user, global) = (Quota::per_hour(5).unwrap(), Quota::per_hour(1).unwrap());
+    limiter.decide(&global, "empty-global", 1).await.unwrap();
+    let calls: Vec<_> = (0..256)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                if i % 4 == 0 {
+                    return (i, limiter.check_all(&[]).await.map(|d| d.len()));
+                }
+                let key = format!("empty-user:{i}");
+                let dimensions = [
+                    Dimension::new(&user, &key),
+                    Dimension::new(&global, "empty-global"),
+                ];
+                (i, limiter.check_all(&dimensions).await.map(|d| d.len()))
+            })
+        })
+        .collect();
+    for call in calls {
+        match call.await.unwrap() {
+            (i, Ok(0)) if i % 4 == 0 => {}
+            (i, Err(denied)) if i % 4 != 0 => assert_eq!(denied.key, "empty-global", "check {i}"),
+            (i, other) => panic!("check {i}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        keys(&server, "rl:empty-user:*").await,
+        0,
+        "a check denied by its global key consumed its user's"
+    );
+}
+
 /// Checks on a frozen Redis: each caller is answered by its failure policy
 /// within the timeout, and the checks still queued when their callers gave
 /// up are not sent after the thaw.
@@ -681,12 +725,15 @@ async fn a_foreign_key_in_a_batch_leaves_the_others_decided_and_the_breaker_clos
 /// its call is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_decided() {
+    let cost_of = |i: u64| i % 3 + 1;
     let server = RedisServer::start();
     let limiter = limiter(&server, FailurePolicy::Closed);
     let mut redis = server.connection().await;
     let _: () = redis.hset("rl:bad", "field", "value").await.unwrap();
     let calls_before = server.script_calls().await;
-    for quota in every_string_algorithm() {
+    let mut quotas = every_string_algorithm();
+    quotas.push(Quota::sliding_log(5, Duration::from_secs(10)).unwrap());
+    for quota in quotas {
         let name = quota.algorithm().name();
         let calls: Vec<_> = (0..64)
             .map(|i| {
@@ -694,6 +741,17 @@ async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_deci
                 tokio::spawn(async move {
                     let (one, two) = (format!("{name}:{i}:one"), format!("{name}:{i}:two"));
                     let result = match i % 4 {
+                        // The foreign key first in half the checks, last in
+                        // the others: the answers after it are still its
+                        // check's, and the next caller's start after them.
+                        0 if i % 8 == 0 => {
+                            limiter
+                                .decide_all(&[
+                                    Dimension::new(&quota, "bad"),
+                                    Dimension::new(&quota, &one),
+                                ])
+                                .await
+                        }
                         0 => {
                             limiter
                                 .decide_all(&[
@@ -710,7 +768,12 @@ async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_deci
                                 ])
                                 .await
                         }
-                        _ => limiter.decide(&quota, &one, 1).await.map(|d| vec![d]),
+                        // A cost of its own, so that its answer is told
+                        // from its neighbours'.
+                        _ => limiter
+                            .decide(&quota, &one, cost_of(i))
+                            .await
+                            .map(|d| vec![d]),
                     };
                     (i, result)
                 })
@@ -721,10 +784,21 @@ async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_deci
                 (i, Err(Error::ForeignValue { key, .. })) if i % 4 == 0 => {
                     assert_eq!(key, "rl:bad", "{name}: check {i}")
                 }
-                (i, Ok(decisions)) if i % 4 != 0 => assert!(
-                    decisions.iter().all(|d| d.allowed && !d.fallback),
-                    "{name}: {i} beside a bad check: {decisions:?}"
-                ),
+                (i, Ok(decisions)) if i % 4 != 0 => {
+                    let left = if i % 4 == 1 {
+                        vec![4, 4]
+                    } else {
+                        vec![5 - cost_of(i)]
+                    };
+                    assert!(
+                        decisions.iter().all(|d| d.allowed && !d.fallback)
+                            && decisions
+                                .iter()
+                                .map(|d| d.remaining)
+                                .eq(left.iter().copied()),
+                        "{name}: {i} beside a bad check, {left:?} left expected: {decisions:?}"
+                    )
+                }
                 (i, other) => panic!("{name}: {i}: {other:?}"),
             }
         }
@@ -735,8 +809,8 @@ async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_deci
     }
     let calls = server.script_calls().await - calls_before;
     assert!(
-        calls < 5 * 64 / 2,
-        "{calls} script calls for 320 checks and decisions: they did not share calls"
+        calls < 6 * 64 / 2,
+        "{calls} script calls for 384 checks and decisions: they did not share calls"
     );
     assert_eq!(limiter.circuit_state(), CircuitState::Closed);
     let kind: String = redis::cmd("TYPE")

@@ -571,6 +571,7 @@ fn checks_and_single_decisions_sharing_script_calls_stay_all_or_nothing() {
     let algorithms = [
         Algorithm::TokenBucket,
         Algorithm::Gcra,
+        Algorithm::LeakyBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,

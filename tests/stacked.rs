@@ -94,3 +94,29 @@ async fn an_all_or_nothing_check_on_a_spent_dimension_is_answered_by_the_deny_ca
     let seen = limiter.decide(&global, "global", 0).await.unwrap();
     assert_eq!(seen.remaining, 998);
 }
+
+/// A cost no dimension's capacity can hold is named after that dimension:
+/// its key and its rule, not the first dimension's.
+#[tokio::test]
+async fn a_cost_above_one_dimensions_capacity_names_that_dimension() {
+    let limiter = ratelimit::Limiter::memory();
+    let (roomy, small) = (
+        ratelimit::Quota::per_minute(100).unwrap(),
+        ratelimit::Quota::per_minute(3).unwrap(),
+    );
+    let denied = limiter
+        .check_all(&[
+            ratelimit::Dimension::new(&roomy, "user:7")
+                .cost(5)
+                .rule("user"),
+            ratelimit::Dimension::new(&small, "ip:1").cost(5).rule("ip"),
+        ])
+        .await
+        .unwrap_err();
+    assert_eq!((denied.key.as_ref(), denied.rule), ("ip:1", Some("ip")));
+    assert_eq!(
+        denied.cause,
+        ratelimit::DenialCause::CostExceedsCapacity { cost: 5 }
+    );
+    assert_eq!(denied.retry_after, std::time::Duration::MAX);
+}

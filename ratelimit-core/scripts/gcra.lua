@@ -72,9 +72,10 @@ ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period,
         else
           value = format('%d', full_at + carry)
         end
-        -- keep(i, value, reset, commit, not stored), written out: this
-        -- runs for nearly every decision, and a Lua call costs more than
-        -- its body.
+        -- The new state, now if `commit` (`store`, written out: this runs
+        -- for nearly every decision, and a Lua call costs more than its
+        -- body), else once every key of the call or run admits ('all' mode
+        -- has found every absent key absent with EXISTS).
         local ms = floor(reset / 1000)
         if ms * 1000 < reset then ms = ms + 1 end
         ms = ms + grace_ms

@@ -488,7 +488,9 @@ impl Limiter {
     /// failure policies, all or nothing), but a would-be denial is counted as
     /// `shadow_denied` instead of `denied` (or `fallback_denied`) and
     /// returned as [`ShadowCheck::WouldDeny`], which the caller lets through.
-    /// A would-be denial consumes nothing, as a denial does.
+    /// A would-be denial consumes nothing, as a denial does. A check that
+    /// names one key twice is a `WouldDeny` too, counted as an `error`: it
+    /// is the caller's mistake, and would be denied whatever the quotas.
     ///
     /// ```
     /// use ratelimit_core::{Dimension, Limiter, Quota, ShadowCheck};
@@ -547,12 +549,19 @@ impl Limiter {
                 let dimension = dimensions
                     .iter()
                     .find(|d| d.cost == cost && d.quota.capacity() == capacity);
-                let key = dimension.map_or("", |d| d.key);
+                let (key, rule) = dimension.map_or(("", rule), |d| (d.key, d.rule));
                 self.inner
                     .stats
                     .record(rule, Outcome::Denied.shadowed(shadow));
-                Err(RateLimited::new(key, capacity, 0, Duration::MAX)
-                    .with_cause(DenialCause::CostExceedsCapacity { cost }))
+                let denied = RateLimited::new(key, capacity, 0, Duration::MAX)
+                    .with_cause(DenialCause::CostExceedsCapacity { cost });
+                let denied = if rule.is_empty() {
+                    denied
+                } else {
+                    denied.with_rule(rule)
+                };
+                self.log_denial(&denied, shadow);
+                Err(denied)
             }
             Err(Error::Config(message)) => {
                 // A caller's mistake, not a backend fault: never failed open.

@@ -63,7 +63,8 @@ pub struct StatsSnapshot {
     /// Backend errors returned to a caller of [`decide`](crate::Limiter::decide).
     pub errors: u64,
     /// Denials answered by the local deny cache, with no backend call (also
-    /// counted in `denied`, or as decisions by callers of `decide`).
+    /// counted in `denied`, in `shadow_denied` in shadow mode, or as
+    /// decisions by callers of `decide`).
     pub denied_from_cache: u64,
 }
 

@@ -701,6 +701,10 @@ impl RedisBackend {
         &self,
         requests: &[(&Quota, &str, u64)],
     ) -> Result<Vec<Decision>, Error> {
+        if requests.is_empty() {
+            // Nothing to decide: no run of no keys is ever sent.
+            return Ok(Vec::new());
+        }
         let now = self.now();
         let (reply, answer) = oneshot::channel();
         let check = Check {
@@ -872,10 +876,14 @@ async fn send_batch(mut connection: ConnectionManager, batch: Vec<Work>) -> bool
                 let _ = job.reply.send(result);
             }
             Work::All(check) => {
-                let result = results
-                    .by_ref()
-                    .take(check.keys.len())
-                    .collect::<Result<Vec<_>, _>>();
+                // Taken whole before the first error is looked for, so that
+                // the next caller's answers start where this check's end.
+                let answers: Vec<_> = results.by_ref().take(check.keys.len()).collect();
+                let result = if answers.len() == check.keys.len() {
+                    answers.into_iter().collect::<Result<Vec<_>, _>>()
+                } else {
+                    Err(short_reply())
+                };
                 let _ = check.reply.send(result);
             }
         }
