@@ -381,29 +381,57 @@ async fn keys(server: &RedisServer, pattern: &str) -> usize {
     keys.len()
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
+/// Polls 1,000 calls once each, by `queued` on the key `<what>:<i>` (which
+/// says whether the call is still pending, its work queued), and drops them
+/// before the batching task (on this same thread) has run: none consumes.
+async fn calls_whose_callers_are_gone_before_they_are_sent_consume_nothing<F>(what: &str, queued: F)
+where
+    F: Fn(&Limiter, &str) -> bool,
+{
     let server = RedisServer::start();
     let limiter = limiter(&server, FailurePolicy::Open);
     let quota = Quota::per_hour(5).unwrap();
     limiter.decide(&quota, "warm", 1).await.unwrap();
-    // Each call is polled once, so its decision is queued, then dropped
-    // before the batching task (on this same thread) has run.
     for i in 0..1_000 {
-        let key = format!("gone:{i}");
-        let call = limiter.acquire(&quota, &key, 1);
         assert!(
-            call.now_or_never().is_none(),
-            "a Redis decision cannot be ready at once"
+            queued(&limiter, &format!("{what}:{i}")),
+            "{what}: a Redis decision cannot be ready at once"
         );
     }
     // Now let the batching task run, and decide one more call after them.
     limiter.decide(&quota, "after", 1).await.unwrap();
     assert_eq!(
-        keys(&server, "rl:gone:*").await,
+        keys(&server, &format!("rl:{what}*")).await,
         0,
-        "decisions whose callers had gone reached Redis"
+        "{what}: calls whose callers had gone reached Redis"
     );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
+    let quota = Quota::per_hour(5).unwrap();
+    calls_whose_callers_are_gone_before_they_are_sent_consume_nothing("gone", |limiter, key| {
+        limiter.acquire(&quota, key, 1).now_or_never().is_none()
+    })
+    .await;
+}
+
+/// All-or-nothing checks wait in the same queue as single decisions: one
+/// whose caller has gone before it is sent consumes nothing either.
+#[tokio::test(flavor = "current_thread")]
+async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
+    let (user, global) = (Quota::per_hour(5).unwrap(), Quota::per_hour(5_000).unwrap());
+    calls_whose_callers_are_gone_before_they_are_sent_consume_nothing(
+        "gone-check",
+        |limiter, key| {
+            let dimensions = [
+                Dimension::new(&user, key),
+                Dimension::new(&global, "gone-check-global"),
+            ];
+            limiter.check_all(&dimensions).now_or_never().is_none()
+        },
+    )
+    .await;
 }
 
 /// A check of no dimensions admits and takes nothing, and the checks that
@@ -450,84 +478,17 @@ async fn an_empty_check_leaves_the_checks_beside_it_all_or_nothing() {
     );
 }
 
-/// Checks on a frozen Redis: each caller is answered by its failure policy
-/// within the timeout, and the checks still queued when their callers gave
-/// up are not sent after the thaw.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_checks_that_time_out() {
-    let server = RedisServer::start();
-    let limiter = limiter(&server, FailurePolicy::Open);
-    let (user, global) = (
-        Quota::per_hour(5).unwrap(),
-        Quota::per_hour(100_000).unwrap(),
-    );
-    limiter.decide(&user, "warm", 1).await.unwrap();
-    server.freeze();
-    let calls: Vec<_> = (0..2_000)
-        .map(|i| {
-            let limiter = limiter.clone();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let key = format!("late-check:{i}");
-                let result = limiter
-                    .check_all(&[
-                        Dimension::new(&user, &key),
-                        Dimension::new(&global, "late-global"),
-                    ])
-                    .await;
-                (started.elapsed(), result)
-            })
-        })
-        .collect();
-    for call in calls {
-        let (took, result) = call.await.unwrap();
-        assert!(took < TIMEOUT + MARGIN, "a check took {took:?}");
-        let decisions = result.unwrap();
-        assert!(
-            decisions.iter().all(|d| d.fallback),
-            "a frozen Redis decided: {decisions:?}"
-        );
-    }
-    server.thaw();
-    until_redis_decides(&limiter, &user).await;
-    let consumed = keys(&server, "rl:late-check:*").await;
-    eprintln!("2,000 checks timed out on a frozen Redis; {consumed} consumed after the thaw");
-    assert!(
-        consumed <= 16 * 32 + 32,
-        "{consumed} of 2,000 abandoned checks consumed tokens"
-    );
-}
-
-/// All-or-nothing checks wait in the same queue as single decisions: one
-/// whose caller has gone before it is sent consumes nothing either.
-#[tokio::test(flavor = "current_thread")]
-async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
-    let server = RedisServer::start();
-    let limiter = limiter(&server, FailurePolicy::Open);
-    let (user, global) = (Quota::per_hour(5).unwrap(), Quota::per_hour(5_000).unwrap());
-    limiter.decide(&user, "warm", 1).await.unwrap();
-    for i in 0..1_000 {
-        let key = format!("gone-check:{i}");
-        let dimensions = [
-            Dimension::new(&user, &key),
-            Dimension::new(&global, "gone-check-global"),
-        ];
-        let call = limiter.check_all(&dimensions);
-        assert!(
-            call.now_or_never().is_none(),
-            "a Redis check cannot be ready at once"
-        );
-    }
-    limiter.decide(&user, "after", 1).await.unwrap();
-    assert_eq!(
-        keys(&server, "rl:gone-check*").await,
-        0,
-        "checks whose callers had gone reached Redis"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_callers_that_time_out() {
+/// Sends 2,000 calls to a frozen Redis, each by `call` on the key
+/// `<what>:<i>` (which says whether the failure policy answered it): each
+/// is answered within the timeout, and after the thaw only what was in
+/// flight when Redis froze (at most every slot of full batches) and one
+/// lone batch after the calls failed has consumed; everything still queued
+/// had lost its caller and was dropped.
+async fn a_frozen_redis_is_left_a_bounded_amount_of_work<F, C>(what: &str, call: F)
+where
+    F: Fn(Limiter, String) -> C,
+    C: std::future::Future<Output = bool> + Send + 'static,
+{
     let server = RedisServer::start();
     let limiter = limiter(&server, FailurePolicy::Open);
     let quota = Quota::per_hour(5).unwrap();
@@ -535,31 +496,57 @@ async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_callers_that_time_ou
     server.freeze();
     let calls: Vec<_> = (0..2_000)
         .map(|i| {
-            let limiter = limiter.clone();
+            let answered = call(limiter.clone(), format!("{what}:{i}"));
             tokio::spawn(async move {
                 let started = Instant::now();
-                let result = limiter.acquire(&quota, &format!("late:{i}"), 1).await;
-                (started.elapsed(), result)
+                let by_policy = answered.await;
+                (started.elapsed(), by_policy)
             })
         })
         .collect();
     for call in calls {
-        let (took, result) = call.await.unwrap();
-        assert!(took < TIMEOUT + MARGIN, "a call took {took:?}");
-        assert!(result.unwrap().fallback, "a frozen Redis decided");
+        let (took, by_policy) = call.await.unwrap();
+        assert!(took < TIMEOUT + MARGIN, "{what}: a call took {took:?}");
+        assert!(by_policy, "{what}: a frozen Redis decided");
     }
     server.thaw();
     // Let Redis run what was already written to its sockets.
     until_redis_decides(&limiter, &quota).await;
-    let consumed = keys(&server, "rl:late:*").await;
-    eprintln!("2,000 callers timed out on a frozen Redis; {consumed} keys consumed after the thaw");
-    // What was in flight when Redis froze (at most every slot of full
-    // batches) and one lone batch after the calls failed; every decision
-    // still queued had lost its caller and was dropped.
+    let consumed = keys(&server, &format!("rl:{what}:*")).await;
+    eprintln!(
+        "{what}: 2,000 callers timed out on a frozen Redis; {consumed} consumed after the thaw"
+    );
     assert!(
         consumed <= 16 * 32 + 32,
-        "{consumed} of 2,000 abandoned decisions consumed tokens"
+        "{what}: {consumed} of 2,000 abandoned calls consumed tokens"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_callers_that_time_out() {
+    let quota = Quota::per_hour(5).unwrap();
+    a_frozen_redis_is_left_a_bounded_amount_of_work("late", move |limiter, key| async move {
+        limiter.acquire(&quota, &key, 1).await.unwrap().fallback
+    })
+    .await;
+}
+
+/// Checks too: each is answered by its failure policy within the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_checks_that_time_out() {
+    let (user, global) = (
+        Quota::per_hour(5).unwrap(),
+        Quota::per_hour(100_000).unwrap(),
+    );
+    a_frozen_redis_is_left_a_bounded_amount_of_work("late-check", move |limiter, key| async move {
+        let dimensions = [
+            Dimension::new(&user, &key),
+            Dimension::new(&global, "late-global"),
+        ];
+        let decisions = limiter.check_all(&dimensions).await.unwrap();
+        decisions.iter().all(|d| d.fallback)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "current_thread")]
