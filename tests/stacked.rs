@@ -18,10 +18,9 @@ async fn api(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
 
 #[tokio::test]
 async fn a_burst_and_a_sustained_limit_on_one_template_keep_state_of_their_own() {
-    for limiter in [Limiter::memory(), {
-        let server = Box::leak(Box::new(RedisServer::start()));
-        Limiter::builder().redis(server.url()).build().unwrap()
-    }] {
+    let server = RedisServer::start();
+    let redis = Limiter::builder().redis(server.url()).build().unwrap();
+    for limiter in [Limiter::memory(), redis] {
         for i in 0..10 {
             api(&limiter, 7)
                 .await
