@@ -69,6 +69,26 @@ fn families() -> Vec<Vec<Quota>> {
     ]
 }
 
+/// A runtime of two workers, so that decisions sent together run in
+/// parallel and share script calls.
+fn two_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `cases` cases, none of them written down: every case starts from a
+/// server of its own state, so a stored seed would not replay.
+fn cases(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
 /// Keys: two of each family.
 const KEYS: usize = 10;
 
@@ -254,19 +274,11 @@ fn agree(
 
 #[test]
 fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clocks() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_worker_runtime();
     let server = RedisServer::start();
     let families = families();
     let case = std::sync::atomic::AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases: 400,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
+    let config = cases(400);
     proptest!(config, |(ops in proptest::collection::vec(op(), 1..80))| {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = 1_750_000_000_000_000;
@@ -444,11 +456,7 @@ fn leases_with_the_deny_cache_keep_every_bound_under_changing_quotas() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let server = RedisServer::start();
     let case = std::sync::atomic::AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases: 384,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
+    let config = cases(384);
     proptest!(config, |(calls in proptest::collection::vec(call(), 1..80), ttl_ms in 1u64..3_000)| {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let clock = ManualClock::new(1_760_000_000_000_000);
@@ -487,11 +495,7 @@ fn the_local_policy_keeps_its_share_of_every_bound_while_redis_is_down() {
     let mut server = RedisServer::start();
     let url = server.url();
     server.kill();
-    let config = ProptestConfig {
-        cases: 128,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
+    let config = cases(128);
     proptest!(config, |(calls in proptest::collection::vec(call(), 1..80), quarters in 1u64..5)| {
         let clock = ManualClock::new(1_760_000_000_000_000);
         let limiter = runtime.block_on(async {
@@ -549,20 +553,12 @@ struct User {
 #[test]
 fn checks_and_single_decisions_sharing_script_calls_stay_all_or_nothing() {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_worker_runtime();
     let server = RedisServer::start();
     let case = std::sync::atomic::AtomicU64::new(0);
     let (requests, inspections) = (AtomicU64::new(0), AtomicU64::new(0));
     let calls_before = runtime.block_on(server.script_calls());
-    let config = ProptestConfig {
-        cases: 96,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
+    let config = cases(96);
     let user = (1u64..5, 0usize..6, 0usize..3).prop_map(|(capacity, checks, singles)| User {
         capacity,
         checks,

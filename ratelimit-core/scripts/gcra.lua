@@ -72,25 +72,7 @@ ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period,
         else
           value = format('%d', full_at + carry)
         end
-        -- The new state, now if `commit` (`store`, written out: this runs
-        -- for nearly every decision, and a Lua call costs more than its
-        -- body), else once every key of the call or run admits ('all' mode
-        -- has found every absent key absent with EXISTS).
-        local ms = floor(reset / 1000)
-        if ms * 1000 < reset then ms = ms + 1 end
-        ms = ms + grace_ms
-        local px = px_of[ms]
-        if not px then
-          px = format('%d', ms)
-          px_of[ms] = px
-        end
-        local key = KEYS[i]
-        if not commit then
-          writes[i] = function() call('PSETEX', key, px, value) end
-        elseif stored then
-          call('PSETEX', key, px, value)
-        elseif not call('SET', key, value, 'PX', px, 'NX') then
-          -- A fresh key holding another type (see `store`).
+        if not keep(i, value, reset, commit, not stored) then
           out[n] = -1
           denied = true
         end

@@ -146,3 +146,16 @@ local function store(key, value, ttl_us, fresh)
   call('PSETEX', key, px, value)
   return true
 end
+
+-- Stores KEYS[i]'s new state now if `commit`, else once every key admits
+-- ('all' mode has found every absent key absent with EXISTS). Returns false
+-- when a fresh key holds a foreign value (see `store`).
+local function keep(i, value, ttl_us, commit, fresh)
+  local key = KEYS[i]
+  if commit then
+    return store(key, value, ttl_us, fresh)
+  end
+  local px = expiry_ms(ttl_us)
+  writes[i] = function() call('PSETEX', key, px, value) end
+  return true
+end
