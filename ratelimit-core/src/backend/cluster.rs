@@ -41,8 +41,8 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::redis::{
-    batch_invocation, decode_all, decode_one, decode_reply, invocation, invoke, run_batches, Job,
-    Request, MAX_QUEUED,
+    await_answer, batch_invocation, decode_all, decode_one, decode_reply, invocation, invoke,
+    run_batches, Job, Request, MAX_QUEUED,
 };
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -374,13 +374,7 @@ impl ClusterBackend {
                         // Dropping `answer` (a timeout here, or the caller's
                         // future dropped) tells the batcher not to send this
                         // decision if it has not yet.
-                        return match tokio::time::timeout(self.timeout, answer).await {
-                            Ok(Ok(result)) => result,
-                            Ok(Err(_)) => {
-                                Err(Error::UnexpectedReply("the batch was dropped".into()))
-                            }
-                            Err(_) => Err(Error::Timeout(self.timeout)),
-                        };
+                        return await_answer(self.timeout, answer).await;
                     }
                     Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
                     // The task's runtime shut down: decided alone, and the
@@ -584,15 +578,15 @@ async fn send_node_batch(
                     .into_iter()
                     .zip(elsewhere)
                     .partition(|(_, elsewhere)| *elsewhere);
-                let moved = tokio::spawn(decide_alone(
+                // Decided alone first, then the rest go again: this batch
+                // holds its place in the in-flight window meanwhile.
+                decide_alone(
                     connection.clone(),
                     timeout,
                     moved.into_iter().map(|(job, _)| job).collect(),
-                ));
+                )
+                .await;
                 jobs = here.into_iter().map(|(job, _)| job).collect();
-                // Decided alone while the rest go again; waited for, so
-                // that this batch holds its place in the in-flight window.
-                let _ = moved.await;
             }
             _ => {
                 fail(jobs, &Error::UnexpectedReply(format!("{reply:?}")));

@@ -428,17 +428,20 @@ impl Waiting for Work {
 
 impl Work {
     /// Each key's quota, cost and full name, in the order of the reply.
-    fn keys(&self) -> Vec<(&Quota, u64, &str)> {
-        match self {
-            Work::One(job) => vec![(&job.quota, job.request.cost, job.key.as_str())],
-            Work::All(check) => check
+    fn keys(&self) -> impl Iterator<Item = (&Quota, u64, &str)> {
+        let (one, all) = match self {
+            Work::One(job) => (Some((&job.quota, job.request.cost, job.key.as_str())), None),
+            Work::All(check) => (None, Some(check)),
+        };
+        let all = all.into_iter().flat_map(|check| {
+            check
                 .quotas
                 .iter()
                 .zip(&check.requests)
                 .zip(&check.keys)
                 .map(|((quota, request), key)| (quota, request.cost, key.as_str()))
-                .collect(),
-        }
+        });
+        one.into_iter().chain(all)
     }
 }
 
@@ -692,7 +695,7 @@ impl RedisBackend {
             reply,
         };
         self.enqueue(Work::One(job)).await?;
-        self.answer(answer).await
+        await_answer(self.timeout, answer).await
     }
 
     /// Decides for every key at once, admitting all or none, in the next
@@ -720,18 +723,7 @@ impl RedisBackend {
             reply,
         };
         self.enqueue(Work::All(check)).await?;
-        self.answer(answer).await
-    }
-
-    /// Waits for the batcher's answer, within the timeout. Dropping `answer`
-    /// (a timeout here, or the caller's future dropped) tells the batcher
-    /// not to send the work if it has not yet.
-    async fn answer<T>(&self, answer: oneshot::Receiver<Result<T, Error>>) -> Result<T, Error> {
-        match tokio::time::timeout(self.timeout, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(Error::UnexpectedReply("the batch was dropped".into())),
-            Err(_) => Err(Error::Timeout(self.timeout)),
-        }
+        await_answer(self.timeout, answer).await
     }
 
     /// Runs one script call on `lane`'s connection, within the timeout; a
@@ -779,6 +771,20 @@ impl RedisBackend {
             .await
             .map_err(|_| Error::Timeout(self.timeout))??;
         Ok(())
+    }
+}
+
+/// Waits for the batcher's answer, within `timeout`. Dropping `answer` (a
+/// timeout here, or the caller's future dropped) tells the batcher not to
+/// send the work if it has not yet.
+pub(crate) async fn await_answer<T>(
+    timeout: Duration,
+    answer: oneshot::Receiver<Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(timeout, answer).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(Error::UnexpectedReply("the batch was dropped".into())),
+        Err(_) => Err(Error::Timeout(timeout)),
     }
 }
 
@@ -868,33 +874,24 @@ async fn send_batch(mut connection: ConnectionManager, batch: Vec<Work>) -> bool
             return answered;
         }
     };
-    // The caller may have timed out and gone: nothing to do then.
+    // `decode_reply` answered for every key, in order. The caller may have
+    // timed out and gone: nothing to do then.
     for work in batch {
         match work {
             Work::One(job) => {
-                let result = results.next().unwrap_or_else(|| Err(short_reply()));
-                let _ = job.reply.send(result);
+                if let Some(result) = results.next() {
+                    let _ = job.reply.send(result);
+                }
             }
             Work::All(check) => {
                 // Taken whole before the first error is looked for, so that
                 // the next caller's answers start where this check's end.
                 let answers: Vec<_> = results.by_ref().take(check.keys.len()).collect();
-                let result = if answers.len() == check.keys.len() {
-                    answers.into_iter().collect::<Result<Vec<_>, _>>()
-                } else {
-                    Err(short_reply())
-                };
-                let _ = check.reply.send(result);
+                let _ = check.reply.send(answers.into_iter().collect());
             }
         }
     }
     answered
-}
-
-/// `decode_reply` answers for every key it was given, or fails whole.
-#[cold]
-fn short_reply() -> Error {
-    Error::UnexpectedReply("a reply shorter than its batch".into())
 }
 
 /// Hands `error` to every caller of `batch`.
