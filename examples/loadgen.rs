@@ -181,6 +181,15 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map(|i| format!("lg:{}:{i}", a.workload))
             .collect(),
     );
+    // With three dimensions, user i's IP key: built here, not on the timed path.
+    let ips: Arc<Vec<String>> = Arc::new(if a.dimensions == 3 {
+        keys.iter()
+            .enumerate()
+            .map(|(i, _)| format!("{}:ip", keys[i / 10]))
+            .collect()
+    } else {
+        Vec::new()
+    });
     // The servers whose figures `--stats` sums: the one Redis, or the
     // cluster's masters.
     let mut inspect = Vec::new();
@@ -239,7 +248,7 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         let next_key = next_key.clone();
         let per_key = per_key.clone();
         let fill = a.fill;
-        let (limiter, keys, stop) = (limiter.clone(), keys.clone(), stop.clone());
+        let (limiter, keys, ips, stop) = (limiter.clone(), keys.clone(), ips.clone(), stop.clone());
         let (global, global_key, dimensions) = (global, global_key.clone(), a.dimensions);
         tasks.push(tokio::spawn(async move {
             let mut out = TaskResult {
@@ -265,11 +274,9 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 };
                 let began = Instant::now();
                 let outcome = if dimensions == 3 {
-                    let ip = &keys[(index / 10) as usize];
-                    let ip = format!("{ip}:ip");
                     let check = [
                         Dimension::new(&quota, &keys[index as usize]),
-                        Dimension::new(&quota, &ip),
+                        Dimension::new(&quota, &ips[index as usize]),
                         Dimension::new(&global, &global_key),
                     ];
                     match limiter.check_all(&check).await {

@@ -550,18 +550,9 @@ impl Limiter {
                     .iter()
                     .find(|d| d.cost == cost && d.quota.capacity() == capacity);
                 let (key, rule) = dimension.map_or(("", rule), |d| (d.key, d.rule));
-                self.inner
-                    .stats
-                    .record(rule, Outcome::Denied.shadowed(shadow));
                 let denied = RateLimited::new(key, capacity, 0, Duration::MAX)
                     .with_cause(DenialCause::CostExceedsCapacity { cost });
-                let denied = if rule.is_empty() {
-                    denied
-                } else {
-                    denied.with_rule(rule)
-                };
-                self.log_denial(&denied, shadow);
-                Err(denied)
+                Err(self.counted_denial(denied, rule, shadow))
             }
             Err(Error::Config(message)) => {
                 // A caller's mistake, not a backend fault: never failed open.
@@ -597,14 +588,20 @@ impl Limiter {
             decision.remaining,
             decision.retry_after,
         );
-        let denied = if dimension.rule.is_empty() {
+        self.counted_denial(denied, dimension.rule, shadow)
+    }
+
+    /// `denied`, named after `rule` (when it has a name), counted under it
+    /// as a denial (a would-be denial when `shadow`), and logged.
+    fn counted_denial(&self, denied: RateLimited, rule: &'static str, shadow: bool) -> RateLimited {
+        let denied = if rule.is_empty() {
             denied
         } else {
-            denied.with_rule(dimension.rule)
+            denied.with_rule(rule)
         };
         self.inner
             .stats
-            .record(dimension.rule, Outcome::Denied.shadowed(shadow));
+            .record(rule, Outcome::Denied.shadowed(shadow));
         self.log_denial(&denied, shadow);
         denied
     }
