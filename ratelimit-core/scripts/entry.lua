@@ -76,6 +76,30 @@ if batch then
   end
   out[1], n = 0, 1
 end
+-- The values of KEYS[from..to], keys that an all-or-nothing decision reads,
+-- by one MGET. MGET reads a key of another type as absent, and 'each' mode
+-- finds those when it writes (with NX); all or nothing must know before
+-- anything is written: one EXISTS for the absent keys, and one a key only
+-- when some key of another type is among them.
+local function read_whole(from, to)
+  local values = call('MGET', unpack(KEYS, from, to))
+  local absent, n_absent = {}, 0
+  for j = 1, to - from + 1 do
+    if not values[j] then
+      n_absent = n_absent + 1
+      absent[n_absent] = KEYS[from + j - 1]
+    end
+  end
+  if n_absent > 0 and call('EXISTS', unpack(absent, 1, n_absent)) > 0 then
+    for j = 1, to - from + 1 do
+      if not values[j] and call('EXISTS', KEYS[from + j - 1]) == 1 then values[j] = FOREIGN end
+    end
+  end
+  return values
+end
+-- An all-or-nothing run's values, once read.
+local run_values = nil
+
 -- In 'runs' mode, the last key of each run and whether it is all or
 -- nothing; the run being decided, and its first key.
 local run_last, run_all, run, run_first = nil, nil, 1, 1
@@ -109,7 +133,8 @@ for g = first_group, #ARGV, 7 do
       refund(KEYS[i], now, cost, p1, p2, p3)
     end
   else
-    -- One read for the group: a command costs Redis far more than a key.
+    -- One read for the group, or for an all-or-nothing run: a command costs
+    -- Redis far more than a key.
     local values = {}
     if batch then
       -- One slot per command across slots, so no MGET: the values read up
@@ -126,30 +151,25 @@ for g = first_group, #ARGV, 7 do
         end
       end
     elseif algorithm ~= SLIDING_LOG then
-      values = call('MGET', unpack(KEYS, first, last))
-      -- MGET reads a key of another type as absent. 'each' mode finds those
-      -- when it writes (with NX); 'all' mode must know before anything is
-      -- written.
-      if not commit then
-        for j = 1, last - first + 1 do
-          if not values[j] and call('EXISTS', KEYS[first + j - 1]) == 1 then values[j] = FOREIGN end
+      if commit then
+        values = call('MGET', unpack(KEYS, first, last))
+      else
+        -- An all-or-nothing run's keys are distinct and read together, at
+        -- its first group.
+        if not run_values then
+          run_values = read_whole(run_first, run_last and run_last[run] or #KEYS)
+        end
+        for i = first, last do
+          values[i - first + 1] = run_values[i - run_first + 1]
         end
       end
     end
     ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3)
   end
   if run_last and last == run_last[run] then
-    if run_all[run] and not denied then
-      for i = run_first, last do
-        if writes[i] then writes[i]() end
-      end
-    end
-    run, run_first = run + 1, last + 1
+    if run_all[run] and not denied then release(run_first, last) end
+    run, run_first, run_values = run + 1, last + 1, nil
   end
 end
-if not run_last and not commit and not denied and mode ~= 'peek' then
-  for i = 1, last do
-    if writes[i] then writes[i]() end
-  end
-end
+if not run_last and not commit and not denied and mode ~= 'peek' then release(1, last) end
 return out

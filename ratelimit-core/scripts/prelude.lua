@@ -13,9 +13,8 @@
 -- others: allowed (1, 0, or -1 for a value the algorithm did not write),
 -- remaining, retry_after_us, reset_after_us, delay_us) and sets `denied`
 -- when the key is not admitted. When a decision consumes, it stores the new
--- state at once if `commit`, and otherwise sets writes[i], a function that
--- stores it: so several keys can be decided first and written only if all of
--- them admit.
+-- state at once if `commit`, and otherwise defers it (`keep`, `release`): so
+-- several keys can be decided first and written only if all of them admit.
 --
 -- This runs for every decision, many per call: the bucket algorithms (one
 -- function, in gcra.lua) loop over their group themselves, with their
@@ -43,8 +42,22 @@ local ALGORITHMS = {}
 
 -- The reply, each key's numbers in KEYS order, and its length.
 local out, n = {}, 0
--- Whether some key was not admitted, and the writes 'all' mode defers.
-local denied, writes = false, {}
+-- Whether some key was not admitted, and the writes all-or-nothing decisions
+-- defer: writes[i] a function that stores KEYS[i]'s state, or held[i] the
+-- state itself, stored with PX held_px[i] (no closure for the common case).
+local denied, writes, held, held_px = false, {}, {}, {}
+
+-- Stores what the decisions of KEYS[from..to] deferred.
+local function release(from, to)
+  for i = from, to do
+    local write = writes[i]
+    if write then
+      write()
+    elseif held[i] then
+      call('PSETEX', KEYS[i], held_px[i], held[i])
+    end
+  end
+end
 
 local function answer(allowed, remaining, retry, reset, delay)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed, remaining, retry, reset, delay
@@ -151,11 +164,9 @@ end
 -- ('all' mode has found every absent key absent with EXISTS). Returns false
 -- when a fresh key holds a foreign value (see `store`).
 local function keep(i, value, ttl_us, commit, fresh)
-  local key = KEYS[i]
   if commit then
-    return store(key, value, ttl_us, fresh)
+    return store(KEYS[i], value, ttl_us, fresh)
   end
-  local px = expiry_ms(ttl_us)
-  writes[i] = function() call('PSETEX', key, px, value) end
+  held[i], held_px[i] = value, expiry_ms(ttl_us)
   return true
 end
