@@ -23,10 +23,13 @@ fn acl_line() -> Vec<String> {
         .collect()
 }
 
-/// Creates the README's user on `server`.
-async fn set_up_user(server: &RedisServer) {
+/// Creates the README's user on `server`, without the commands `without`.
+async fn set_up_user_without(server: &RedisServer, without: &[&str]) {
     let mut admin = server.connection().await;
-    let line = acl_line();
+    let line: Vec<String> = acl_line()
+        .into_iter()
+        .filter(|word| !without.contains(&word.as_str()))
+        .collect();
     let mut setuser = redis::cmd(&line[0]);
     for word in &line[1..] {
         setuser.arg(word);
@@ -35,6 +38,11 @@ async fn set_up_user(server: &RedisServer) {
         .query_async(&mut admin)
         .await
         .unwrap_or_else(|e| panic!("the README's ACL line: {e}"));
+}
+
+/// Creates the README's user on `server`.
+async fn set_up_user(server: &RedisServer) {
+    set_up_user_without(server, &[]).await;
 }
 
 fn as_user(server: &RedisServer, password: &str) -> String {
@@ -94,8 +102,8 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
             .await
             .unwrap_or_else(|d| panic!("{quota}, leased: {d}"));
     }
-    // The script is loaded again by this user after a flush.
-    let _: () = redis::cmd("SCRIPT")
+    // The library is loaded again by this user after a flush.
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query_async(&mut admin)
         .await
@@ -104,6 +112,11 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         .decide(&quotas[0], "acl:after-flush", 1)
         .await
         .unwrap();
+    assert_eq!(
+        server.command_calls(&["evalsha"]).await,
+        0,
+        "the README's user runs the limiter as a function"
+    );
 
     // The rule source, following and publishing as the same user.
     let source = RedisRuleSource::builder(url.clone())
@@ -136,6 +149,41 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         refused.to_string().to_lowercase().contains("noperm"),
         "{refused}"
     );
+}
+
+#[tokio::test]
+async fn a_user_without_fcall_is_served_by_evalsha() {
+    // The README's line before functions: a service whose user was set up
+    // then keeps working, by EVALSHA.
+    let server = RedisServer::start();
+    set_up_user_without(&server, &["+fcall", "+function|load"]).await;
+    let limiter = Limiter::builder()
+        .redis(as_user(&server, PASSWORD))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
+    for remaining in [1, 0] {
+        let d = limiter.decide(&quota, "acl:old-user", 1).await.unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, remaining), "{d:?}");
+    }
+    assert!(
+        !limiter
+            .decide(&quota, "acl:old-user", 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let check = limiter
+        .decide_all(&[
+            Dimension::new(&quota, "acl:old-user:a"),
+            Dimension::new(&quota, "acl:old-user:b"),
+        ])
+        .await
+        .unwrap();
+    assert!(check.iter().all(|d| d.allowed), "{check:?}");
+    assert!(server.command_calls(&["evalsha"]).await >= 4);
+    assert_eq!(server.command_calls(&["fcall"]).await, 0);
 }
 
 #[tokio::test]

@@ -284,8 +284,11 @@ fn a_timeline_of_faults_under_steady_load_is_survived_phase_by_phase() {
     // Right after the connections were killed: a breaker still open from
     // that would show here.
     phase(
-        "SCRIPT FLUSH",
-        &mut |server| redis_cli(server, &["SCRIPT", "FLUSH"]),
+        "SCRIPT FLUSH and FUNCTION FLUSH",
+        &mut |server| {
+            redis_cli(server, &["SCRIPT", "FLUSH"]);
+            redis_cli(server, &["FUNCTION", "FLUSH"]);
+        },
         Some(false),
     );
     phase(

@@ -359,16 +359,18 @@ async fn a_value_another_writer_left_is_an_error_never_a_decision() {
 }
 
 #[tokio::test]
-async fn script_flush_between_calls_is_invisible_to_the_caller() {
+async fn script_and_function_flushes_between_calls_are_invisible_to_the_caller() {
     let server = RedisServer::start();
     let limiter = redis_limiter(&server);
     let mut redis = server.connection().await;
-    let quota = Quota::new(5, Rate::per_minute(5).unwrap()).unwrap();
-    for i in 0..5u64 {
+    let quota = Quota::new(6, Rate::per_minute(6).unwrap()).unwrap();
+    for i in 0..6u64 {
         let d = limiter.decide(&quota, "flush", 1).await.unwrap();
         assert!(d.allowed);
-        assert_eq!(d.remaining, 4 - i);
-        let _: () = redis::cmd("SCRIPT")
+        assert_eq!(d.remaining, 5 - i);
+        // The library goes with FUNCTION FLUSH, the script with SCRIPT FLUSH.
+        let what = if i % 2 == 0 { "FUNCTION" } else { "SCRIPT" };
+        let _: () = redis::cmd(what)
             .arg("FLUSH")
             .query_async(&mut redis)
             .await
@@ -376,6 +378,43 @@ async fn script_flush_between_calls_is_invisible_to_the_caller() {
     }
     let d = limiter.decide(&quota, "flush", 1).await.unwrap();
     assert!(!d.allowed, "state survived the flushes: {d:?}");
+    assert_eq!(
+        server.command_calls(&["evalsha"]).await,
+        0,
+        "every decision ran as a function"
+    );
+    assert_eq!(
+        server.command_calls(&["function|load"]).await,
+        4,
+        "the library was loaded first, and again after each FUNCTION FLUSH"
+    );
+}
+
+#[tokio::test]
+async fn a_redis_without_functions_decides_by_evalsha() {
+    // As a Redis older than 7.0: FCALL is an unknown command.
+    let server = RedisServer::start_with(&["--rename-command", "FCALL", ""]);
+    let limiter = redis_limiter(&server);
+    let quota = Quota::new(3, Rate::per_minute(3).unwrap()).unwrap();
+    for i in 0..3u64 {
+        let d = limiter.decide(&quota, "old", 1).await.unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, 2 - i), "{d:?}");
+    }
+    assert!(!limiter.decide(&quota, "old", 1).await.unwrap().allowed);
+    let check = limiter
+        .decide_all(&[
+            ratelimit::Dimension::new(&quota, "old:a"),
+            ratelimit::Dimension::new(&quota, "old:b"),
+        ])
+        .await
+        .unwrap();
+    assert!(check.iter().all(|d| d.allowed), "{check:?}");
+    let peeked = limiter.inspect(&quota, "old:a", 1).await.unwrap();
+    assert_eq!(peeked.remaining, 1, "{peeked:?}");
+    // Six calls (a NOSCRIPT reply, answered by loading the script, may
+    // count one more), and no FCALL ran.
+    assert!(server.command_calls(&["evalsha"]).await >= 6);
+    assert_eq!(server.command_calls(&["fcall"]).await, 0);
 }
 
 #[tokio::test]

@@ -44,38 +44,6 @@ local function now_of(arg)
   return time_now
 end
 
-local mode = ARGV[1]
-local first_group = 2
--- In 'batch' mode, each key's value read up front, and the keys read since.
-local batch, read_first, reread = mode == 'batch', nil, nil
-if batch then
-  local count = tonumber(ARGV[2])
-  KEYS = { unpack(ARGV, 3, 2 + count) }
-  first_group = 3 + count
-  mode = 'each'
-  -- Every key is read before any is written: a key this node does not
-  -- serve fails its command, and a batch must not fail half written. The
-  -- read is a pcall so that such a key is reported, not raised.
-  read_first, reread = {}, {}
-  local elsewhere = {}
-  for i = 1, count do
-    local value = try_call('GET', KEYS[i])
-    if type(value) == 'table' and value.err then
-      -- A key of another type is this node's, and foreign to every algorithm.
-      if string.sub(value.err, 1, 9) == 'WRONGTYPE' then
-        value = FOREIGN
-      else
-        elsewhere[#elsewhere + 1] = i
-      end
-    end
-    read_first[i] = value
-  end
-  if #elsewhere > 0 then
-    table.insert(elsewhere, 1, #elsewhere)
-    return elsewhere
-  end
-  out[1], n = 0, 1
-end
 -- The values of KEYS[from..to], keys that an all-or-nothing decision reads,
 -- by one MGET. MGET reads a key of another type as absent, and 'each' mode
 -- finds those when it writes (with NX); all or nothing must know before
@@ -97,79 +65,120 @@ local function read_whole(from, to)
   end
   return values
 end
--- An all-or-nothing run's values, once read.
-local run_values = nil
-
--- In 'runs' mode, the last key of each run and whether it is all or
--- nothing; the run being decided, and its first key.
-local run_last, run_all, run, run_first = nil, nil, 1, 1
-if mode == 'runs' then
-  local count = tonumber(ARGV[2])
-  run_last, run_all = {}, {}
-  local through = 0
-  for r = 1, count do
-    local keys = tonumber(ARGV[2 + r])
-    run_all[r] = keys < 0
-    through = through + (keys < 0 and -keys or keys)
-    run_last[r] = through
-  end
-  first_group = 3 + count
-end
-local commit = mode == 'each' or mode == 'runs'
-local last = 0
-for g = first_group, #ARGV, 7 do
-  local first = last + 1
-  last = last + tonumber(ARGV[g])
-  if run_last then
-    commit = not run_all[run]
-    -- An all-or-nothing run is denied by its own keys alone.
-    if first == run_first then denied = false end
-  end
-  local algorithm, cost, now = tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), now_of(ARGV[g + 3])
-  local p1, p2, p3 = tonumber(ARGV[g + 4]), tonumber(ARGV[g + 5]), tonumber(ARGV[g + 6])
-  if mode == 'refund' then
-    local refund = REFUNDS[algorithm]
-    for i = first, last do
-      refund(KEYS[i], now, cost, p1, p2, p3)
-    end
-  else
-    -- One read for the group, or for an all-or-nothing run: a command costs
-    -- Redis far more than a key.
-    local values = {}
-    if batch then
-      -- One slot per command across slots, so no MGET: the values read up
-      -- front, unless an earlier group of this call wrote the key since.
-      for i = first, last do
-        local key = KEYS[i]
-        if reread[key] then
-          local value = try_call('GET', key)
-          if type(value) == 'table' then value = FOREIGN end
-          values[i - first + 1] = value
+-- One call: the keys, and the arguments described above. Everything above is
+-- defined once when the script is loaded as a Redis function library, and
+-- only this runs per FCALL (by EVALSHA, the whole script runs each call).
+local function decide_call(keys, ARGV)
+  call, try_call = redis.call, redis.pcall
+  floor, format, match = math.floor, string.format, string.match
+  KEYS, out, n, denied, writes, held, held_px = keys, {}, 0, false, {}, {}, {}
+  grace_ms, px_of, time_now = 0, {}, nil
+  local mode = ARGV[1]
+  local first_group = 2
+  -- In 'batch' mode, each key's value read up front, and the keys read since.
+  local batch, read_first, reread = mode == 'batch', nil, nil
+  if batch then
+    local count = tonumber(ARGV[2])
+    KEYS = { unpack(ARGV, 3, 2 + count) }
+    first_group = 3 + count
+    mode = 'each'
+    -- Every key is read before any is written: a key this node does not
+    -- serve fails its command, and a batch must not fail half written. The
+    -- read is a pcall so that such a key is reported, not raised.
+    read_first, reread = {}, {}
+    local elsewhere = {}
+    for i = 1, count do
+      local value = try_call('GET', KEYS[i])
+      if type(value) == 'table' and value.err then
+        -- A key of another type is this node's, and foreign to every algorithm.
+        if string.sub(value.err, 1, 9) == 'WRONGTYPE' then
+          value = FOREIGN
         else
-          values[i - first + 1] = read_first[i]
-          reread[key] = true
+          elsewhere[#elsewhere + 1] = i
         end
       end
-    elseif algorithm ~= SLIDING_LOG then
-      if commit then
-        values = call('MGET', unpack(KEYS, first, last))
-      else
-        -- An all-or-nothing run's keys are distinct and read together, at
-        -- its first group.
-        if not run_values then
-          run_values = read_whole(run_first, run_last and run_last[run] or #KEYS)
-        end
-        for i = first, last do
-          values[i - first + 1] = run_values[i - run_first + 1]
-        end
-      end
+      read_first[i] = value
     end
-    ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3)
+    if #elsewhere > 0 then
+      table.insert(elsewhere, 1, #elsewhere)
+      return elsewhere
+    end
+    out[1], n = 0, 1
   end
-  if run_last and last == run_last[run] then
-    if run_all[run] and not denied then release(run_first, last) end
-    run, run_first, run_values = run + 1, last + 1, nil
+  -- An all-or-nothing run's values, once read.
+  local run_values = nil
+
+  -- In 'runs' mode, the last key of each run and whether it is all or
+  -- nothing; the run being decided, and its first key.
+  local run_last, run_all, run, run_first = nil, nil, 1, 1
+  if mode == 'runs' then
+    local count = tonumber(ARGV[2])
+    run_last, run_all = {}, {}
+    local through = 0
+    for r = 1, count do
+      local keys = tonumber(ARGV[2 + r])
+      run_all[r] = keys < 0
+      through = through + (keys < 0 and -keys or keys)
+      run_last[r] = through
+    end
+    first_group = 3 + count
   end
+  local commit = mode == 'each' or mode == 'runs'
+  local last = 0
+  for g = first_group, #ARGV, 7 do
+    local first = last + 1
+    last = last + tonumber(ARGV[g])
+    if run_last then
+      commit = not run_all[run]
+      -- An all-or-nothing run is denied by its own keys alone.
+      if first == run_first then denied = false end
+    end
+    local algorithm, cost, now = tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), now_of(ARGV[g + 3])
+    local p1, p2, p3 = tonumber(ARGV[g + 4]), tonumber(ARGV[g + 5]), tonumber(ARGV[g + 6])
+    if mode == 'refund' then
+      local refund = REFUNDS[algorithm]
+      for i = first, last do
+        refund(KEYS[i], now, cost, p1, p2, p3)
+      end
+    else
+      -- One read for the group, or for an all-or-nothing run: a command costs
+      -- Redis far more than a key.
+      local values = {}
+      if batch then
+        -- One slot per command across slots, so no MGET: the values read up
+        -- front, unless an earlier group of this call wrote the key since.
+        for i = first, last do
+          local key = KEYS[i]
+          if reread[key] then
+            local value = try_call('GET', key)
+            if type(value) == 'table' then value = FOREIGN end
+            values[i - first + 1] = value
+          else
+            values[i - first + 1] = read_first[i]
+            reread[key] = true
+          end
+        end
+      elseif algorithm ~= SLIDING_LOG then
+        if commit then
+          values = call('MGET', unpack(KEYS, first, last))
+        else
+          -- An all-or-nothing run's keys are distinct and read together, at
+          -- its first group.
+          if not run_values then
+            run_values = read_whole(run_first, run_last and run_last[run] or #KEYS)
+          end
+          for i = first, last do
+            values[i - first + 1] = run_values[i - run_first + 1]
+          end
+        end
+      end
+      ALGORITHMS[algorithm](first, last, values, now, cost, commit, p1, p2, p3)
+    end
+    if run_last and last == run_last[run] then
+      if run_all[run] and not denied then release(run_first, last) end
+      run, run_first, run_values = run + 1, last + 1, nil
+    end
+  end
+  if not run_last and not commit and not denied and mode ~= 'peek' then release(1, last) end
+  return out
 end
-if not run_last and not commit and not denied and mode ~= 'peek' then release(1, last) end
-return out

@@ -28,15 +28,13 @@
 -- writes nothing. A write sets the key's expiry in the same command, for when
 -- its state no longer changes any decision.
 
-local call = redis.call
-local try_call = redis.pcall
--- The keys decided: KEYS, or on Redis Cluster the keys of a per-node batch,
--- which come in ARGV (see entry.lua). A local, so that entry.lua can point
--- it at them before anything reads it.
-local KEYS = KEYS
-local floor = math.floor
-local format = string.format
-local match = string.match
+-- redis.call, redis.pcall and the library functions used most, set by each
+-- call: Redis loads a function library where no global is readable.
+local call, try_call, floor, format, match = nil, nil, nil, nil, nil
+-- The keys decided: the call's KEYS, or on Redis Cluster the keys of a
+-- per-node batch, which come in ARGV; set by each call (see entry.lua), as
+-- are the reply and the other state of one call below.
+local KEYS = nil
 
 local ALGORITHMS = {}
 

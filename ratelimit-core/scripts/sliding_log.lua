@@ -44,7 +44,7 @@ ALGORITHMS[SLIDING_LOG] = each_key(function(key, _, now, cost, commit, limit, wi
 
   -- Instants after the cutoff count, including any ahead of a clock that
   -- went back. A key of another type is this key's error, not the call's.
-  local count = redis.pcall('ZCOUNT', key, after_cutoff, '+inf')
+  local count = try_call('ZCOUNT', key, after_cutoff, '+inf')
   if type(count) ~= 'number' then return corrupt() end
   local newest = nil
   if count > 0 then

@@ -283,9 +283,16 @@ impl RedisServer {
         self.dir.path().join("redis.log")
     }
 
-    /// Script calls (`EVALSHA`) the server has run since the last
-    /// `CONFIG RESETSTAT`, from `INFO commandstats`.
+    /// Script calls (`FCALL` of the limiter's function, or `EVALSHA`) the
+    /// server has run since the last `CONFIG RESETSTAT`, from
+    /// `INFO commandstats`.
     pub async fn script_calls(&self) -> u64 {
+        self.command_calls(&["fcall", "evalsha"]).await
+    }
+
+    /// Calls of `commands` the server has run since the last
+    /// `CONFIG RESETSTAT`, from `INFO commandstats`.
+    pub async fn command_calls(&self, commands: &[&str]) -> u64 {
         let mut connection = self.connection().await;
         let stats: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -294,11 +301,15 @@ impl RedisServer {
             .unwrap_or_default();
         stats
             .lines()
-            .find(|l| l.starts_with("cmdstat_evalsha:"))
-            .and_then(|l| l.split("calls=").nth(1))
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+            .filter(|l| {
+                l.strip_prefix("cmdstat_")
+                    .and_then(|l| l.split(':').next())
+                    .is_some_and(|name| commands.contains(&name))
+            })
+            .filter_map(|l| l.split("calls=").nth(1))
+            .filter_map(|v| v.split(',').next())
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum()
     }
 
     /// The server's log so far.

@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::redis::{
     await_answer, batch_invocation, decode_all, decode_one, decode_reply, invocation, invoke,
-    run_batches, Job, Request, MAX_QUEUED,
+    run_batches, Functions, Job, Request, ScriptCall, MAX_QUEUED,
 };
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -56,7 +56,8 @@ use crate::quota::Quota;
 static CROSS_SLOT_SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
     redis::Script::new(concat!(
         "#!lua flags=allow-cross-slot-keys\n",
-        super::redis::script_body!()
+        super::redis::script_body!(),
+        super::redis::eval_call!()
     ))
 });
 
@@ -112,6 +113,8 @@ pub(crate) struct ClusterBackend {
     /// Set by a batch that met a key its node does not serve, or a failed
     /// batch: the next decision reads the slot map again.
     stale: Arc<AtomicBool>,
+    /// Whether the masters run the script as a function.
+    functions: Arc<Functions>,
     prefix: String,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -186,6 +189,7 @@ impl ClusterBackend {
             routing: RwLock::new(None),
             refreshing: tokio::sync::Mutex::new(None),
             stale: Arc::new(AtomicBool::new(false)),
+            functions: Arc::new(Functions::default()),
             prefix,
             timeout,
             clock,
@@ -218,7 +222,7 @@ impl ClusterBackend {
     ) -> Result<Vec<i64>, Error> {
         let connection = self.connection().await?;
         let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
-        call_routed(connection, self.timeout, &invocation).await
+        call_routed(connection, self.timeout, &self.functions, &invocation).await
     }
 
     /// The slot map, read now when there is none yet, when a batch found it
@@ -309,7 +313,8 @@ impl ClusterBackend {
     /// caller's runtime, and returns its queue.
     fn spawn_lane(&self, connection: ClusterConnection, address: &str) -> mpsc::Sender<Job> {
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
-        let (timeout, stale) = (self.timeout, self.stale.clone());
+        let (timeout, stale, functions) =
+            (self.timeout, self.stale.clone(), self.functions.clone());
         tracing::debug!(master = %address, "batching decisions for a Redis Cluster master");
         // One connection: the cluster client's clones share its one
         // multiplexed connection to each node.
@@ -318,7 +323,9 @@ impl ClusterBackend {
             vec![connection],
             Some(self.stale.clone()),
             NODE_IN_FLIGHT,
-            move |connection, jobs| send_node_batch(connection, timeout, stale.clone(), jobs),
+            move |connection, jobs| {
+                send_node_batch(connection, timeout, functions.clone(), stale.clone(), jobs)
+            },
         ));
         queue
     }
@@ -487,12 +494,13 @@ const SLOTS: u16 = 16_384;
 async fn call_routed(
     mut connection: ClusterConnection,
     timeout: Duration,
-    invocation: &redis::ScriptInvocation<'_>,
+    functions: &Functions,
+    invocation: &ScriptCall,
 ) -> Result<Vec<i64>, Error> {
     let work = async {
         let mut wait = Duration::from_millis(2);
         loop {
-            match invoke(invocation, &mut connection).await {
+            match invoke(invocation, &mut connection, functions).await {
                 Err(error) if refused_unrun(&error) => {
                     // The slot map is being refreshed (the client starts
                     // that on a redirect); give it a moment.
@@ -518,6 +526,7 @@ async fn call_routed(
 async fn send_node_batch(
     connection: ClusterConnection,
     timeout: Duration,
+    functions: Arc<Functions>,
     stale: Arc<AtomicBool>,
     mut jobs: Vec<Job>,
 ) -> bool {
@@ -531,21 +540,22 @@ async fn send_node_batch(
             jobs.iter().map(|job| (&job.key, job.request)),
         );
         let mut node = connection.clone();
-        let reply = match tokio::time::timeout(timeout, invoke(&invocation, &mut node)).await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(error)) if refused_unrun(&error) => {
-                stale.store(true, Ordering::Release);
-                break;
-            }
-            Ok(Err(error)) => {
-                fail(jobs, &Error::from(error));
-                return false;
-            }
-            Err(_) => {
-                fail(jobs, &Error::Timeout(timeout));
-                return false;
-            }
-        };
+        let reply =
+            match tokio::time::timeout(timeout, invoke(&invocation, &mut node, &functions)).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(error)) if refused_unrun(&error) => {
+                    stale.store(true, Ordering::Release);
+                    break;
+                }
+                Ok(Err(error)) => {
+                    fail(jobs, &Error::from(error));
+                    return false;
+                }
+                Err(_) => {
+                    fail(jobs, &Error::Timeout(timeout));
+                    return false;
+                }
+            };
         match reply.split_first() {
             Some((0, answers)) => {
                 let decoded = decode_reply(
@@ -583,6 +593,7 @@ async fn send_node_batch(
                 decide_alone(
                     connection.clone(),
                     timeout,
+                    functions.clone(),
                     moved.into_iter().map(|(job, _)| job).collect(),
                 )
                 .await;
@@ -594,21 +605,26 @@ async fn send_node_batch(
             }
         }
     }
-    decide_alone(connection, timeout, jobs).await;
+    decide_alone(connection, timeout, functions, jobs).await;
     true
 }
 
 /// Decides each job in a call of its own, concurrently, following
 /// redirects; a job whose caller has gone is not sent.
-async fn decide_alone(connection: ClusterConnection, timeout: Duration, jobs: Vec<Job>) {
+async fn decide_alone(
+    connection: ClusterConnection,
+    timeout: Duration,
+    functions: Arc<Functions>,
+    jobs: Vec<Job>,
+) {
     let calls: Vec<_> = jobs
         .into_iter()
         .filter(Job::wanted)
         .map(|job| {
-            let connection = connection.clone();
+            let (connection, functions) = (connection.clone(), functions.clone());
             tokio::spawn(async move {
                 let invocation = invocation("each", [(&job.key, job.request)]);
-                let result = call_routed(connection, timeout, &invocation)
+                let result = call_routed(connection, timeout, &functions, &invocation)
                     .await
                     .and_then(|reply| decode_one(&reply, &job.quota, job.request.cost, &job.key));
                 let _ = job.reply.send(result);

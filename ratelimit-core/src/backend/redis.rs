@@ -60,12 +60,16 @@ pub(crate) const MAX_QUEUED: usize = 4_096;
 const NO_RUNTIME: &str = "a Redis limiter decides on a Tokio runtime, which runs its connection \
      and batching; call it from within one (`#[tokio::main]`, `Runtime::block_on`)";
 
-/// Built once per process; `Script` sends EVALSHA and, on NOSCRIPT (after a
-/// restart or `SCRIPT FLUSH`), loads the script and retries once.
-pub(crate) static SCRIPT: Lazy<redis::Script> = Lazy::new(|| redis::Script::new(script_body!()));
+/// The script for EVALSHA, built once per process: its definitions, then the
+/// call. `Script` sends EVALSHA and, on NOSCRIPT (after a restart or
+/// `SCRIPT FLUSH`), loads the script and retries once. Used where Redis
+/// functions are not (see [`LIBRARY`]).
+pub(crate) static SCRIPT: Lazy<redis::Script> =
+    Lazy::new(|| redis::Script::new(concat!(script_body!(), eval_call!())));
 
-/// The script's text, file by file: one list for the standalone script and
-/// the cluster's flagged one (a macro, as `concat!` takes only literals).
+/// The script's text, file by file: one list for the standalone script, the
+/// cluster's flagged one and the function library (a macro, as `concat!`
+/// takes only literals).
 macro_rules! script_body {
     () => {
         concat!(
@@ -81,14 +85,131 @@ macro_rules! script_body {
 }
 pub(crate) use script_body;
 
-/// Runs `invocation`. `Script` answers NOSCRIPT by loading the script and
-/// retrying once; a `SCRIPT FLUSH` (or a restart) landing between that load
-/// and the retry makes the retry fail with NOSCRIPT too, so it is tried a
-/// couple more times rather than reported as a backend failure.
+/// What makes the script's definitions a script call (see entry.lua): the
+/// global KEYS, which the prelude's local of that name hides.
+macro_rules! eval_call {
+    () => {
+        "return decide_call(_G.KEYS, ARGV)\n"
+    };
+}
+pub(crate) use eval_call;
+
+/// The same definitions as a Redis function library (Redis 7.0 and later,
+/// Valkey), loaded once per server by `FUNCTION LOAD`: Redis then runs them
+/// once, at load, where EVALSHA runs them on every call, which measured a
+/// large share of what a call costs Redis (`benches/floors.sh`). Named after
+/// the script's hash, so that two versions of this crate sharing a Redis each
+/// call their own; flagged for keys of several slots, which a cluster batch
+/// needs and a single-slot call does not mind.
+pub(crate) struct Library {
+    /// The function's name, also the library's.
+    function: String,
+    /// The library's source, for `FUNCTION LOAD`.
+    code: String,
+}
+
+pub(crate) static LIBRARY: Lazy<Library> = Lazy::new(|| {
+    let function = format!("ratelimit_{}", &SCRIPT.get_hash()[..16]);
+    let code = format!(
+        "#!lua name={function}\n{}\nredis.register_function{{function_name='{function}', \
+         callback=decide_call, flags={{'allow-cross-slot-keys'}}}}\n",
+        script_body!()
+    );
+    Library { function, code }
+});
+
+/// Whether one server (a master, or the masters of one cluster) runs the
+/// library: until it refuses it (a Redis older than 7.0, an ACL user without
+/// `FCALL` or `FUNCTION LOAD`), calls go as FCALL, and from then on as
+/// EVALSHA.
+#[derive(Debug, Default)]
+pub(crate) struct Functions {
+    refused: AtomicBool,
+}
+
+impl Functions {
+    fn refuse(&self, error: &redis::RedisError) {
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                %error,
+                "this Redis does not run the limiter as a function; calling it by EVALSHA"
+            );
+        }
+    }
+}
+
+/// One call of the script: its keys and arguments, sent as FCALL of the
+/// library or as EVALSHA of `script`.
+pub(crate) struct ScriptCall {
+    script: &'static redis::Script,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    pub(crate) fn new(script: &'static redis::Script) -> Self {
+        Self {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    pub(crate) fn key<T: redis::ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    pub(crate) fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    fn fcall(&self) -> redis::Cmd {
+        let mut fcall = redis::cmd("FCALL");
+        fcall
+            .arg(&LIBRARY.function)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        fcall
+    }
+
+    fn evalsha(&self) -> redis::ScriptInvocation<'static> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.key(&self.keys).arg(&self.args);
+        invocation
+    }
+}
+
+/// Runs `call`, as FCALL while `functions` allows, loading the library when
+/// the server has not got it (first use, a restart, `FUNCTION FLUSH`), and
+/// otherwise as EVALSHA. A flush landing between a load and the call it
+/// serves makes the call fail as before the load, so each is tried a couple
+/// more times rather than reported as a backend failure.
 pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
-    invocation: &redis::ScriptInvocation<'_>,
+    call: &ScriptCall,
     connection: &mut C,
+    functions: &Functions,
 ) -> Result<Vec<i64>, redis::RedisError> {
+    let mut loads = 0;
+    while !functions.refused.load(Ordering::Relaxed) {
+        match call.fcall().query_async(connection).await {
+            Err(error) if function_missing(&error) && loads < 3 => {
+                loads += 1;
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
+                match load.query_async::<redis::Value>(connection).await {
+                    Ok(_) => {}
+                    Err(error) if functions_refused(&error) => functions.refuse(&error),
+                    Err(error) => return Err(error),
+                }
+            }
+            Err(error) if functions_refused(&error) => functions.refuse(&error),
+            result => return result,
+        }
+    }
+    let invocation = call.evalsha();
     let mut attempts = 0;
     loop {
         match invocation.invoke_async(connection).await {
@@ -102,6 +223,28 @@ pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
             result => return result,
         }
     }
+}
+
+/// The server has no function of the library's name: it was never loaded
+/// there, or was flushed, or the server restarted without it.
+fn function_missing(error: &redis::RedisError) -> bool {
+    error.to_string().contains("Function not found")
+}
+
+/// The server will not run the library: no FCALL or FUNCTION (Redis older
+/// than 7.0, or the command renamed away), an ACL user not allowed either
+/// (a user not allowed the keys is refused by EVALSHA too, and told so), or
+/// a Lua that rejects the library.
+fn functions_refused(error: &redis::RedisError) -> bool {
+    let text = error.to_string().to_lowercase();
+    let command_not_allowed = error.kind()
+        == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        && (text.contains("'fcall'") || text.contains("'function"));
+    command_not_allowed
+        || text.contains("unknown command")
+        || text.contains("unknown subcommand")
+        || text.contains("error compiling")
+        || text.contains("error registering")
 }
 
 /// `url` with any password replaced by `***`, for errors and logs: a Redis
@@ -200,7 +343,7 @@ impl Request {
 
     /// Adds the group of seven fields that stands for `count` keys with
     /// this request.
-    fn push_group(&self, count: usize, invocation: &mut redis::ScriptInvocation<'_>) {
+    fn push_group(&self, count: usize, invocation: &mut ScriptCall) {
         invocation.arg(count).arg(self.algorithm).arg(self.cost);
         match self.now {
             Some(now) => invocation.arg(now),
@@ -220,8 +363,8 @@ impl Request {
 pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
     mode: &str,
     requests: impl IntoIterator<Item = (&'a K, Request)>,
-) -> redis::ScriptInvocation<'static> {
-    let mut invocation = SCRIPT.prepare_invoke();
+) -> ScriptCall {
+    let mut invocation = ScriptCall::new(&SCRIPT);
     invocation.arg(mode);
     let (keys, groups) = grouped(requests);
     for key in keys {
@@ -242,8 +385,8 @@ pub(crate) fn batch_invocation<'a, K: AsRef<str> + 'a>(
     script: &'static redis::Script,
     routing: &str,
     requests: impl IntoIterator<Item = (&'a K, Request)>,
-) -> redis::ScriptInvocation<'static> {
-    let mut invocation = script.prepare_invoke();
+) -> ScriptCall {
+    let mut invocation = ScriptCall::new(script);
     let (keys, groups) = grouped(requests);
     invocation.key(routing).arg("batch").arg(keys.len());
     for key in keys {
@@ -520,6 +663,8 @@ struct Lane {
     /// Set when a call failed and the endpoint follows failovers: the next
     /// decision asks the Sentinels where the master is now.
     stale: Arc<AtomicBool>,
+    /// Whether this master runs the script as a function.
+    functions: Arc<Functions>,
 }
 
 impl Lane {
@@ -626,11 +771,13 @@ impl RedisBackend {
             .collect::<Result<Vec<_>, _>>()?;
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
         let stale = Arc::new(AtomicBool::new(false));
+        let functions = Arc::new(Functions::default());
         let lane = Arc::new(Lane {
             queue,
             connection: connections[0].clone(),
             address,
             stale: stale.clone(),
+            functions: functions.clone(),
         });
         let on_failure = self.endpoint.follows_failovers().then_some(stale);
         runtime.spawn(run_batches(
@@ -638,7 +785,7 @@ impl RedisBackend {
             connections,
             on_failure,
             MAX_IN_FLIGHT,
-            send_batch,
+            move |connection, batch| send_batch(connection, functions.clone(), batch),
         ));
         *self.lane.write().unwrap_or_else(PoisonError::into_inner) = Some(lane.clone());
         Ok(lane)
@@ -731,13 +878,16 @@ impl RedisBackend {
     async fn call(
         &self,
         lane: &Lane,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &ScriptCall,
         connection: &mut ConnectionManager,
     ) -> Result<Vec<i64>, Error> {
-        let reply = tokio::time::timeout(self.timeout, invoke(invocation, connection))
-            .await
-            .map_err(|_| Error::Timeout(self.timeout))
-            .and_then(|reply| reply.map_err(Error::from));
+        let reply = tokio::time::timeout(
+            self.timeout,
+            invoke(invocation, connection, &lane.functions),
+        )
+        .await
+        .map_err(|_| Error::Timeout(self.timeout))
+        .and_then(|reply| reply.map_err(Error::from));
         if reply.is_err() {
             self.failed(lane);
         }
@@ -859,9 +1009,13 @@ impl Job {
 }
 
 /// Sends one batch and hands each caller its answer; whether Redis answered.
-async fn send_batch(mut connection: ConnectionManager, batch: Vec<Work>) -> bool {
+async fn send_batch(
+    mut connection: ConnectionManager,
+    functions: Arc<Functions>,
+    batch: Vec<Work>,
+) -> bool {
     let invocation = runs_invocation(&batch);
-    let reply = invoke(&invocation, &mut connection).await;
+    let reply = invoke(&invocation, &mut connection, &functions).await;
     let answered = reply.is_ok();
     let decoded = reply
         .map_err(Error::from)
@@ -907,7 +1061,7 @@ fn fail_all(batch: Vec<Work>, error: &Error) {
 /// One script call for `batch`: 'each' when it holds single decisions
 /// only; otherwise 'runs', consecutive single decisions making one run
 /// decided as 'each', and each check a run of its own decided as 'all'.
-fn runs_invocation(batch: &[Work]) -> redis::ScriptInvocation<'static> {
+fn runs_invocation(batch: &[Work]) -> ScriptCall {
     if batch.iter().all(|work| matches!(work, Work::One(_))) {
         let jobs = batch.iter().filter_map(|work| match work {
             Work::One(job) => Some((&job.key, job.request)),
@@ -930,7 +1084,7 @@ fn runs_invocation(batch: &[Work]) -> redis::ScriptInvocation<'static> {
             )),
         }
     }
-    let mut invocation = SCRIPT.prepare_invoke();
+    let mut invocation = ScriptCall::new(&SCRIPT);
     invocation.arg("runs").arg(runs.len());
     for (all, run) in &runs {
         let keys = run.len() as i64;

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Where Redis spends its time per decision: the limiter's script beside
+# scripts that do less (benches/floors/), each sent by redis-benchmark with
+# the arguments the limiter sends, rows interleaved round by round. Prints
+# Redis CPU (used_cpu_user + used_cpu_sys) per decision, or per check of
+# three keys, in µs: each row's median over the rounds, and the ratios the
+# README quotes.
+#
+#     benches/floors.sh              # ROUNDS=3 CALLS=15000
+#
+# Rows on one redis-server: 18 decisions a call (W2's ~17-19) and 9 (a
+# cluster master's share of 64 in flight); 18 checks a call of a user, an
+# IP and one global key of an ample quota, as `loadgen --dimensions 3`. Rows
+# on one cluster-mode redis-server owning every slot (no replica, as the
+# standalone one): 9 and 18 keys of many slots a call, as a cluster batch.
+# Keys are drawn from 100,000 (`redis-benchmark -r`); each row starts from
+# an empty Redis. Needs redis-server, redis-cli and redis-benchmark; pins
+# Redis to CPU 0 and redis-benchmark to CPU 1 when `taskset` exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${ROUNDS:=3}"
+: "${CALLS:=15000}"
+floors=$PWD/benches/floors
+dir=$(mktemp -d)
+pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+cleanup() {
+  for pid in "$dir"/*.pid; do kill "$(cat "$pid")" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# The limiter's script, its files in the order of `script_body!`
+# (ratelimit-core/src/backend/redis.rs), and the cluster's flagged copy.
+for file in $(grep -o 'scripts/[a-z_]*\.lua' ratelimit-core/src/backend/redis.rs); do
+  cat "ratelimit-core/$file"
+done > "$dir/limiter.lua"
+{ echo '#!lua flags=allow-cross-slot-keys'; cat "$dir/limiter.lua"; } > "$dir/limiter-cluster.lua"
+
+standalone=$(free_port)
+cluster=$(free_port)
+pin 0 redis-server --port "$standalone" --save '' --appendonly no --dir "$dir" \
+  --daemonize yes --pidfile "$dir/standalone.pid" >/dev/null
+mkdir "$dir/node"
+pin 0 redis-server --port "$cluster" --save '' --appendonly no --dir "$dir/node" \
+  --cluster-enabled yes --cluster-config-file "$dir/node/nodes.conf" \
+  --daemonize yes --pidfile "$dir/cluster.pid" >/dev/null
+for port in "$standalone" "$cluster"; do
+  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
+done
+redis-cli -p "$cluster" cluster addslotsrange 0 16383 >/dev/null
+
+keys() { local s=""; for _ in $(seq 1 "$1"); do s="$s $2:__rand_int__"; done; echo "$s"; }
+# A group of W2's quota (10 at 2/s): count, token bucket, cost 1, Redis's
+# clock, 2 tokens a second, capacity 10.
+w2() { echo "$1 0 1 '' 2 1000000 10"; }
+checks_keys="" checks_args="runs 18"
+for _ in $(seq 1 18); do
+  checks_keys="$checks_keys u:__rand_int__ i:__rand_int__ global"
+  checks_args="$checks_args -3"
+done
+for _ in $(seq 1 18); do checks_args="$checks_args $(w2 2) 1 0 1 '' 1000000 1000 1000000"; done
+
+# name|server|decisions or checks a call|script|EVALSHA's arguments
+rows="decision:nothing|$standalone|18|$floors/nothing.lua|18 $(keys 18 k) each $(w2 18)
+decision:read_write|$standalone|18|$floors/read_write.lua|18 $(keys 18 k) each $(w2 18)
+decision:least_gcra|$standalone|18|$floors/least_gcra.lua|18 $(keys 18 k) each $(w2 18)
+decision:limiter|$standalone|18|$dir/limiter.lua|18 $(keys 18 k) each $(w2 18)
+check:nothing|$standalone|18|$floors/nothing.lua|54 $checks_keys $checks_args
+check:read_write|$standalone|18|$floors/read_write.lua|54 $checks_keys $checks_args
+check:read_write_distinct|$standalone|18|$floors/read_write_distinct.lua|54 $checks_keys $checks_args
+check:limiter|$standalone|18|$dir/limiter.lua|54 $checks_keys $checks_args
+9:read_write|$standalone|9|$floors/read_write.lua|9 $(keys 9 k) each $(w2 9)
+9:limiter|$standalone|9|$dir/limiter.lua|9 $(keys 9 k) each $(w2 9)
+cluster9:read_write|$cluster|9|$floors/cluster_read_write.lua|1 r:__rand_int__ batch 9 $(keys 9 k) $(w2 9)
+cluster9:limiter|$cluster|9|$dir/limiter-cluster.lua|1 r:__rand_int__ batch 9 $(keys 9 k) $(w2 9)
+cluster18:read_write|$cluster|18|$floors/cluster_read_write.lua|1 r:__rand_int__ batch 18 $(keys 18 k) $(w2 18)
+cluster18:limiter|$cluster|18|$dir/limiter-cluster.lua|1 r:__rand_int__ batch 18 $(keys 18 k) $(w2 18)"
+
+cpu() { redis-cli -p "$1" info cpu | awk -F: '/used_cpu_(user|sys):/ { s += $2 } END { printf "%.6f", s }'; }
+results="$dir/results"
+for round in $(seq 1 "$ROUNDS"); do
+  while IFS='|' read -r name port per_call script args; do
+    sha=$(redis-cli -p "$port" -x script load < "$script")
+    redis-cli -p "$port" flushall >/dev/null
+    redis-cli -p "$port" config resetstat >/dev/null
+    before=$(cpu "$port")
+    eval "pin 1 redis-benchmark -p $port -r 100000 -n $CALLS -c 4 -P 8 -q evalsha $sha $args" >/dev/null
+    after=$(cpu "$port")
+    stats=$(redis-cli -p "$port" info commandstats | grep '^cmdstat_evalsha:')
+    calls=$(sed 's/.*:calls=\([0-9]*\),.*/\1/' <<<"$stats")
+    failed=$(sed 's/.*failed_calls=\([0-9]*\).*/\1/' <<<"$stats")
+    if [ "$failed" != 0 ]; then
+      echo "benches/floors.sh: $name: $failed of $calls calls failed:" >&2
+      eval "redis-cli -p $port evalsha $sha $args" >&2 || true
+      exit 1
+    fi
+    us=$(python3 -c "print('%.3f' % (($after - $before) * 1e6 / $calls / $per_call))")
+    echo "round $round  $name  $us" | tee -a "$results"
+  done <<<"$rows"
+done
+
+python3 - "$results" <<'PY'
+import collections, statistics, sys
+rows = collections.OrderedDict()
+for line in open(sys.argv[1]):
+    _, _, name, us = line.split()
+    rows.setdefault(name, []).append(float(us))
+median = {name: statistics.median(v) for name, v in rows.items()}
+print("\nRedis CPU µs per decision (check: per check of three keys), medians:")
+for name, v in median.items():
+    print(f"  {name:28} {v:7.3f}")
+print("\nratios of medians:")
+for what in ["read_write", "limiter"]:
+    print(f"  check of 3 / decision, {what:20} {median['check:' + what] / median['decision:' + what]:.2f}x")
+print(f"  check of 3 / decision, read_write_distinct  {median['check:read_write_distinct'] / median['decision:read_write']:.2f}x")
+print(f"  limiter / least_gcra, decisions              {median['decision:limiter'] / median['decision:least_gcra']:.2f}x")
+print(f"  limiter / read_write, decisions              {median['decision:limiter'] / median['decision:read_write']:.2f}x")
+for what in ["read_write", "limiter"]:
+    print(f"  cluster node / one Redis, 9 a call, {what:10} {median['cluster9:' + what] / median['9:' + what]:.2f}x")
+print(f"  9 / 18 a call, limiter, one Redis            {median['9:limiter'] / median['decision:limiter']:.2f}x")
+print(f"  cluster node 9 a call / one Redis 18 a call  {median['cluster9:limiter'] / median['decision:limiter']:.2f}x")
+PY
