@@ -8,7 +8,8 @@
 #
 #     benches/floors.sh              # ROUNDS=3 CALLS=15000
 #
-# Rows on one redis-server: 18 decisions a call (W2's ~17-19) and 9 (a
+# The limiter runs as the function library it loads (FCALL), and once by
+# EVALSHA, as where functions are refused. Rows on one redis-server: 18 decisions a call (W2's ~17-19) and 9 (a
 # cluster master's share of 64 in flight); 18 checks a call of a user, an
 # IP and one global key of an ample quota, as `loadgen --dimensions 3`. Rows
 # on one cluster-mode redis-server owning every slot (no replica, as the
@@ -31,10 +32,18 @@ cleanup() {
 trap cleanup EXIT
 
 # The limiter's script, its files in the order of `script_body!`
-# (ratelimit-core/src/backend/redis.rs), and the cluster's flagged copy.
+# (ratelimit-core/src/backend/redis.rs): as the function library the limiter
+# loads (called by FCALL), and as the script it sends by EVALSHA where
+# functions are refused, plain and flagged for a cluster.
 for file in $(grep -o 'scripts/[a-z_]*\.lua' ratelimit-core/src/backend/redis.rs); do
   cat "ratelimit-core/$file"
-done > "$dir/limiter.lua"
+done > "$dir/body.lua"
+{
+  echo '#!lua name=ratelimit_floors'
+  cat "$dir/body.lua"
+  echo "redis.register_function{function_name='ratelimit_floors', callback=decide_call, flags={'allow-cross-slot-keys'}}"
+} > "$dir/library.lua"
+{ cat "$dir/body.lua"; echo 'return decide_call(_G.KEYS, ARGV)'; } > "$dir/limiter.lua"
 { echo '#!lua flags=allow-cross-slot-keys'; cat "$dir/limiter.lua"; } > "$dir/limiter-cluster.lua"
 
 standalone=$(free_port)
@@ -49,6 +58,7 @@ for port in "$standalone" "$cluster"; do
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
 done
 redis-cli -p "$cluster" cluster addslotsrange 0 16383 >/dev/null
+until redis-cli -p "$cluster" cluster info | grep -q 'cluster_state:ok'; do sleep 0.1; done
 
 keys() { local s=""; for _ in $(seq 1 "$1"); do s="$s $2:__rand_int__"; done; echo "$s"; }
 # A group of W2's quota (10 at 2/s): count, token bucket, cost 1, Redis's
@@ -61,38 +71,50 @@ for _ in $(seq 1 18); do
 done
 for _ in $(seq 1 18); do checks_args="$checks_args $(w2 2) 1 0 1 '' 1000000 1000 1000000"; done
 
-# name|server|decisions or checks a call|script|EVALSHA's arguments
+# name|server|decisions or checks a call|script, or `fcall` for the
+# limiter's function|the call's keys and arguments
 rows="decision:nothing|$standalone|18|$floors/nothing.lua|18 $(keys 18 k) each $(w2 18)
 decision:read_write|$standalone|18|$floors/read_write.lua|18 $(keys 18 k) each $(w2 18)
 decision:least_gcra|$standalone|18|$floors/least_gcra.lua|18 $(keys 18 k) each $(w2 18)
-decision:limiter|$standalone|18|$dir/limiter.lua|18 $(keys 18 k) each $(w2 18)
+decision:limiter|$standalone|18|fcall|18 $(keys 18 k) each $(w2 18)
+decision:limiter_evalsha|$standalone|18|$dir/limiter.lua|18 $(keys 18 k) each $(w2 18)
 check:nothing|$standalone|18|$floors/nothing.lua|54 $checks_keys $checks_args
 check:read_write|$standalone|18|$floors/read_write.lua|54 $checks_keys $checks_args
 check:read_write_distinct|$standalone|18|$floors/read_write_distinct.lua|54 $checks_keys $checks_args
-check:limiter|$standalone|18|$dir/limiter.lua|54 $checks_keys $checks_args
+check:limiter|$standalone|18|fcall|54 $checks_keys $checks_args
 9:read_write|$standalone|9|$floors/read_write.lua|9 $(keys 9 k) each $(w2 9)
-9:limiter|$standalone|9|$dir/limiter.lua|9 $(keys 9 k) each $(w2 9)
+9:limiter|$standalone|9|fcall|9 $(keys 9 k) each $(w2 9)
 cluster9:read_write|$cluster|9|$floors/cluster_read_write.lua|1 r:__rand_int__ batch 9 $(keys 9 k) $(w2 9)
-cluster9:limiter|$cluster|9|$dir/limiter-cluster.lua|1 r:__rand_int__ batch 9 $(keys 9 k) $(w2 9)
+cluster9:limiter|$cluster|9|fcall|1 r:__rand_int__ batch 9 $(keys 9 k) $(w2 9)
+cluster9:limiter_evalsha|$cluster|9|$dir/limiter-cluster.lua|1 r:__rand_int__ batch 9 $(keys 9 k) $(w2 9)
 cluster18:read_write|$cluster|18|$floors/cluster_read_write.lua|1 r:__rand_int__ batch 18 $(keys 18 k) $(w2 18)
-cluster18:limiter|$cluster|18|$dir/limiter-cluster.lua|1 r:__rand_int__ batch 18 $(keys 18 k) $(w2 18)"
+cluster18:limiter|$cluster|18|fcall|1 r:__rand_int__ batch 18 $(keys 18 k) $(w2 18)"
+
+for port in "$standalone" "$cluster"; do
+  redis-cli -p "$port" -x function load replace < "$dir/library.lua" >/dev/null
+done
 
 cpu() { redis-cli -p "$1" info cpu | awk -F: '/used_cpu_(user|sys):/ { s += $2 } END { printf "%.6f", s }'; }
 results="$dir/results"
 for round in $(seq 1 "$ROUNDS"); do
   while IFS='|' read -r name port per_call script args; do
-    sha=$(redis-cli -p "$port" -x script load < "$script")
+    if [ "$script" = fcall ]; then
+      command="fcall ratelimit_floors" stat=fcall
+    else
+      command="evalsha $(redis-cli -p "$port" -x script load < "$script")" stat=evalsha
+    fi
+    # FLUSHALL leaves functions and scripts loaded.
     redis-cli -p "$port" flushall >/dev/null
     redis-cli -p "$port" config resetstat >/dev/null
     before=$(cpu "$port")
-    eval "pin 1 redis-benchmark -p $port -r 100000 -n $CALLS -c 4 -P 8 -q evalsha $sha $args" >/dev/null
+    eval "pin 1 redis-benchmark -p $port -r 100000 -n $CALLS -c 4 -P 8 -q $command $args" >/dev/null
     after=$(cpu "$port")
-    stats=$(redis-cli -p "$port" info commandstats | grep '^cmdstat_evalsha:')
+    stats=$(redis-cli -p "$port" info commandstats | grep "^cmdstat_$stat:")
     calls=$(sed 's/.*:calls=\([0-9]*\),.*/\1/' <<<"$stats")
     failed=$(sed 's/.*failed_calls=\([0-9]*\).*/\1/' <<<"$stats")
     if [ "$failed" != 0 ]; then
       echo "benches/floors.sh: $name: $failed of $calls calls failed:" >&2
-      eval "redis-cli -p $port evalsha $sha $args" >&2 || true
+      eval "redis-cli -p $port $command $args" >&2 || true
       exit 1
     fi
     us=$(python3 -c "print('%.3f' % (($after - $before) * 1e6 / $calls / $per_call))")
@@ -115,6 +137,8 @@ for what in ["read_write", "limiter"]:
     print(f"  check of 3 / decision, {what:20} {median['check:' + what] / median['decision:' + what]:.2f}x")
 print(f"  check of 3 / decision, read_write_distinct  {median['check:read_write_distinct'] / median['decision:read_write']:.2f}x")
 print(f"  limiter / least_gcra, decisions              {median['decision:limiter'] / median['decision:least_gcra']:.2f}x")
+print(f"  limiter by FCALL / by EVALSHA, decisions     {median['decision:limiter'] / median['decision:limiter_evalsha']:.2f}x")
+print(f"  the same on a cluster node, 9 a call         {median['cluster9:limiter'] / median['cluster9:limiter_evalsha']:.2f}x")
 print(f"  limiter / read_write, decisions              {median['decision:limiter'] / median['decision:read_write']:.2f}x")
 for what in ["read_write", "limiter"]:
     print(f"  cluster node / one Redis, 9 a call, {what:10} {median['cluster9:' + what] / median['9:' + what]:.2f}x")
