@@ -7,10 +7,12 @@
 # README quotes.
 #
 #     benches/floors.sh              # ROUNDS=3 CALLS=15000
+#     ONLY='limiter' ROUNDS=10 benches/floors.sh   # the rows whose name matches
 #
-# The limiter runs as the function library it loads (FCALL), and once by
-# EVALSHA, as where functions are refused. Rows on one redis-server: 18 decisions a call (W2's ~17-19) and 9 (a
-# cluster master's share of 64 in flight); 18 checks a call of a user, an
+# The limiter runs as the function library it loads (FCALL), and by EVALSHA
+# beside it, as where functions are refused. Rows on one redis-server: 18
+# decisions a call (W2's ~17-19), 9 (a cluster master's share of 64 in
+# flight) and 1; 18 checks a call of a user, an
 # IP and one global key of an ample quota, as `loadgen --dimensions 3`. Rows
 # on one cluster-mode redis-server owning every slot (no replica, as the
 # standalone one): 9 and 18 keys of many slots a call, as a cluster batch.
@@ -21,6 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${ROUNDS:=3}"
 : "${CALLS:=15000}"
+: "${ONLY:=.}"
 floors=$PWD/benches/floors
 dir=$(mktemp -d)
 pin() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
@@ -47,7 +50,9 @@ done > "$dir/body.lua"
 { echo '#!lua flags=allow-cross-slot-keys'; cat "$dir/limiter.lua"; } > "$dir/limiter-cluster.lua"
 
 standalone=$(free_port)
-cluster=$(free_port)
+# A cluster node also listens on its port + 10000 (the cluster bus), so its
+# port is taken below the ephemeral range.
+cluster=$((20000 + RANDOM % 20000))
 pin 0 redis-server --port "$standalone" --save '' --appendonly no --dir "$dir" \
   --daemonize yes --pidfile "$dir/standalone.pid" >/dev/null
 mkdir "$dir/node"
@@ -55,10 +60,24 @@ pin 0 redis-server --port "$cluster" --save '' --appendonly no --dir "$dir/node"
   --cluster-enabled yes --cluster-config-file "$dir/node/nodes.conf" \
   --daemonize yes --pidfile "$dir/cluster.pid" >/dev/null
 for port in "$standalone" "$cluster"; do
-  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
+  for _ in $(seq 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
 done
+redis-cli -p "$cluster" info cluster 2>/dev/null | grep -q 'cluster_enabled:1' || {
+  echo "benches/floors.sh: no cluster-mode redis-server came up on port $cluster" >&2
+  exit 1
+}
 redis-cli -p "$cluster" cluster addslotsrange 0 16383 >/dev/null
-until redis-cli -p "$cluster" cluster info | grep -q 'cluster_state:ok'; do sleep 0.1; done
+for _ in $(seq 100); do
+  redis-cli -p "$cluster" cluster info | grep -q 'cluster_state:ok' && break
+  sleep 0.1
+done
+redis-cli -p "$cluster" cluster info | grep -q 'cluster_state:ok' || {
+  echo "benches/floors.sh: the one-node cluster on port $cluster did not come up" >&2
+  exit 1
+}
 
 keys() { local s=""; for _ in $(seq 1 "$1"); do s="$s $2:__rand_int__"; done; echo "$s"; }
 # A group of W2's quota (10 at 2/s): count, token bucket, cost 1, Redis's
@@ -82,6 +101,8 @@ check:nothing|$standalone|18|$floors/nothing.lua|54 $checks_keys $checks_args
 check:read_write|$standalone|18|$floors/read_write.lua|54 $checks_keys $checks_args
 check:read_write_distinct|$standalone|18|$floors/read_write_distinct.lua|54 $checks_keys $checks_args
 check:limiter|$standalone|18|fcall|54 $checks_keys $checks_args
+1:limiter|$standalone|1|fcall|1 $(keys 1 k) each $(w2 1)
+1:limiter_evalsha|$standalone|1|$dir/limiter.lua|1 $(keys 1 k) each $(w2 1)
 9:read_write|$standalone|9|$floors/read_write.lua|9 $(keys 9 k) each $(w2 9)
 9:limiter|$standalone|9|fcall|9 $(keys 9 k) each $(w2 9)
 cluster9:read_write|$cluster|9|$floors/cluster_read_write.lua|1 r:__rand_int__ batch 9 $(keys 9 k) $(w2 9)
@@ -98,6 +119,7 @@ cpu() { redis-cli -p "$1" info cpu | awk -F: '/used_cpu_(user|sys):/ { s += $2 }
 results="$dir/results"
 for round in $(seq 1 "$ROUNDS"); do
   while IFS='|' read -r name port per_call script args; do
+    [[ $name =~ $ONLY ]] || continue
     if [ "$script" = fcall ]; then
       command="fcall ratelimit_floors" stat=fcall
     else
@@ -133,15 +155,21 @@ print("\nRedis CPU µs per decision (check: per check of three keys), medians:")
 for name, v in median.items():
     print(f"  {name:28} {v:7.3f}")
 print("\nratios of medians:")
-for what in ["read_write", "limiter"]:
-    print(f"  check of 3 / decision, {what:20} {median['check:' + what] / median['decision:' + what]:.2f}x")
-print(f"  check of 3 / decision, read_write_distinct  {median['check:read_write_distinct'] / median['decision:read_write']:.2f}x")
-print(f"  limiter / least_gcra, decisions              {median['decision:limiter'] / median['decision:least_gcra']:.2f}x")
-print(f"  limiter by FCALL / by EVALSHA, decisions     {median['decision:limiter'] / median['decision:limiter_evalsha']:.2f}x")
-print(f"  the same on a cluster node, 9 a call         {median['cluster9:limiter'] / median['cluster9:limiter_evalsha']:.2f}x")
-print(f"  limiter / read_write, decisions              {median['decision:limiter'] / median['decision:read_write']:.2f}x")
-for what in ["read_write", "limiter"]:
-    print(f"  cluster node / one Redis, 9 a call, {what:10} {median['cluster9:' + what] / median['9:' + what]:.2f}x")
-print(f"  9 / 18 a call, limiter, one Redis            {median['9:limiter'] / median['decision:limiter']:.2f}x")
-print(f"  cluster node 9 a call / one Redis 18 a call  {median['cluster9:limiter'] / median['decision:limiter']:.2f}x")
+ratios = [
+    ("check of 3 / decision, read_write", "check:read_write", "decision:read_write"),
+    ("check of 3 / decision, read_write_distinct", "check:read_write_distinct", "decision:read_write"),
+    ("check of 3 / decision, limiter", "check:limiter", "decision:limiter"),
+    ("limiter / least_gcra, decisions", "decision:limiter", "decision:least_gcra"),
+    ("limiter / read_write, decisions", "decision:limiter", "decision:read_write"),
+    ("limiter by FCALL / by EVALSHA, 18 a call", "decision:limiter", "decision:limiter_evalsha"),
+    ("limiter by FCALL / by EVALSHA, 1 a call", "1:limiter", "1:limiter_evalsha"),
+    ("limiter by FCALL / by EVALSHA, cluster node, 9 a call", "cluster9:limiter", "cluster9:limiter_evalsha"),
+    ("cluster node / one Redis, 9 a call, read_write", "cluster9:read_write", "9:read_write"),
+    ("cluster node / one Redis, 9 a call, limiter", "cluster9:limiter", "9:limiter"),
+    ("9 / 18 a call, limiter, one Redis", "9:limiter", "decision:limiter"),
+    ("cluster node 9 a call / one Redis 18 a call, limiter", "cluster9:limiter", "decision:limiter"),
+]
+for what, a, b in ratios:
+    if a in median and b in median:
+        print(f"  {what:55} {median[a] / median[b]:.2f}x")
 PY
