@@ -391,6 +391,43 @@ async fn script_and_function_flushes_between_calls_are_invisible_to_the_caller()
 }
 
 #[tokio::test]
+async fn a_redis_out_of_memory_still_answers_denials() {
+    let server = RedisServer::start();
+    let mut redis = server.connection().await;
+    let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
+    // Spent by another instance, so that no deny cache here answers for Redis.
+    let other = redis_limiter(&server);
+    for _ in 0..2 {
+        assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
+    }
+    let limiter = redis_limiter(&server);
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    // A denial writes nothing, so a full Redis still gives it; an admission
+    // must write, and its refusal is an error for the failure policy.
+    let denied = limiter.decide(&quota, "full", 1).await;
+    let admitted = limiter.decide(&quota, "full:fresh", 1).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let denied = denied.expect("a denial needs no memory");
+    assert!(!denied.allowed, "{denied:?}");
+    let error = admitted.expect_err("an admission needs a write");
+    assert!(error.to_string().contains("OOM"), "{error}");
+}
+
+#[tokio::test]
 async fn a_redis_without_functions_decides_by_evalsha() {
     // As a Redis older than 7.0: FCALL is an unknown command.
     let server = RedisServer::start_with(&["--rename-command", "FCALL", ""]);

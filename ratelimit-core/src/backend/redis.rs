@@ -184,7 +184,7 @@ impl ScriptCall {
 
 /// Runs `call`, as FCALL while `functions` allows, loading the library when
 /// the server has not got it (first use, a restart, `FUNCTION FLUSH`), and
-/// otherwise as EVALSHA. A flush landing between a load and the call it
+/// otherwise, or when Redis is out of memory, as EVALSHA. A flush landing between a load and the call it
 /// serves makes the call fail as before the load, so each is tried a couple
 /// more times rather than reported as a backend failure.
 pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
@@ -206,6 +206,10 @@ pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
                 }
             }
             Err(error) if functions_refused(&error) => functions.refuse(&error),
+            // Over `maxmemory`, Redis refuses a function that may write
+            // before it runs, while the plain script runs until it writes:
+            // a call that only denies is still answered that way.
+            Err(error) if error.code() == Some("OOM") => break,
             result => return result,
         }
     }
