@@ -50,9 +50,9 @@ done > "$dir/body.lua"
 { echo '#!lua flags=allow-cross-slot-keys'; cat "$dir/limiter.lua"; } > "$dir/limiter-cluster.lua"
 
 standalone=$(free_port)
-# A cluster node also listens on its port + 10000 (the cluster bus), so its
-# port is taken below the ephemeral range.
-cluster=$((20000 + RANDOM % 20000))
+# A cluster node also listens on its port + 10000 (the cluster bus), so both
+# are taken below the ephemeral range (32768 on).
+cluster=$((10000 + RANDOM % 10000))
 pin 0 redis-server --port "$standalone" --save '' --appendonly no --dir "$dir" \
   --daemonize yes --pidfile "$dir/standalone.pid" >/dev/null
 mkdir "$dir/node"
@@ -133,9 +133,9 @@ for round in $(seq 1 "$ROUNDS"); do
     after=$(cpu "$port")
     stats=$(redis-cli -p "$port" info commandstats | grep "^cmdstat_$stat:")
     calls=$(sed 's/.*:calls=\([0-9]*\),.*/\1/' <<<"$stats")
-    failed=$(sed 's/.*failed_calls=\([0-9]*\).*/\1/' <<<"$stats")
-    if [ "$failed" != 0 ]; then
-      echo "benches/floors.sh: $name: $failed of $calls calls failed:" >&2
+    failed=$(sed 's/.*rejected_calls=\([0-9]*\),failed_calls=\([0-9]*\).*/\1 \2/' <<<"$stats")
+    if [ "$failed" != "0 0" ]; then
+      echo "benches/floors.sh: $name: calls rejected and failed: $failed (of $calls):" >&2
       eval "redis-cli -p $port $command $args" >&2 || true
       exit 1
     fi

@@ -44,23 +44,32 @@ local function now_of(arg)
   return time_now
 end
 
--- The values of KEYS[from..to], keys that an all-or-nothing decision reads,
--- by one MGET. MGET reads a key of another type as absent, and 'each' mode
--- finds those when it writes (with NX); all or nothing must know before
--- anything is written: one EXISTS for the absent keys, and one a key only
--- when some key of another type is among them.
-local function read_whole(from, to)
+-- The values of KEYS[from..to], the keys of an all-or-nothing run whose
+-- groups start at ARGV[g], by one MGET. MGET reads a key of another type as
+-- absent, and 'each' mode finds those when it writes (with NX); all or
+-- nothing must know before anything is written: one EXISTS for the absent
+-- keys, and one a key only when some key of another type is among them. The
+-- sliding log's keys hold sorted sets and are left out: the log reads them
+-- itself.
+local function read_whole(from, to, ARGV, g)
   local values = call('MGET', unpack(KEYS, from, to))
-  local absent, n_absent = {}, 0
-  for j = 1, to - from + 1 do
-    if not values[j] then
-      n_absent = n_absent + 1
-      absent[n_absent] = KEYS[from + j - 1]
+  local absent, absent_at, n_absent = {}, {}, 0
+  local i = from
+  while i <= to do
+    local count = tonumber(ARGV[g])
+    if tonumber(ARGV[g + 1]) ~= SLIDING_LOG then
+      for j = i, i + count - 1 do
+        if not values[j - from + 1] then
+          n_absent = n_absent + 1
+          absent[n_absent], absent_at[n_absent] = KEYS[j], j - from + 1
+        end
+      end
     end
+    i, g = i + count, g + 7
   end
   if n_absent > 0 and call('EXISTS', unpack(absent, 1, n_absent)) > 0 then
-    for j = 1, to - from + 1 do
-      if not values[j] and call('EXISTS', KEYS[from + j - 1]) == 1 then values[j] = FOREIGN end
+    for k = 1, n_absent do
+      if call('EXISTS', absent[k]) == 1 then values[absent_at[k]] = FOREIGN end
     end
   end
   return values
@@ -106,7 +115,7 @@ local function decide_call(keys, ARGV)
     out[1], n = 0, 1
   end
   -- An all-or-nothing run's values, once read.
-  local run_values = nil
+  local run_values, run_group = nil, first_group
 
   -- In 'runs' mode, the last key of each run and whether it is all or
   -- nothing; the run being decided, and its first key.
@@ -128,6 +137,8 @@ local function decide_call(keys, ARGV)
   for g = first_group, #ARGV, 7 do
     local first = last + 1
     last = last + tonumber(ARGV[g])
+    -- The run's first group, where read_whole starts.
+    if first == run_first then run_group = g end
     if run_last then
       commit = not run_all[run]
       -- An all-or-nothing run is denied by its own keys alone.
@@ -165,7 +176,7 @@ local function decide_call(keys, ARGV)
           -- An all-or-nothing run's keys are distinct and read together, at
           -- its first group.
           if not run_values then
-            run_values = read_whole(run_first, run_last and run_last[run] or #KEYS)
+            run_values = read_whole(run_first, run_last and run_last[run] or #KEYS, ARGV, run_group)
           end
           for i = first, last do
             values[i - first + 1] = run_values[i - run_first + 1]

@@ -128,11 +128,14 @@ pub(crate) struct Functions {
 }
 
 impl Functions {
+    /// From now on, EVALSHA. The log names the error's code alone: a reply
+    /// to an unknown command quotes the call's arguments, which hold keys.
     fn refuse(&self, error: &redis::RedisError) {
         if !self.refused.swap(true, Ordering::Relaxed) {
             tracing::info!(
-                %error,
-                "this Redis does not run the limiter as a function; calling it by EVALSHA"
+                code = error.code().unwrap_or("none"),
+                "this Redis does not run the limiter as a function (FCALL or FUNCTION LOAD \
+                 refused); calling it by EVALSHA"
             );
         }
     }
@@ -202,7 +205,10 @@ pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
                 match load.query_async::<redis::Value>(connection).await {
                     Ok(_) => {}
                     Err(error) if functions_refused(&error) => functions.refuse(&error),
-                    Err(error) => return Err(error),
+                    Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
+                    // Refused for now (over `maxmemory`, say): this call goes
+                    // by EVALSHA, which needs no load, and the next tries again.
+                    Err(_) => break,
                 }
             }
             Err(error) if functions_refused(&error) => functions.refuse(&error),
