@@ -183,9 +183,8 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     // With three dimensions, user i's IP key: built here, not on the timed path.
     let ips: Arc<Vec<String>> = Arc::new(if a.dimensions == 3 {
-        keys.iter()
-            .enumerate()
-            .map(|(i, _)| format!("{}:ip", keys[i / 10]))
+        (0..keys.len())
+            .map(|i| format!("{}:ip", keys[i / 10]))
             .collect()
     } else {
         Vec::new()

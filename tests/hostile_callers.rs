@@ -606,6 +606,15 @@ async fn the_queue_in_front_of_a_slow_redis_is_bounded() {
     );
 }
 
+/// `TYPE key`: which kind of value Redis holds there.
+async fn key_type(redis: &mut impl redis::aio::ConnectionLike, key: &str) -> String {
+    redis::cmd("TYPE")
+        .arg(key)
+        .query_async(redis)
+        .await
+        .unwrap()
+}
+
 fn every_string_algorithm() -> Vec<Quota> {
     let rate = Rate::per_second(1).unwrap();
     let window = Duration::from_secs(10);
@@ -646,18 +655,16 @@ async fn a_key_of_another_type_is_that_keys_error_and_is_never_overwritten() {
             );
         }
     }
-    let kind: String = redis::cmd("TYPE")
-        .arg("rl:zset")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert_eq!(kind, "zset", "the sorted set was overwritten");
-    let kind: String = redis::cmd("TYPE")
-        .arg("rl:hash")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert_eq!(kind, "hash", "the hash was overwritten");
+    assert_eq!(
+        key_type(&mut redis, "rl:zset").await,
+        "zset",
+        "the sorted set was overwritten"
+    );
+    assert_eq!(
+        key_type(&mut redis, "rl:hash").await,
+        "hash",
+        "the hash was overwritten"
+    );
     let untouched: u64 = redis::cmd("EXISTS")
         .arg("rl:fresh-dimension")
         .query_async(&mut redis)
@@ -803,12 +810,11 @@ async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_deci
         "{calls} script calls for 384 checks and decisions: they did not share calls"
     );
     assert_eq!(limiter.circuit_state(), CircuitState::Closed);
-    let kind: String = redis::cmd("TYPE")
-        .arg("rl:bad")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert_eq!(kind, "hash", "the foreign value was overwritten");
+    assert_eq!(
+        key_type(&mut redis, "rl:bad").await,
+        "hash",
+        "the foreign value was overwritten"
+    );
 }
 
 #[test]

@@ -31,6 +31,7 @@
 -- not 0, their indexes (from 1) follow, nothing else, and nothing was
 -- written; when it is 0, the keys' answers follow.
 
+-- Redis TIME in µs, read once a call (set by each call, as the prelude's state).
 local time_now = nil
 local function now_of(arg)
   if arg ~= '' then
@@ -48,29 +49,30 @@ end
 -- groups start at ARGV[g], by one MGET. MGET reads a key of another type as
 -- absent, and 'each' mode finds those when it writes (with NX); all or
 -- nothing must know before anything is written: one EXISTS for the absent
--- keys, and one a key only when some key of another type is among them. The
--- sliding log's keys hold sorted sets and are left out: the log reads them
--- itself.
+-- keys, and only when some of them exist after all (another type, or the
+-- sliding log's sorted sets, which the log reads itself), one a key for the
+-- absent keys of the other algorithms, found by walking the run's groups.
 local function read_whole(from, to, ARGV, g)
   local values = call('MGET', unpack(KEYS, from, to))
-  local absent, absent_at, n_absent = {}, {}, 0
+  local absent, n_absent = {}, 0
+  for j = from, to do
+    if not values[j - from + 1] then
+      n_absent = n_absent + 1
+      absent[n_absent] = KEYS[j]
+    end
+  end
+  if n_absent == 0 or call('EXISTS', unpack(absent, 1, n_absent)) == 0 then return values end
   local i = from
   while i <= to do
     local count = tonumber(ARGV[g])
     if tonumber(ARGV[g + 1]) ~= SLIDING_LOG then
       for j = i, i + count - 1 do
-        if not values[j - from + 1] then
-          n_absent = n_absent + 1
-          absent[n_absent], absent_at[n_absent] = KEYS[j], j - from + 1
+        if not values[j - from + 1] and call('EXISTS', KEYS[j]) == 1 then
+          values[j - from + 1] = FOREIGN
         end
       end
     end
     i, g = i + count, g + 7
-  end
-  if n_absent > 0 and call('EXISTS', unpack(absent, 1, n_absent)) > 0 then
-    for k = 1, n_absent do
-      if call('EXISTS', absent[k]) == 1 then values[absent_at[k]] = FOREIGN end
-    end
   end
   return values
 end

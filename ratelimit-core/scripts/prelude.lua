@@ -39,11 +39,11 @@ local KEYS = nil
 local ALGORITHMS = {}
 
 -- The reply, each key's numbers in KEYS order, and its length.
-local out, n = {}, 0
+local out, n = nil, 0
 -- Whether some key was not admitted, and the writes all-or-nothing decisions
 -- defer: writes[i] a function that stores KEYS[i]'s state, or held[i] the
 -- state itself, stored with PX held_px[i] (no closure for the common case).
-local denied, writes, held, held_px = false, {}, {}, {}
+local denied, writes, held, held_px = false, nil, nil, nil
 
 -- Stores what the decisions of KEYS[from..to] deferred.
 local function release(from, to)
@@ -125,7 +125,7 @@ end
 local grace_ms = 0
 
 -- PX arguments already formatted in this call: many keys share an expiry.
-local px_of = {}
+local px_of = nil
 
 -- The expiry, in whole milliseconds, of state that matters for ttl_us more.
 local function expiry_ms(ttl_us)
