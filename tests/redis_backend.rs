@@ -436,6 +436,47 @@ async fn a_redis_out_of_memory_still_answers_denials() {
     assert!(!denied.allowed, "{denied:?}");
 }
 
+/// Log lines written while `work` runs on this thread.
+async fn logged<F: std::future::Future>(work: F) -> (F::Output, String) {
+    #[derive(Clone)]
+    struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let capture = Capture(Arc::default());
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("ratelimit=info")
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let output = {
+        let _default = tracing::subscriber::set_default(subscriber);
+        work.await
+    };
+    let text = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    (output, text)
+}
+
+/// Current-thread: the batching task that logs runs on this thread.
+#[tokio::test]
+async fn the_switch_to_evalsha_is_logged_without_the_keys_of_the_call() {
+    let server = RedisServer::start_with(&["--rename-command", "FCALL", ""]);
+    let limiter = redis_limiter(&server);
+    let quota = Quota::new(3, Rate::per_minute(3).unwrap()).unwrap();
+    let (decision, logs) = logged(limiter.decide(&quota, "token:s3cr3t-api-key", 1)).await;
+    assert!(decision.unwrap().allowed);
+    assert!(logs.contains("calling it by EVALSHA"), "{logs}");
+    // Redis's reply to an unknown command quotes its arguments.
+    assert!(!logs.contains("s3cr3t"), "a key reached the log: {logs}");
+}
+
 #[tokio::test]
 async fn a_redis_without_functions_decides_by_evalsha() {
     // As a Redis older than 7.0: FCALL is an unknown command.
@@ -467,6 +508,35 @@ async fn a_redis_without_functions_decides_by_evalsha() {
     // Six calls, and the NOSCRIPT replies answered by loading the script.
     assert!(server.command_calls(&["evalsha"]).await >= 6);
     assert!(server.command_calls(&["script|load"]).await >= 3);
+}
+
+#[tokio::test]
+async fn a_check_with_a_sliding_log_asks_for_other_types_once() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let log = Quota::builder(Algorithm::SlidingLog)
+        .limit(100)
+        .window(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let bucket = Quota::new(100, Rate::per_minute(100).unwrap()).unwrap();
+    let check = [
+        ratelimit::Dimension::new(&log, "exists:log"),
+        ratelimit::Dimension::new(&bucket, "exists:bucket"),
+    ];
+    // The first check finds both keys absent; then both exist, the log as a
+    // sorted set, which MGET reads as absent.
+    limiter.decide_all(&check).await.unwrap();
+    let before = server.command_calls(&["exists"]).await;
+    for _ in 0..5 {
+        limiter.decide_all(&check).await.unwrap();
+    }
+    let exists = server.command_calls(&["exists"]).await - before;
+    assert_eq!(exists, 5, "one EXISTS a check, not one per key");
 }
 
 #[tokio::test]
