@@ -26,20 +26,31 @@ impl Backends {
         let server = RedisServer::start();
         let memory_clock = ManualClock::new(START);
         let redis_clock = ManualClock::new(START);
+        let cached_clock = ManualClock::new(START);
         let memory = Limiter::builder()
             .memory()
             .clock(memory_clock.clone())
             .build()
             .unwrap();
-        let redis = runtime.block_on(async {
-            // The algorithm itself is under test: no deny cache in front of it.
-            Limiter::builder()
+        let (redis, cached) = runtime.block_on(async {
+            // The algorithm itself: no deny cache in front of it.
+            let redis = Limiter::builder()
                 .redis(server.url())
                 .timeout(Duration::from_secs(2))
                 .clock(redis_clock.clone())
                 .deny_cache_max_keys(0)
                 .build()
-                .unwrap()
+                .unwrap();
+            // The same, answered from the deny cache (on by default) where it
+            // can be, on keys of its own.
+            let cached = Limiter::builder()
+                .redis(server.url())
+                .prefix("cached")
+                .timeout(Duration::from_secs(2))
+                .clock(cached_clock.clone())
+                .build()
+                .unwrap();
+            (redis, cached)
         });
         Backends {
             runtime,
@@ -47,6 +58,7 @@ impl Backends {
             limiters: vec![
                 ("memory", memory, memory_clock),
                 ("redis", redis, redis_clock),
+                ("redis with the deny cache", cached, cached_clock),
             ],
         }
     }
@@ -399,4 +411,35 @@ fn retry_after_and_reset_after_are_exact_for_every_algorithm() {
             );
         }
     }
+}
+
+/// Every backend answers the same events alike, decision for decision, at
+/// mixed costs on one key, whether Redis answers or the deny cache in front
+/// of it; and the deny cache answers a good share of them.
+#[test]
+fn the_deny_cache_answers_every_algorithm_as_redis_would() {
+    let b = Backends::start();
+    for quota in every_algorithm() {
+        let key = format!("alike:{}", quota.algorithm());
+        let events = events(23, 300, 120_000, quota.capacity());
+        let logs: Vec<_> = b
+            .limiters
+            .iter()
+            .map(|(name, limiter, clock)| (name, b.run(limiter, clock, &quota, &key, &events)))
+            .collect();
+        let (reference, expected) = &logs[0];
+        for (name, log) in &logs[1..] {
+            for ((t, cost, d), (_, _, want)) in log.iter().zip(expected) {
+                assert_eq!(
+                    d,
+                    want,
+                    "{name} against {reference}, {quota:?} at {} cost {cost}",
+                    t - START
+                );
+            }
+        }
+    }
+    let (_, cached, _) = &b.limiters[2];
+    let hits = cached.stats().denied_from_cache;
+    assert!(hits > 100, "the deny cache answered only {hits} denials");
 }

@@ -278,12 +278,13 @@ fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clock
     let server = RedisServer::start();
     let families = families();
     let case = std::sync::atomic::AtomicU64::new(0);
+    let hits = std::sync::atomic::AtomicU64::new(0);
     let config = cases(400);
     proptest!(config, |(ops in proptest::collection::vec(op(), 1..80))| {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = 1_750_000_000_000_000;
         let clock = ManualClock::new(start);
-        let (redis, memory) = runtime.block_on(async {
+        let (redis, cached, memory) = runtime.block_on(async {
             let redis = Limiter::builder()
                 .redis(server.url())
                 .timeout(Duration::from_secs(5))
@@ -291,13 +292,23 @@ fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clock
                 .deny_cache_max_keys(0)
                 .build()
                 .unwrap();
+            // The same, with the deny cache on (its default), on keys of its own.
+            let cached = Limiter::builder()
+                .redis(server.url())
+                .prefix("cached")
+                .timeout(Duration::from_secs(5))
+                .clock(clock.clone())
+                .build()
+                .unwrap();
             let memory = Limiter::builder().memory().clock(clock.clone()).build().unwrap();
-            (redis, memory)
+            (redis, cached, memory)
         });
         let key = |k: usize| format!("model:{case}:{k}");
         let quota_of = |k: usize, q: usize| families[family_of(k)][q % families[family_of(k)].len()];
         let cost_of = |quota: &Quota, c: u64| c % (2 * quota.capacity() + 1);
         let mut stretches: HashMap<usize, Stretch> = HashMap::new();
+        // The quotas each key was decided under.
+        let mut quotas_of: HashMap<usize, Vec<Quota>> = HashMap::new();
         let (mut now, mut high) = (start, start);
         for (step, op) in ops.iter().enumerate() {
             let context = format!("step {step} {op:?}");
@@ -317,16 +328,47 @@ fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clock
                 Op::Decide(k, q, c) => {
                     let quota = quota_of(*k, *q);
                     let cost = cost_of(&quota, *c);
-                    let (r, m) = runtime.block_on(async {
-                        (redis.decide(&quota, &key(*k), cost).await, memory.decide(&quota, &key(*k), cost).await)
+                    let decide = || runtime.block_on(async {
+                        let name = key(*k);
+                        (
+                            redis.decide(&quota, &name, cost).await,
+                            cached.decide(&quota, &name, cost).await,
+                            memory.decide(&quota, &name, cost).await,
+                        )
                     });
+                    let (r, c, m) = decide();
                     agree(&context, &quota, cost, regress, &r, &m)?;
-                    if let Ok(d) = r {
-                        stretches.entry(*k).or_default().decided(&quota, now, cost, d.allowed);
+                    agree(&format!("{context}, deny cache"), &quota, cost, regress, &c, &m)?;
+                    let Ok(d) = r else { continue };
+                    stretches.entry(*k).or_default().decided(&quota, now, cost, d.allowed);
+                    // Deny, sleep `retry_after`, retry the same cost: admitted,
+                    // as nothing else consumed the key (on a clock that has
+                    // not gone back, under a quota that has not changed: a
+                    // debt run up under another counts as an empty bucket of
+                    // this one until it has shrunk to that).
+                    let quotas = quotas_of.entry(*k).or_default();
+                    if !quotas.contains(&quota) {
+                        quotas.push(quota);
                     }
+                    if d.allowed || regress > 0 || quotas.len() > 1 || d.retry_after == Duration::MAX {
+                        continue;
+                    }
+                    now += d.retry_after.as_micros() as u64;
+                    high = high.max(now);
+                    clock.set(now);
+                    let (r, c, m) = decide();
+                    let context = format!("{context}, retried after {:?}", d.retry_after);
+                    agree(&context, &quota, cost, 0, &r, &m)?;
+                    agree(&format!("{context}, deny cache"), &quota, cost, 0, &c, &m)?;
+                    prop_assert!(r.as_ref().is_ok_and(|d| d.allowed), "{}: {:?}", context, r);
+                    stretches.entry(*k).or_default().decided(&quota, now, cost, true);
                 }
                 Op::Burst(k, q, c, n) => {
                     let quota = quota_of(*k, *q);
+                    let quotas = quotas_of.entry(*k).or_default();
+                    if !quotas.contains(&quota) {
+                        quotas.push(quota);
+                    }
                     let cost = cost_of(&quota, *c);
                     let name = key(*k);
                     // Sent together: batches go out on two connections, so
@@ -336,13 +378,18 @@ fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clock
                     let mut from_redis = runtime.block_on(futures::future::join_all(
                         (0..*n).map(|_| redis.decide(&quota, &name, cost)),
                     ));
+                    let mut from_cached = runtime.block_on(futures::future::join_all(
+                        (0..*n).map(|_| cached.decide(&quota, &name, cost)),
+                    ));
                     let mut from_memory: Vec<_> = (0..*n)
                         .map(|_| runtime.block_on(memory.decide(&quota, &name, cost)))
                         .collect();
                     from_redis.sort_by_key(by_outcome);
+                    from_cached.sort_by_key(by_outcome);
                     from_memory.sort_by_key(by_outcome);
-                    for (r, m) in from_redis.iter().zip(&from_memory) {
+                    for ((r, c), m) in from_redis.iter().zip(&from_cached).zip(&from_memory) {
                         agree(&context, &quota, cost, regress, r, m)?;
+                        agree(&format!("{context}, deny cache"), &quota, cost, regress, c, m)?;
                         if let Ok(d) = r {
                             stretches.entry(*k).or_default().decided(&quota, now, cost, d.allowed);
                         }
@@ -362,15 +409,26 @@ fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clock
                             (k, quota, cost_of(&quota, c))
                         })
                         .collect();
+                    for (k, quota, _) in &dims {
+                        let quotas = quotas_of.entry(*k).or_default();
+                        if !quotas.contains(quota) {
+                            quotas.push(*quota);
+                        }
+                    }
                     let names: Vec<String> = dims.iter().map(|(k, _, _)| key(*k)).collect();
                     let dimensions: Vec<Dimension<'_>> = dims
                         .iter()
                         .zip(&names)
                         .map(|((_, quota, cost), name)| Dimension::new(quota, name).cost(*cost))
                         .collect();
-                    let (r, m) = runtime.block_on(async {
-                        (redis.decide_all(&dimensions).await, memory.decide_all(&dimensions).await)
+                    let (r, c, m) = runtime.block_on(async {
+                        (
+                            redis.decide_all(&dimensions).await,
+                            cached.decide_all(&dimensions).await,
+                            memory.decide_all(&dimensions).await,
+                        )
                     });
+                    prop_assert_eq!(format!("{c:?}"), format!("{m:?}"), "{}, deny cache", context);
                     match (&r, &m) {
                         (Ok(r), Ok(m)) => {
                             prop_assert_eq!(r, m, "{}", context);
@@ -393,7 +451,11 @@ fn scripts_and_twins_agree_and_keep_their_bounds_under_changing_quotas_and_clock
                 }
             }
         }
+        hits.fetch_add(cached.stats().denied_from_cache, std::sync::atomic::Ordering::Relaxed);
     });
+    // The deny cache's half of the property says nothing unless it answered.
+    let hits = hits.into_inner();
+    assert!(hits > 50, "the deny cache answered only {hits} requests");
 }
 
 #[derive(Debug, Clone)]

@@ -1,13 +1,18 @@
 //! The answer to one request for tokens.
 
+use std::fmt;
 use std::time::Duration;
 
 /// What the limiter decided for one request.
 ///
 /// `retry_after` is exact for a key with no other traffic: a request of the
 /// same cost made `retry_after` from now is admitted, and one made earlier is
-/// not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// not. This holds for a denial answered from the local deny cache as for one
+/// answered by Redis: a cached answer gives the figures Redis would give,
+/// measured from the moment the reply it was learned from reached this
+/// process, so its waits are never shorter than Redis's and longer by at most
+/// that reply's round trip, and its `remaining` never larger.
+#[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct Decision {
     /// Whether the request was admitted (and its cost consumed).
@@ -28,6 +33,40 @@ pub struct Decision {
     /// True when the backend failed and the failure policy allowed the call;
     /// `remaining` is then unknown and reported as 0.
     pub fallback: bool,
+    /// For the bucket algorithms: the bucket's debt after this decision, in
+    /// the algorithm's units (a token is `rate.period_us` of them, and
+    /// `rate.tokens` are repaid every microsecond). The deny cache answers
+    /// later requests exactly from it. Not part of the public figures, so
+    /// neither compared nor printed.
+    pub(crate) debt: Option<u64>,
+}
+
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.allowed == other.allowed
+            && self.limit == other.limit
+            && self.remaining == other.remaining
+            && self.retry_after == other.retry_after
+            && self.reset_after == other.reset_after
+            && self.delay == other.delay
+            && self.fallback == other.fallback
+    }
+}
+
+impl Eq for Decision {}
+
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("allowed", &self.allowed)
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining)
+            .field("retry_after", &self.retry_after)
+            .field("reset_after", &self.reset_after)
+            .field("delay", &self.delay)
+            .field("fallback", &self.fallback)
+            .finish()
+    }
 }
 
 impl Decision {
@@ -56,6 +95,7 @@ impl Decision {
             reset_after: Duration::from_micros(reset_after_us),
             delay: Duration::from_micros(delay_us),
             fallback: false,
+            debt: None,
         }
     }
 }

@@ -1,21 +1,38 @@
-//! The local deny cache: a key denied for a cost cannot be admitted for that
-//! cost before its `retry_after` (buckets only refill with time, windows only
-//! move forward, other instances only consume more). So the denial is kept in
-//! process until then and answered from there, with no backend call.
+//! The local deny cache: what this process learned of a key's state from the
+//! backend's replies, kept so that a request the key cannot admit yet is
+//! denied in process, with no backend call and with the figures the backend
+//! would give at that instant.
 //!
-//! A cached answer is for the same cost only, so its `retry_after` (the time
-//! left until the cached instant) and `reset_after` stay exact; `remaining`
-//! is as of the backend's denial. A larger cost cannot succeed sooner either,
-//! but its own `retry_after` is longer, so it asks the backend.
+//! What is kept depends on the algorithm, and every reply on a key, an
+//! admission as well as a denial and at any cost, updates it:
+//! - token bucket, GCRA and leaky bucket: the bucket's debt, kept as the
+//!   instant it is paid off. It answers a request of any cost exactly: the
+//!   cache runs the algorithm's own arithmetic ([`gcra::decide_debt`]) on the
+//!   debt left at that instant. Admissions only add debt, so replies that
+//!   arrive out of order merge by keeping the later instant;
+//! - fixed window: the window's count and its end, which answer any cost;
+//! - sliding log and sliding window: denials, one per cost, each kept only
+//!   when its `remaining` is one short of its cost. Only then is `remaining`
+//!   sure to stay as it is until the wait ends (in a log, admissions leave
+//!   one by one). Any admission on the key drops them.
 //!
-//! An admission that leaves a bucket algorithm's key short of another
-//! request of the same cost is kept too, as the denial that request would
-//! get: the wait is known from the admission's `reset_after`.
+//! Nothing is kept of a key that can still admit more than one more request
+//! of the cost just decided, so a key with room costs one look-up, no entry.
 //!
-//! When a cached denial expires, the first caller asks the backend for
-//! everyone (it holds a [`Probe`]); the callers that arrive meanwhile wait
-//! for its answer and look again, so a flood on a hot key costs the backend
-//! about one call per `retry_after` whatever the number of callers.
+//! Clocks: everything is measured on the cache's clock (the limiter's clock
+//! when one is configured, which is then also the clock the backend decides
+//! on; else this process's monotonic clock, which never steps), from the
+//! moment a reply reached this process. Only durations come from the
+//! backend. A reply was decided at some instant between its request and its
+//! arrival, so a cached wait is never shorter than the backend's, and longer
+//! by at most the round trip of the call it was learned from. What was learned
+//! at an instant a clock has since gone back before is not used.
+//!
+//! When a key may admit only one more request of a cost (or a cached denial
+//! has just ended), the first caller asks the backend for everyone (it holds
+//! a [`Probe`]); the callers that arrive meanwhile wait for its answer and
+//! look again, so a flood on a hot key costs the backend about one call per
+//! admission whatever the number of callers.
 //!
 //! Entries are checked against the quota they were made under (a changed
 //! rule misses), dropped when a refund could make them wrong, and bounded in
@@ -30,27 +47,37 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::algorithm::gcra;
+use crate::algorithm::{decision, gcra};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::quota::Quota;
+use crate::quota::{Algorithm, Quota};
 
 const SHARDS: usize = 16;
 
-/// Denials kept per key: one per cost, so a caller alternating between two
-/// costs (a lease, then a single token) is answered for both.
+/// Keys are spread over this many counters of refunds and of sliding
+/// admissions, so that one key's traffic rarely keeps another's replies out.
+const STRIPES: usize = 256;
+
+/// Sliding denials kept per key: one per cost, so a caller alternating
+/// between two costs (a lease, then a single token) is answered for both.
 const COSTS_PER_KEY: usize = 4;
 
-type Shard = Mutex<HashMap<Box<str>, Vec<Entry>>>;
+type Shard = Mutex<HashMap<Box<str>, Known>>;
 
 pub(crate) struct DenyCache {
     shards: Box<[Shard]>,
     hasher: RandomState,
     max_per_shard: usize,
-    /// Counts `forget`s: an answer asked for before a `forget` of its key
-    /// (a refund) may be stale, and is not kept.
-    forgets: AtomicU64,
+    /// Per stripe of keys, counts `forget`s: a reply asked for before a
+    /// refund of its key may count tokens since given back, and is not
+    /// learned.
+    forgets: Box<[AtomicU64]>,
+    /// Per stripe of keys, counts the admissions of the sliding algorithms:
+    /// a sliding denial asked for before one was recorded may have been
+    /// decided before it, and is not kept. (What the other algorithms keep
+    /// merges in any order.)
+    admissions: Box<[AtomicU64]>,
 }
 
 /// What a caller does after consulting the cache.
@@ -63,22 +90,24 @@ pub(crate) enum Consulted<'a> {
     Ask(Option<Probe<'a>>),
 }
 
-/// When a backend call was asked for, for `insert`: answers asked for
-/// before a `forget` of their key are not kept.
+/// Taken just before a backend call on a key, for `record`: replies asked
+/// for before a refund of the key (or, for the sliding algorithms, before an
+/// admission on it was recorded) are not learned.
 #[derive(Clone, Copy)]
 pub(crate) struct Asked {
-    at_us: u64,
-    generation: u64,
+    stripe: usize,
+    forgets: u64,
+    admissions: u64,
 }
 
 /// What the cache knows of a request.
 enum Lookup<'a> {
     /// Denied, answered from the cache.
     Denied(Decision),
-    /// Nothing known: ask the backend.
+    /// Nothing known that denies it: ask the backend.
     Miss,
-    /// The cached denial has expired: ask the backend, for the callers that
-    /// wait too; they look again once this is dropped.
+    /// It may be the last request that fits: ask the backend, for the
+    /// callers that wait too; they look again once this is dropped.
     Probe(Probe<'a>),
     /// Another caller is asking the backend: wait until the value is no
     /// longer [`ProbeEnd::Asking`] (or its sender is gone), then look again.
@@ -97,13 +126,14 @@ enum ProbeEnd {
     Failed(Error),
 }
 
-/// Held by the caller asking the backend after a cached denial expired.
-/// Dropped once the answer is in the cache (or on failure, or when the
-/// caller is cancelled), it drops the expired entry unless a new answer
-/// replaced it, and wakes the waiting callers.
+/// Held by the caller asking the backend for the others. Dropped once the
+/// answer is in the cache (or on failure, or when the caller is cancelled),
+/// it unmarks the key, drops the sliding denials that had ended when it
+/// began, and wakes the waiting callers.
 pub(crate) struct Probe<'a> {
     cache: &'a DenyCache,
     key: &'a str,
+    began_us: u64,
     end: watch::Sender<ProbeEnd>,
     failure: Option<Error>,
 }
@@ -111,9 +141,19 @@ pub(crate) struct Probe<'a> {
 impl Drop for Probe<'_> {
     fn drop(&mut self) {
         let mine = self.end.subscribe();
-        if let Some(entries) = self.cache.shard(self.key).get_mut(self.key) {
-            entries.retain(|e| !e.probe.as_ref().is_some_and(|p| p.same_channel(&mine)));
+        let mut shard = self.cache.shard(self.key);
+        if let Some(known) = shard.get_mut(self.key) {
+            if known.probe.as_ref().is_some_and(|p| p.same_channel(&mine)) {
+                known.probe = None;
+            }
+            if let State::Denials(denials) = &mut known.state {
+                denials.retain(|d| d.until_us > self.began_us);
+                if denials.is_empty() && known.probe.is_none() {
+                    shard.remove(self.key);
+                }
+            }
         }
+        drop(shard);
         let end = match self.failure.take() {
             Some(error) => ProbeEnd::Failed(error),
             None => ProbeEnd::Done,
@@ -122,61 +162,203 @@ impl Drop for Probe<'_> {
     }
 }
 
-#[derive(Clone)]
-struct Entry {
+/// What is known of one key under one quota.
+struct Known {
     quota: Quota,
-    /// The cost denied until `until_us`.
-    cost: u64,
-    /// When the denied request could first succeed, on the cache's clock.
-    until_us: u64,
-    /// The denial's figures, as of `decided_us`.
-    decided_us: u64,
-    remaining: u64,
-    reset_after_us: u64,
-    /// Set once the denial has expired and a caller is asking the backend.
+    /// When it was last learned, on the cache's clock: a clock gone back
+    /// before that cannot use it.
+    learned_us: u64,
+    state: State,
+    /// Set while a caller is asking the backend for the others.
     probe: Option<watch::Receiver<ProbeEnd>>,
 }
 
-impl Entry {
-    /// The denial as of `now_us`, before `until_us`.
-    fn answer(&self, now_us: u64) -> Decision {
-        let elapsed = now_us.saturating_sub(self.decided_us);
-        Decision {
-            allowed: false,
-            limit: self.quota.capacity(),
-            remaining: self.remaining,
-            retry_after: Duration::from_micros(self.until_us - now_us),
-            reset_after: Duration::from_micros(self.reset_after_us.saturating_sub(elapsed)),
-            delay: Duration::ZERO,
-            fallback: false,
+enum State {
+    /// The bucket algorithms: the instant the debt is paid off, in the
+    /// algorithm's units (`rate.tokens` a microsecond) since the epoch.
+    Bucket { paid_off: u128 },
+    /// The fixed window: at least `count` in the window ending at `end_us`.
+    Window { count: u64, end_us: u64 },
+    /// The sliding algorithms: denials of one cost each.
+    Denials(Vec<Denial>),
+}
+
+/// A sliding algorithm's denial of `cost`, with `remaining` one short of it.
+#[derive(Clone, Copy)]
+struct Denial {
+    cost: u64,
+    /// When the denied request can first be admitted.
+    until_us: u64,
+    remaining: u64,
+    /// When the key is back to its whole quota.
+    reset_us: u64,
+}
+
+/// Which kind of state an algorithm's replies teach.
+enum Kind {
+    Bucket { leaky: bool },
+    Window,
+    Sliding,
+}
+
+fn kind(quota: &Quota) -> Kind {
+    match quota.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => Kind::Bucket { leaky: false },
+        Algorithm::LeakyBucket => Kind::Bucket { leaky: true },
+        Algorithm::FixedWindow => Kind::Window,
+        Algorithm::SlidingLog | Algorithm::SlidingWindow => Kind::Sliding,
+    }
+}
+
+impl Known {
+    /// The bucket's debt at `now_us`, in the algorithm's units.
+    fn debt(&self, paid_off: u128, now_us: u64) -> u64 {
+        let tokens = u128::from(self.quota.rate().tokens());
+        let debt = paid_off.saturating_sub(u128::from(now_us) * tokens);
+        u64::try_from(debt)
+            .unwrap_or(u64::MAX)
+            .min(self.quota.depth())
+    }
+
+    /// The denial the backend would give a request of `cost` at `now_us`,
+    /// when what is known is enough to say it would deny it.
+    fn denial(&self, cost: u64, now_us: u64) -> Option<Decision> {
+        if now_us < self.learned_us {
+            return None;
         }
+        let quota = &self.quota;
+        match &self.state {
+            State::Bucket { paid_off } => {
+                let Kind::Bucket { leaky } = kind(quota) else {
+                    return None;
+                };
+                let answer = gcra::decide_debt(quota, self.debt(*paid_off, now_us), cost, leaky);
+                (!answer.allowed).then_some(answer)
+            }
+            State::Window { count, end_us } => {
+                (now_us < *end_us && count + cost > quota.capacity()).then(|| {
+                    let left = end_us - now_us;
+                    let remaining = quota.capacity().saturating_sub(*count);
+                    decision(quota, false, remaining, left, left, 0)
+                })
+            }
+            State::Denials(denials) => denials
+                .iter()
+                .find(|d| d.cost == cost && now_us < d.until_us)
+                .map(|d| {
+                    let reset = d.reset_us.saturating_sub(now_us);
+                    decision(quota, false, d.remaining, d.until_us - now_us, reset, 0)
+                }),
+        }
+    }
+
+    /// Whether a request of `cost` at `now_us`, which this does not deny,
+    /// may be the last of that cost to fit, or the first after a denial of
+    /// it ended: then one caller asks the backend and the others wait.
+    fn contended(&self, cost: u64, now_us: u64) -> bool {
+        if now_us < self.learned_us {
+            return false;
+        }
+        let capacity = self.quota.capacity();
+        match &self.state {
+            State::Bucket { paid_off } => {
+                let two = u128::from(cost) * 2 * u128::from(self.quota.rate().period_us());
+                u128::from(self.debt(*paid_off, now_us)) + two > u128::from(self.quota.depth())
+            }
+            State::Window { count, end_us } if now_us < *end_us => count + 2 * cost > capacity,
+            State::Window { count, .. } => count + cost > capacity,
+            State::Denials(denials) => denials.iter().any(|d| d.cost == cost),
+        }
+    }
+
+    /// Whether this still tells anything at `now_us`.
+    fn live(&self, now_us: u64) -> bool {
+        self.probe.is_some()
+            || match &self.state {
+                State::Bucket { paid_off } => {
+                    *paid_off > u128::from(now_us) * u128::from(self.quota.rate().tokens())
+                }
+                State::Window { end_us, .. } => *end_us > now_us,
+                State::Denials(denials) => denials.iter().any(|d| d.until_us > now_us),
+            }
+    }
+
+    /// Takes in `learned`, a state learned at `now_us` under the same quota.
+    fn merge(&mut self, learned: State, now_us: u64) {
+        let window = self.quota.window_us();
+        match (&mut self.state, learned) {
+            (State::Bucket { paid_off }, State::Bucket { paid_off: new }) => {
+                *paid_off = (*paid_off).max(new);
+            }
+            (
+                State::Window { count, end_us },
+                State::Window {
+                    count: new_count,
+                    end_us: new_end,
+                },
+            ) => {
+                // Ends measured on arrival differ by the round trips' jitter
+                // within one window, and by a whole window across windows.
+                if new_end > end_us.saturating_add(window / 2) {
+                    (*count, *end_us) = (new_count, new_end);
+                } else if new_end.saturating_add(window / 2) >= *end_us {
+                    (*count, *end_us) = ((*count).max(new_count), (*end_us).max(new_end));
+                }
+            }
+            (State::Denials(denials), State::Denials(new)) => {
+                for denial in new {
+                    match denials.iter_mut().find(|d| d.cost == denial.cost) {
+                        Some(kept) => {
+                            kept.until_us = kept.until_us.max(denial.until_us);
+                            kept.reset_us = kept.reset_us.max(denial.reset_us);
+                        }
+                        None => {
+                            denials.retain(|d| d.until_us > now_us);
+                            if denials.len() >= COSTS_PER_KEY {
+                                denials.remove(0);
+                            }
+                            denials.push(denial);
+                        }
+                    }
+                }
+            }
+            (state, learned) => *state = learned,
+        }
+        self.learned_us = self.learned_us.max(now_us);
     }
 }
 
 impl DenyCache {
     pub(crate) fn new(max_keys: usize) -> Self {
+        let counters = || (0..STRIPES).map(|_| AtomicU64::new(0)).collect();
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             max_per_shard: (max_keys / SHARDS).max(1),
-            forgets: AtomicU64::new(0),
+            forgets: counters(),
+            admissions: counters(),
         }
     }
 
-    /// Taken just before a backend call, at `now_us`, for `insert`.
-    pub(crate) fn asked(&self, now_us: u64) -> Asked {
+    fn stripe(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) >> 32) as usize % STRIPES
+    }
+
+    /// Taken just before a backend call on `key`, for `record`.
+    pub(crate) fn asked(&self, key: &str) -> Asked {
+        let stripe = self.stripe(key);
         Asked {
-            at_us: now_us,
-            generation: self.forgets.load(Ordering::SeqCst),
+            stripe,
+            forgets: self.forgets[stripe].load(Ordering::SeqCst),
+            admissions: self.admissions[stripe].load(Ordering::SeqCst),
         }
     }
 
     /// Answers a request of `cost` from `key` under `quota` from the cache,
-    /// or says to ask the backend. A caller that finds another asking for an
-    /// expired denial waits for that call and looks again (the answer may
-    /// have expired already, as it ends early by a round trip, and a new
-    /// probe begun); it waits on at most `MAX_WAITS` probes and for at most
-    /// `timeout` in all, then asks the backend itself.
+    /// or says to ask the backend. A caller that finds another asking for
+    /// the key waits for that call and looks again; it waits on at most
+    /// `MAX_WAITS` probes and for at most `timeout` in all, then asks the
+    /// backend itself.
     pub(crate) async fn consult<'a>(
         &'a self,
         quota: &Quota,
@@ -216,23 +398,23 @@ impl DenyCache {
         }
     }
 
-    /// Keeps what the backend answered a request asked for at `asked`, then
-    /// ends `probe`, waking the callers waiting on it once the answer is in
-    /// the cache (or with the backend's error).
+    /// Learns what the backend answered a request asked for at `asked`,
+    /// whose reply arrived at `now_us`, then ends `probe`, waking the callers
+    /// waiting on it once the answer is in the cache (or with the backend's
+    /// error).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
         &self,
         quota: &Quota,
         key: &str,
         cost: u64,
         asked: Asked,
+        now_us: u64,
         result: &Result<Decision, Error>,
         probe: Option<Probe<'_>>,
     ) {
         match result {
-            Ok(decision) if decision.allowed => {
-                self.insert_spent(quota, key, cost, asked, decision)
-            }
-            Ok(denial) => self.insert(quota, key, cost, asked, denial),
+            Ok(decision) => self.learn(quota, key, cost, asked, now_us, decision),
             Err(error) => {
                 if let Some(mut probe) = probe {
                     probe.failure = error.is_backend().then(|| error.clone());
@@ -241,7 +423,7 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Vec<Entry>>> {
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Known>> {
         let index = self.hasher.hash_one(key) as usize % SHARDS;
         self.shards[index]
             .lock()
@@ -255,33 +437,33 @@ impl DenyCache {
             return Lookup::Miss;
         }
         let mut shard = self.shard(key);
-        let Some(entry) = shard.get_mut(key).and_then(|entries| {
-            entries
-                .iter_mut()
-                .find(|e| e.cost == cost && e.quota == *quota)
-        }) else {
+        let Some(known) = shard.get_mut(key).filter(|k| k.quota == *quota) else {
             return Lookup::Miss;
         };
-        if now_us < entry.until_us {
-            return Lookup::Denied(entry.answer(now_us));
+        if let Some(denial) = known.denial(cost, now_us) {
+            return Lookup::Denied(denial);
         }
-        if let Some(waiting) = &entry.probe {
+        if !known.contended(cost, now_us) {
+            return Lookup::Miss;
+        }
+        if let Some(waiting) = &known.probe {
             return Lookup::Wait(waiting.clone());
         }
         let (end, waiting) = watch::channel(ProbeEnd::Asking);
-        entry.probe = Some(waiting);
+        known.probe = Some(waiting);
         Lookup::Probe(Probe {
             cache: self,
             key,
+            began_us: now_us,
             end,
             failure: None,
         })
     }
 
-    /// The live cached denial of `cost` from `key` under `quota` at
-    /// `now_us`, if any, with no probe begun when it has expired: for a
-    /// check of several dimensions, where one spent dimension denies the
-    /// whole check and an expired one is asked with the others.
+    /// The cached denial of `cost` from `key` under `quota` at `now_us`, if
+    /// any, with no probe begun: for a check of several dimensions, where
+    /// one spent dimension denies the whole check and the others are asked
+    /// together.
     pub(crate) fn peek(
         &self,
         quota: &Quota,
@@ -293,103 +475,119 @@ impl DenyCache {
             return None;
         }
         let shard = self.shard(key);
-        let entry = shard
-            .get(key)?
-            .iter()
-            .find(|e| e.quota == *quota && e.cost == cost)?;
-        (now_us < entry.until_us).then(|| entry.answer(now_us))
+        let known = shard.get(key).filter(|k| k.quota == *quota)?;
+        known.denial(cost, now_us)
     }
 
-    /// The cached denial of `cost` from `key` under `quota` at `now_us`, if
-    /// any.
-    #[cfg(test)]
-    fn get(&self, quota: &Quota, key: &str, cost: u64, now_us: u64) -> Option<Decision> {
-        match self.lookup(quota, key, cost, now_us) {
-            Lookup::Denied(denial) => Some(denial),
-            _ => None,
-        }
-    }
-
-    /// Remembers that `admitted`, a backend decision on `cost` asked for at
-    /// `asked`, left too little for another request of that cost, as the
-    /// denial that request would get (bucket algorithms only: their wait is
-    /// known from the admission).
-    fn insert_spent(&self, quota: &Quota, key: &str, cost: u64, asked: Asked, admitted: &Decision) {
-        if quota.algorithm().is_windowed() || cost == 0 {
-            return;
-        }
-        if let Some(wait_us) = gcra::wait_after_admission(quota, admitted, cost) {
-            let denial = Decision {
-                allowed: false,
-                retry_after: Duration::from_micros(wait_us),
-                delay: Duration::ZERO,
-                ..*admitted
-            };
-            self.insert(quota, key, cost, asked, &denial);
-        }
-    }
-
-    /// Remembers a backend denial of `cost`, asked for at `asked` (before
-    /// the call, so the entry never outlives the true `retry_after`; not
-    /// kept after a `forget` of the key since then). One that has expired by the time it is
-    /// kept (it ends early by the call's round trip) still tells the callers
-    /// waiting on its probe that a new probe is needed.
-    pub(crate) fn insert(
+    /// Learns `answer`, the backend's decision on `cost` from `key` under
+    /// `quota`, asked for at `asked` and arrived at `now_us`.
+    pub(crate) fn learn(
         &self,
         quota: &Quota,
         key: &str,
         cost: u64,
         asked: Asked,
-        denial: &Decision,
+        now_us: u64,
+        answer: &Decision,
     ) {
-        let Asked {
-            at_us: asked_us,
-            generation,
-        } = asked;
-        if cost == 0 || denial.retry_after.is_zero() || denial.retry_after == Duration::MAX {
-            return;
-        }
-        let entry = Entry {
-            quota: *quota,
-            cost,
-            until_us: asked_us.saturating_add(denial.retry_after.as_micros() as u64),
-            decided_us: asked_us,
-            remaining: denial.remaining,
-            reset_after_us: denial.reset_after.as_micros() as u64,
-            probe: None,
+        let learned = match kind(quota) {
+            // A denial at the bucket's whole depth may stand for a deeper
+            // debt (run up under another quota, or on a clock that went
+            // back), which the algorithm counts as this depth until it has
+            // shrunk below it: not known exactly. An admission writes its debt.
+            Kind::Bucket { .. } => answer
+                .debt
+                .filter(|&debt| answer.allowed || debt < quota.depth())
+                .map(|debt| State::Bucket {
+                    paid_off: u128::from(now_us) * u128::from(quota.rate().tokens())
+                        + u128::from(debt),
+                }),
+            Kind::Window => Some(State::Window {
+                count: quota.capacity() - answer.remaining.min(quota.capacity()),
+                end_us: now_us.saturating_add(micros(answer.reset_after)),
+            }),
+            // Only a denial that stays as it is until it ends.
+            Kind::Sliding if !answer.allowed => (answer.remaining + 1 == cost
+                && !answer.retry_after.is_zero()
+                && answer.retry_after != Duration::MAX)
+                .then(|| {
+                    State::Denials(vec![Denial {
+                        cost,
+                        until_us: now_us.saturating_add(micros(answer.retry_after)),
+                        remaining: answer.remaining,
+                        reset_us: now_us.saturating_add(micros(answer.reset_after)),
+                    }])
+                }),
+            Kind::Sliding => None,
         };
         let mut shard = self.shard(key);
         // Checked under the shard's lock, which `forget` bumps it under.
-        if self.forgets.load(Ordering::SeqCst) != generation {
+        if self.forgets[asked.stripe].load(Ordering::SeqCst) != asked.forgets {
             return;
         }
-        // Entries a caller is asking the backend about stay until its probe
-        // ends (the probe drops them), so the callers waiting on it keep
-        // waiting on one call.
-        let kept = |e: &Entry| e.until_us > asked_us || e.probe.is_some();
-        if let Some(entries) = shard.get_mut(key) {
-            entries.retain(|e| kept(e) && !(e.cost == cost && e.quota == *quota));
-            if entries.len() >= COSTS_PER_KEY {
-                entries.remove(0);
+        if matches!(kind(quota), Kind::Sliding) {
+            if answer.allowed {
+                if cost > 0 {
+                    self.admissions[asked.stripe].fetch_add(1, Ordering::SeqCst);
+                    shard.remove(key);
+                }
+                return;
             }
-            entries.push(entry);
+            if self.admissions[asked.stripe].load(Ordering::SeqCst) != asked.admissions {
+                return;
+            }
+        }
+        let Some(learned) = learned else {
+            // Nothing exact to keep (a denial changes nothing); what was
+            // kept of a key that has since consumed is stale.
+            if answer.allowed && cost > 0 {
+                shard.remove(key);
+            }
             return;
-        }
-        if shard.len() >= self.max_per_shard {
-            shard.retain(|_, entries| entries.iter().any(kept));
-            if shard.len() >= self.max_per_shard {
-                // Still full of live denials: forgetting only costs backend calls.
-                shard.clear();
+        };
+        match shard.get_mut(key) {
+            Some(known) if known.quota == *quota && known.learned_us <= now_us => {
+                known.merge(learned, now_us);
+                if !known.live(now_us) {
+                    shard.remove(key);
+                }
+            }
+            kept => {
+                // Made under another quota, or at an instant the clock has
+                // since gone back before: replaced, keeping its probe mark.
+                let probe = kept.and_then(|known| known.probe.take());
+                let known = Known {
+                    quota: *quota,
+                    learned_us: now_us,
+                    state: learned,
+                    probe,
+                };
+                let useful = cost > 0
+                    && (known.denial(cost, now_us).is_some() || known.contended(cost, now_us));
+                if !useful {
+                    shard.remove(key);
+                    return;
+                }
+                if !shard.contains_key(key) && shard.len() >= self.max_per_shard {
+                    shard.retain(|_, known| known.live(now_us));
+                    if shard.len() >= self.max_per_shard {
+                        // Still full of live entries: forgetting only costs
+                        // backend calls.
+                        shard.clear();
+                    }
+                }
+                shard.insert(key.into(), known);
             }
         }
-        shard.insert(key.into(), vec![entry]);
     }
 
-    /// Drops what is known of `key`: after a refund, it may be admitted sooner.
+    /// Drops what is known of `key`: after a refund, it may be admitted
+    /// sooner.
     pub(crate) fn forget(&self, key: &str) {
+        let stripe = self.stripe(key);
         let mut shard = self.shard(key);
         shard.remove(key);
-        self.forgets.fetch_add(1, Ordering::SeqCst);
+        self.forgets[stripe].fetch_add(1, Ordering::SeqCst);
     }
 
     #[cfg(test)]
@@ -401,24 +599,305 @@ impl DenyCache {
     }
 }
 
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
 
-    fn denial(retry_ms: u64) -> Decision {
-        Decision::from_micros(false, 5, 0, retry_ms * 1_000, 10_000_000, 0)
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithm::{self, State as Stored};
+    use crate::quota::Rate;
+
+    /// The server: the algorithms' own state machine, as both backends run it.
+    struct Server {
+        state: Option<Stored>,
     }
 
-    /// A denial of cost 1 on "k" from 1 s for 200 ms, looked up at `now_us`
-    /// (after it expired) by two callers: the first asks, the second waits.
-    fn expired_and_asked<'a>(
+    impl Server {
+        fn decide(&mut self, quota: &Quota, now: u64, cost: u64) -> Decision {
+            algorithm::decide(quota, &mut self.state, now, cost).0
+        }
+
+        fn peek(&self, quota: &Quota, now: u64, cost: u64) -> Decision {
+            algorithm::decide(quota, &mut self.state.clone(), now, cost).0
+        }
+    }
+
+    /// One caller's request through the cache, as the limiter makes it: the
+    /// cache's answer, or the server's, decided `to_server` µs after `now`
+    /// and arrived `round_trip` µs after `now`.
+    fn request(
+        cache: &DenyCache,
+        server: &mut Server,
+        quota: &Quota,
+        now: u64,
+        cost: u64,
+        to_server: u64,
+        round_trip: u64,
+    ) -> (Decision, bool) {
+        let probe = match cache.lookup(quota, "k", cost, now) {
+            Lookup::Denied(cached) => return (cached, true),
+            Lookup::Miss => None,
+            Lookup::Probe(probe) => Some(probe),
+            Lookup::Wait(_) => panic!("one caller never waits for itself"),
+        };
+        let asked = cache.asked("k");
+        let decided = server.decide(quota, now + to_server, cost);
+        cache.record(
+            quota,
+            "k",
+            cost,
+            asked,
+            now + round_trip,
+            &Ok(decided),
+            probe,
+        );
+        (decided, false)
+    }
+
+    fn quotas() -> Vec<[Quota; 2]> {
+        let bucket = |algorithm, capacity, rate: &str| {
+            Quota::builder(algorithm)
+                .capacity(capacity)
+                .rate(rate.parse().unwrap())
+                .build()
+                .unwrap()
+        };
+        let window = |algorithm, limit, window: &str| {
+            Quota::builder(algorithm)
+                .limit(limit)
+                .window(Quota::parse_window(window).unwrap())
+                .build()
+                .unwrap()
+        };
+        use Algorithm::*;
+        vec![
+            [
+                bucket(TokenBucket, 5, "5/s"),
+                bucket(TokenBucket, 2, "1/min"),
+            ],
+            [bucket(Gcra, 8, "2.5/s"), bucket(Gcra, 3, "7/min")],
+            [
+                bucket(LeakyBucket, 4, "3/s"),
+                bucket(LeakyBucket, 10, "1/s"),
+            ],
+            [window(FixedWindow, 5, "1s"), window(FixedWindow, 3, "2s")],
+            [window(SlidingLog, 5, "1s"), window(SlidingLog, 2, "3s")],
+            [
+                window(SlidingWindow, 5, "1s"),
+                window(SlidingWindow, 3, "3s"),
+            ],
+        ]
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A request under the family's quota (modulo 2) of a cost (modulo
+        /// the capacity, plus one).
+        Request(usize, u64),
+        Forward(u64),
+        Back(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0usize..2, 0u64..10).prop_map(|(q, c)| Op::Request(q, c)),
+            4 => prop_oneof![0u64..2_000, 0u64..400_000, 0u64..3_000_000].prop_map(Op::Forward),
+            1 => (0u64..2_000_000).prop_map(Op::Back),
+        ]
+    }
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 600,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// With replies that arrive at the instant they were decided, every
+    /// answer the cache gives is the one the server would give at that
+    /// instant, for every algorithm, at mixed costs on one key, under a
+    /// quota that changes and a clock that goes back.
+    #[test]
+    fn a_cached_answer_is_the_servers_answer_at_that_instant() {
+        let cached: [AtomicU64; 6] = Default::default();
+        proptest!(config(), |(family in 0usize..6, ops in proptest::collection::vec(op(), 1..120))| {
+            let quotas = quotas()[family];
+            let cache = DenyCache::new(100);
+            let mut server = Server { state: None };
+            let mut now = 1_000_000_000u64;
+            for (step, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Forward(d) => now += d,
+                    Op::Back(d) => now -= d,
+                    Op::Request(q, c) => {
+                        let quota = &quotas[q];
+                        let cost = 1 + c % quota.capacity();
+                        let expected = server.peek(quota, now, cost);
+                        let (answer, from_cache) = request(&cache, &mut server, quota, now, cost, 0, 0);
+                        prop_assert_eq!(answer, expected, "step {} {:?} cost {}", step, quota, cost);
+                        cached[family].fetch_add(u64::from(from_cache), Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        // The property says nothing of a cache that never answers.
+        let cached = cached.map(AtomicU64::into_inner);
+        assert!(
+            cached.iter().all(|&n| n > 100),
+            "cached answers per algorithm: {cached:?}"
+        );
+    }
+
+    /// With replies that take a round trip, decided anywhere within it: a
+    /// cached denial's wait is never shorter than the server's (a request of
+    /// the same cost made then is admitted), and longer by at most the round
+    /// trip; its `remaining` is never larger.
+    #[test]
+    fn a_cached_wait_ends_no_sooner_and_at_most_a_round_trip_later() {
+        let cached: [AtomicU64; 6] = Default::default();
+        proptest!(config(), |(
+            family in 0usize..6,
+            round_trip in 1u64..20_000,
+            ops in proptest::collection::vec((op(), 0u64..=100), 1..120),
+        )| {
+            let quotas = quotas()[family];
+            let cache = DenyCache::new(100);
+            let mut server = Server { state: None };
+            let mut now = 1_000_000_000u64;
+            for (step, (op, decided_at)) in ops.iter().enumerate() {
+                match *op {
+                    Op::Forward(d) => now += d,
+                    // A clock that goes back is the test above's; here the
+                    // server's clock and the cache's run together.
+                    Op::Back(_) => {}
+                    Op::Request(q, c) => {
+                        let quota = &quotas[q];
+                        let cost = 1 + c % quota.capacity();
+                        let truth = server.peek(quota, now, cost);
+                        let to_server = round_trip * decided_at / 100;
+                        let (answer, from_cache) =
+                            request(&cache, &mut server, quota, now, cost, to_server, round_trip);
+                        if !from_cache {
+                            now += round_trip;
+                            continue;
+                        }
+                        cached[family].fetch_add(1, Ordering::Relaxed);
+                        let context = format!("step {step} {quota:?} cost {cost} rtt {round_trip}: {answer:?} vs {truth:?}");
+                        prop_assert!(!answer.allowed);
+                        let truth_wait = if truth.allowed { Duration::ZERO } else { truth.retry_after };
+                        prop_assert!(answer.retry_after >= truth_wait, "{}", context);
+                        prop_assert!(
+                            answer.retry_after <= truth_wait + Duration::from_micros(round_trip),
+                            "{}", context
+                        );
+                        // An admission's `remaining` is counted after its cost.
+                        let truth_remaining = truth.remaining + if truth.allowed { cost } else { 0 };
+                        prop_assert!(answer.remaining <= truth_remaining, "{}", context);
+                        let retry = now + answer.retry_after.as_micros() as u64;
+                        prop_assert!(server.peek(quota, retry, cost).allowed, "{}", context);
+                    }
+                }
+            }
+        });
+        let cached = cached.map(AtomicU64::into_inner);
+        assert!(
+            cached.iter().all(|&n| n > 100),
+            "cached answers per algorithm: {cached:?}"
+        );
+    }
+
+    /// The sequences of a single caller that a deny cache keeping one denial
+    /// per cost answered wrongly: a bucket admitted at another cost after a
+    /// denial was kept, and a sliding log or window admitted after a denial
+    /// of a larger cost was kept. Each cached answer is the server's.
+    #[test]
+    fn an_admission_at_another_cost_updates_what_the_cache_answers() {
+        let rate: Rate = "5/s".parse().unwrap();
+        let one_second = Duration::from_secs(1);
+        let t = 1_000_000_000u64;
+        let buckets = [
+            Quota::token_bucket(5, rate).unwrap(),
+            Quota::gcra(5, rate).unwrap(),
+            Quota::leaky_bucket(5, rate).unwrap(),
+        ];
+        for quota in &buckets {
+            let cache = DenyCache::new(100);
+            let mut server = Server { state: None };
+            for cost in [2, 2, 1] {
+                let (d, _) = request(&cache, &mut server, quota, t, cost, 0, 0);
+                assert!(d.allowed, "{quota:?}");
+            }
+            let expected = server.peek(quota, t, 2);
+            let (cached, from_cache) = request(&cache, &mut server, quota, t, 2, 0, 0);
+            assert!(from_cache, "{quota:?}: the spent bucket is known");
+            assert_eq!(cached, expected, "{quota:?}");
+            assert_eq!(cached.retry_after, Duration::from_millis(400), "{quota:?}");
+        }
+        let windows = [
+            Quota::sliding_log(5, one_second).unwrap(),
+            Quota::sliding_window(5, one_second).unwrap(),
+            Quota::fixed_window(5, one_second).unwrap(),
+        ];
+        for quota in &windows {
+            let cache = DenyCache::new(100);
+            let mut server = Server { state: None };
+            let mut now = t;
+            for _ in 0..3 {
+                assert!(request(&cache, &mut server, quota, now, 1, 0, 0).0.allowed);
+                now += 100_000;
+            }
+            let (first, _) = request(&cache, &mut server, quota, now, 3, 0, 0);
+            assert!(!first.allowed, "{quota:?}");
+            for _ in 0..2 {
+                assert!(request(&cache, &mut server, quota, now, 1, 0, 0).0.allowed);
+            }
+            let expected = server.peek(quota, now, 3);
+            let (again, _) = request(&cache, &mut server, quota, now, 3, 0, 0);
+            assert_eq!(again, expected, "{quota:?}");
+            let retry = now + again.retry_after.as_micros() as u64;
+            assert!(server.peek(quota, retry, 3).allowed, "{quota:?}");
+        }
+    }
+
+    #[test]
+    fn a_denial_is_answered_for_every_cost_it_knows_until_it_ends() {
+        let cache = DenyCache::new(1_000);
+        let quota = Quota::token_bucket(5, "5/s".parse().unwrap()).unwrap();
+        let mut server = Server { state: None };
+        let t = 1_000_000_000;
+        assert!(request(&cache, &mut server, &quota, t, 5, 0, 0).0.allowed);
+        for cost in 1..=5 {
+            let (d, from_cache) = request(&cache, &mut server, &quota, t + 1, cost, 0, 0);
+            assert!(from_cache && !d.allowed, "cost {cost}");
+            assert_eq!(d.retry_after.as_micros() as u64, cost * 200_000 - 1);
+        }
+        let other = Quota::token_bucket(6, "5/s".parse().unwrap()).unwrap();
+        assert!(
+            cache.peek(&other, "k", 1, t + 1).is_none(),
+            "a changed rule misses"
+        );
+        assert!(cache.peek(&quota, "k", 1, t + 200_000).is_none(), "ended");
+        cache.forget("k");
+        assert!(cache.peek(&quota, "k", 1, t + 1).is_none(), "forgotten");
+    }
+
+    /// The first caller after a denial ended asks; the second waits.
+    fn spent_and_asked<'a>(
         cache: &'a DenyCache,
         quota: &Quota,
         now_us: u64,
     ) -> (Probe<'a>, watch::Receiver<ProbeEnd>) {
-        cache.insert(quota, "k", 1, cache.asked(1_000_000), &denial(200));
+        let mut server = Server { state: None };
+        request(cache, &mut server, quota, 1_000_000, quota.capacity(), 0, 0);
         let Lookup::Probe(probe) = cache.lookup(quota, "k", 1, now_us) else {
-            panic!("the first caller after expiry should ask the backend");
+            panic!("the first caller after the denial ended should ask the backend");
         };
         let Lookup::Wait(waiting) = cache.lookup(quota, "k", 1, now_us + 1) else {
             panic!("a second caller should wait for the first");
@@ -427,79 +906,48 @@ mod tests {
     }
 
     #[test]
-    fn answers_for_the_same_cost_until_retry_after() {
+    fn an_ended_denial_lets_one_caller_ask_while_the_others_wait() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        cache.insert(&quota, "k", 2, cache.asked(1_000_000), &denial(200));
-        assert!(cache.get(&quota, "k", 2, 1_100_000).is_some());
-        assert!(
-            cache.get(&quota, "k", 1, 1_100_000).is_none(),
-            "a smaller cost may fit"
-        );
-        assert!(
-            cache.get(&quota, "k", 5, 1_100_000).is_none(),
-            "a larger cost waits longer"
-        );
-        let cached = cache.get(&quota, "k", 2, 1_150_000).unwrap();
-        assert_eq!(cached.retry_after, Duration::from_millis(50));
-        assert!(
-            cache.get(&quota, "k", 2, 1_200_000).is_none(),
-            "expired at retry_after"
-        );
-        let other = Quota::per_second(6).unwrap();
-        assert!(
-            cache.get(&other, "k", 2, 1_100_000).is_none(),
-            "a changed rule misses"
-        );
-        cache.forget("k");
-        assert!(cache.get(&quota, "k", 2, 1_100_000).is_none());
-    }
-
-    #[test]
-    fn an_expired_denial_lets_one_caller_ask_while_the_others_wait() {
-        let cache = DenyCache::new(1_000);
-        let quota = Quota::per_second(5).unwrap();
-        let (probe, waiting) = expired_and_asked(&cache, &quota, 1_200_000);
-        assert!(
-            matches!(cache.lookup(&quota, "k", 2, 1_200_001), Lookup::Miss),
-            "another cost asks"
-        );
+        let (probe, waiting) = spent_and_asked(&cache, &quota, 1_200_000);
         assert!(matches!(*waiting.borrow(), ProbeEnd::Asking));
-        // The probe's answer, a new denial, lands before the probe is dropped.
-        cache.insert(&quota, "k", 1, cache.asked(1_200_000), &denial(100));
-        drop(probe);
-        assert!(
-            matches!(*waiting.borrow(), ProbeEnd::Done),
-            "the waiters are woken"
+        // The probe's answer, an admission that spends the bucket again,
+        // lands before the probe is dropped.
+        let admitted =
+            gcra::decide_debt(&quota, quota.depth() - quota.rate().period_us(), 1, false);
+        assert!(admitted.allowed, "{admitted:?}");
+        cache.record(
+            &quota,
+            "k",
+            1,
+            cache.asked("k"),
+            1_200_000,
+            &Ok(admitted),
+            None,
         );
-        let Lookup::Denied(again) = cache.lookup(&quota, "k", 1, 1_200_002) else {
-            panic!("a woken caller finds the new denial");
-        };
-        assert_eq!(again.retry_after, Duration::from_micros(99_998));
-    }
-
-    #[test]
-    fn a_probe_with_no_answer_lets_every_waiter_ask() {
-        let cache = DenyCache::new(1_000);
-        let quota = Quota::per_second(5).unwrap();
-        let (probe, waiting) = expired_and_asked(&cache, &quota, 1_300_000);
-        // Failed, admitted with tokens to spare, or cancelled: no new entry.
         drop(probe);
-        assert!(matches!(*waiting.borrow(), ProbeEnd::Done));
-        assert!(matches!(
-            cache.lookup(&quota, "k", 1, 1_300_002),
-            Lookup::Miss
-        ));
+        assert!(matches!(*waiting.borrow(), ProbeEnd::Done), "woken");
+        let Lookup::Denied(again) = cache.lookup(&quota, "k", 1, 1_200_002) else {
+            panic!("a woken caller finds the new state");
+        };
+        assert_eq!(again.retry_after, Duration::from_micros(199_998));
     }
 
     #[test]
     fn a_failed_probe_hands_its_error_to_the_waiters() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        let (probe, waiting) = expired_and_asked(&cache, &quota, 1_300_000);
+        let (probe, waiting) = spent_and_asked(&cache, &quota, 1_300_000);
         let failed = Err(Error::Timeout(Duration::from_millis(100)));
-        let asked = cache.asked(1_300_000);
-        cache.record(&quota, "k", 1, asked, &failed, Some(probe));
+        cache.record(
+            &quota,
+            "k",
+            1,
+            cache.asked("k"),
+            1_300_000,
+            &failed,
+            Some(probe),
+        );
         let ProbeEnd::Failed(error) = &*waiting.borrow() else {
             panic!("the waiters should learn of the failure");
         };
@@ -507,67 +955,61 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_s_mark_outlives_answers_for_other_costs_and_stale_answers_are_dropped() {
+    fn answers_asked_for_before_a_refund_or_a_sliding_admission_are_not_kept() {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
-        let (probe, _waiting) = expired_and_asked(&cache, &quota, 1_300_000);
-        cache.insert(&quota, "k", 2, cache.asked(1_300_000), &denial(500));
-        assert!(
-            matches!(cache.lookup(&quota, "k", 1, 1_300_002), Lookup::Wait(_)),
-            "still one caller asking for cost 1"
-        );
-        drop(probe);
-        // An answer asked for before a refund's `forget` is not kept.
-        let asked = cache.asked(1_300_000);
+        let spent = gcra::decide_debt(&quota, quota.depth(), 0, false);
+        let asked = cache.asked("k");
         cache.forget("k");
-        cache.insert(&quota, "k", 1, asked, &denial(200));
-        assert!(matches!(
-            cache.lookup(&quota, "k", 1, 1_300_001),
-            Lookup::Miss
-        ));
-        cache.insert(&quota, "k", 1, cache.asked(1_300_000), &denial(200));
-        assert!(matches!(
-            cache.lookup(&quota, "k", 1, 1_300_001),
-            Lookup::Denied(_)
-        ));
+        cache.record(&quota, "k", 1, asked, 1_000_000, &Ok(spent), None);
+        assert!(cache.peek(&quota, "k", 1, 1_000_001).is_none());
+        cache.record(
+            &quota,
+            "k",
+            1,
+            cache.asked("k"),
+            1_000_000,
+            &Ok(spent),
+            None,
+        );
+        assert!(cache.peek(&quota, "k", 1, 1_000_001).is_some());
+
+        let log = Quota::sliding_log(1, Duration::from_secs(1)).unwrap();
+        let mut server = Server { state: None };
+        let first = server.decide(&log, 5_000_000, 1);
+        let denied = server.decide(&log, 5_000_000, 1);
+        let asked = cache.asked("l");
+        cache.record(&log, "l", 1, cache.asked("l"), 5_000_000, &Ok(first), None);
+        cache.record(&log, "l", 1, asked, 5_000_000, &Ok(denied), None);
+        assert!(
+            cache.peek(&log, "l", 1, 5_000_001).is_none(),
+            "decided before an admission recorded since, perhaps"
+        );
+        cache.record(&log, "l", 1, cache.asked("l"), 5_000_000, &Ok(denied), None);
+        assert!(cache.peek(&log, "l", 1, 5_000_001).is_some());
     }
 
     #[test]
-    fn an_admission_that_spends_the_bucket_is_the_next_request_s_denial() {
+    fn a_key_with_room_for_more_keeps_no_entry() {
         let cache = DenyCache::new(1_000);
-        let bucket = Quota::new(2, crate::quota::Rate::per_second(4).unwrap()).unwrap();
-        let t = 10_000_000;
-        let decisions = crate::algorithm::testing::run(&bucket, &[(t, 1), (t, 1), (t + 1, 1)]);
-        cache.insert_spent(&bucket, "k", 1, cache.asked(t), &decisions[0]);
-        assert!(cache.get(&bucket, "k", 1, t).is_none(), "one token is left");
-        cache.insert_spent(&bucket, "k", 1, cache.asked(t), &decisions[1]);
-        let cached = cache
-            .get(&bucket, "k", 1, t + 1)
-            .expect("the bucket is spent");
-        // What the bucket itself answers a microsecond later.
-        assert!(!decisions[2].allowed);
-        assert_eq!(cached.retry_after, decisions[2].retry_after);
-        assert_eq!(cached.remaining, 0);
-        assert!(cache.get(&bucket, "k", 2, t + 1).is_none(), "per cost");
-
-        let window = Quota::fixed_window(2, Duration::from_secs(1)).unwrap();
-        let spent = crate::algorithm::testing::run(&window, &[(t, 1), (t, 1)]);
-        cache.insert_spent(&window, "w", 1, cache.asked(t), &spent[1]);
-        assert!(cache.get(&window, "w", 1, t + 1).is_none(), "buckets only");
+        let quota = Quota::per_second(5).unwrap();
+        let server = Server { state: None };
+        for i in 0..1_000u64 {
+            let key = format!("k{i}");
+            let d = server.peek(&quota, 1_000_000, 1);
+            cache.record(&quota, &key, 1, cache.asked(&key), 1_000_000, &Ok(d), None);
+        }
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]
     fn stays_bounded_under_many_distinct_keys() {
         let cache = DenyCache::new(1_600);
         let quota = Quota::per_second(5).unwrap();
+        let spent = gcra::decide_debt(&quota, quota.depth() - 1, 0, false);
         for i in 0..100_000u64 {
-            cache.insert(
-                &quota,
-                &format!("ip:{i}"),
-                1,
-                cache.asked(1_000),
-                &denial(60_000),
-            );
+            let key = format!("ip:{i}");
+            cache.record(&quota, &key, 1, cache.asked(&key), 1_000, &Ok(spent), None);
         }
         assert!(cache.len() <= 1_600, "{} entries", cache.len());
     }

@@ -335,9 +335,12 @@ impl Limiter {
             Consulted::Failed(error) => return Err(error),
             Consulted::Ask(probe) => probe,
         };
-        let asked = cache.asked(clock.now_micros());
+        let asked = cache.asked(key);
         let result = self.guarded(backend.decide(quota, key, cost)).await;
-        cache.record(quota, key, cost, asked, &result, probe);
+        // Measured from the reply's arrival: a cached wait never ends before
+        // the backend's.
+        let now = clock.now_micros();
+        cache.record(quota, key, cost, asked, now, &result, probe);
         result
     }
 
@@ -419,18 +422,21 @@ impl Limiter {
             self.inner.leases.forget_other_quota(d.quota, d.key);
         }
         let cache = self.inner.deny_cache.as_ref();
-        let asked = cache.map(|cache| cache.asked(self.inner.cache_clock.now_micros()));
+        let asked: Option<Vec<_>> =
+            cache.map(|cache| dimensions.iter().map(|d| cache.asked(d.key)).collect());
         let result = self.guarded(backend.decide_all(&requests)).await;
         if let (Some(cache), Some(asked), Ok(decisions)) = (cache, asked, &result) {
-            // A dimension denied in an all-or-nothing call is denied on its own
-            // too. One that admitted got its tokens back (across Redis Cluster
-            // slots, by a refund), which may let a cached denial succeed sooner;
-            // it is forgotten after the denials are kept, since a `forget`
-            // keeps answers asked for before it out of the cache.
+            // A check that admitted consumed on every key. In one that was
+            // denied, a dimension denied is denied on its own too; one that
+            // admitted consumed nothing, or got its tokens back (across Redis
+            // Cluster slots, by a refund), which may let a cached denial
+            // succeed sooner: it is forgotten after the denials are learned,
+            // since a `forget` keeps answers asked for before it out.
+            let now = self.inner.cache_clock.now_micros();
             let all_admitted = decisions.iter().all(|d| d.allowed);
-            for (d, decision) in dimensions.iter().zip(decisions) {
-                if !decision.allowed {
-                    cache.insert(d.quota, d.key, d.cost, asked, decision);
+            for ((d, decision), asked) in dimensions.iter().zip(decisions).zip(asked) {
+                if all_admitted || !decision.allowed {
+                    cache.learn(d.quota, d.key, d.cost, asked, now, decision);
                 }
             }
             if !all_admitted {
@@ -725,6 +731,7 @@ impl Limiter {
                     denied.cause,
                     DenialCause::Quota | DenialCause::CostExceedsCapacity { .. }
                 ),
+                debt: None,
             });
         }
         self.inner.stats.record(options.rule, outcome);
@@ -1084,16 +1091,16 @@ impl LimiterBuilder {
         self
     }
 
-    /// The most denials the local deny cache keeps (default 100,000; 0 turns
-    /// it off). A key denied for a cost is answered in process, with no
-    /// backend call, until its `retry_after`, for that cost: it could not be
-    /// admitted sooner. An admission that leaves a bucket algorithm's key
-    /// short of another request of the same cost is kept as that request's
-    /// denial. When a cached denial expires, one caller asks the backend and
-    /// the others wait for its answer (at most the [`timeout`](Self::timeout)).
-    /// A cached denial's `remaining` is as of the backend's decision. Under
-    /// more distinct denied keys than this, the cache forgets some, which
-    /// only costs backend calls.
+    /// The most keys the local deny cache keeps (default 100,000; 0 turns
+    /// it off). What the backend's replies teach of a key (a bucket's debt,
+    /// a fixed window's count, a sliding algorithm's denial) answers the
+    /// requests it cannot admit yet in process, with no backend call, with
+    /// the figures the backend would give at that instant (see [`Decision`]
+    /// for what a cached answer promises). When a key may admit only one more
+    /// request, one caller asks the backend and the others wait for its
+    /// answer (at most the [`timeout`](Self::timeout)). Under more distinct
+    /// spent keys than this, the cache forgets some, which only costs
+    /// backend calls.
     pub fn deny_cache_max_keys(mut self, keys: usize) -> Self {
         self.deny_cache_max_keys = keys;
         self

@@ -75,7 +75,7 @@ pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> D
     let new_debt = debt + cost * period;
     if new_debt > depth {
         // The request fits once the debt has shrunk by the excess.
-        return decision(
+        let denial = decision(
             quota,
             false,
             depth.saturating_sub(debt) / period,
@@ -83,38 +83,24 @@ pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> D
             debt.div_ceil(tokens),
             0,
         );
+        return Decision {
+            debt: Some(debt),
+            ..denial
+        };
     }
     let delay = if leaky { debt.div_ceil(tokens) } else { 0 };
-    decision(
+    let admission = decision(
         quota,
         true,
         (depth - new_debt) / period,
         0,
         new_debt.div_ceil(tokens),
         delay,
-    )
-}
-
-/// After `admitted`, a decision of a bucket algorithm on a request of
-/// `cost`, how long another request of `cost` must wait before it can be
-/// admitted, or `None` when it could be admitted at once.
-///
-/// `admitted.reset_after` is the debt after the request, rounded up to the
-/// microsecond, so the debt itself is at least `(reset_after - 1) * tokens + 1`
-/// units: the wait computed from that is never longer than the true one and
-/// at most one microsecond shorter. Other instances only add debt, so the
-/// wait can only be longer in fact.
-pub(crate) fn wait_after_admission(quota: &Quota, admitted: &Decision, cost: u64) -> Option<u64> {
-    let tokens = quota.rate().tokens();
-    let reset_us = u64::try_from(admitted.reset_after.as_micros()).ok()?;
-    if reset_us == 0 {
-        return None;
+    );
+    Decision {
+        debt: Some(new_debt),
+        ..admission
     }
-    let least_debt = (reset_us - 1).checked_mul(tokens)?.checked_add(1)?;
-    let excess = least_debt
-        .checked_add(cost.checked_mul(quota.rate().period_us())?)?
-        .checked_sub(quota.depth())?;
-    (excess > 0).then(|| excess.div_ceil(tokens))
 }
 
 #[cfg(test)]
@@ -122,46 +108,6 @@ mod tests {
     use super::*;
     use crate::algorithm::testing::run;
     use crate::quota::Rate;
-
-    /// After each admission, the wait `wait_after_admission` gives is never
-    /// longer than the true one (a request one microsecond earlier is
-    /// denied) and at most a microsecond shorter (one a microsecond later is
-    /// admitted).
-    #[test]
-    fn the_wait_after_an_admission_is_exact_within_a_microsecond() {
-        let quotas = [
-            gcra(3, "3/s"),
-            gcra(5, "7/min"),
-            gcra(10, "2.5/s"),
-            gcra(2, "1000/d"),
-            gcra(1000, "500/s"),
-            Quota::leaky_bucket(4, "3/s".parse().unwrap()).unwrap(),
-        ];
-        let mut checked = 0;
-        for quota in &quotas {
-            let leaky = quota.algorithm() == crate::quota::Algorithm::LeakyBucket;
-            let mut state = None;
-            let mut now = 1_000_000_000u64;
-            for step in 0..400u64 {
-                now += (step * 7_919) % 300_007;
-                let cost = 1 + step % quota.capacity().min(3);
-                let (d, _) = decide(quota, &mut state, now, cost, leaky);
-                if !d.allowed {
-                    continue;
-                }
-                let probe = |at: u64| decide(quota, &mut state.clone(), at, cost, leaky).0.allowed;
-                match wait_after_admission(quota, &d, cost) {
-                    Some(wait) => {
-                        assert!(!probe(now + wait - 1), "{quota}: admitted before the wait");
-                        assert!(probe(now + wait + 1), "{quota}: denied after the wait");
-                        checked += 1;
-                    }
-                    None => assert!(probe(now + 1), "{quota}: denied, yet no wait"),
-                }
-            }
-        }
-        assert!(checked > 100, "only {checked} admissions left a wait");
-    }
 
     fn gcra(capacity: u64, rate: &str) -> Quota {
         Quota::gcra(capacity, rate.parse().unwrap()).unwrap()
