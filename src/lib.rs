@@ -37,9 +37,9 @@
 
 pub use ratelimit_core::{
     global, install, key, Algorithm, BreakerConfig, CallOptions, CircuitState, Clock, Decision,
-    DenialCause, Dimension, Error, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder, ManualClock,
-    MonotonicClock, Quota, QuotaError, Rate, RateLimited, RuleError, Rules, ShadowCheck,
-    StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX,
+    DenialCause, Dimension, Error, ErrorKind, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder,
+    ManualClock, MonotonicClock, Quota, QuotaError, Rate, RateLimited, RuleError, Rules,
+    ShadowCheck, StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX,
     DEFAULT_TIMEOUT,
 };
 #[cfg(feature = "redis")]

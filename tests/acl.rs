@@ -60,6 +60,8 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap();
+    // The start-up check needs nothing the line does not grant.
+    limiter.ping().await.unwrap();
     let rate = Rate::per_second(1).unwrap();
     let quotas: Vec<Quota> = Algorithm::ALL
         .iter()
@@ -148,6 +150,13 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
     assert!(
         refused.to_string().to_lowercase().contains("noperm"),
         "{refused}"
+    );
+    assert_eq!(refused.kind(), ratelimit::ErrorKind::Permission);
+    let at_start_up = outside.ping().await.unwrap_err();
+    assert_eq!(
+        at_start_up.kind(),
+        ratelimit::ErrorKind::Permission,
+        "{at_start_up}"
     );
 }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit::{Dimension, FailurePolicy, Limiter, Quota, RedisRuleSource};
+use ratelimit::{Dimension, FailurePolicy, Limiter, Quota, Rate, RedisRuleSource};
 use support::RedisServer;
 
 const MASTER: &str = "rl-master";
@@ -49,9 +49,9 @@ fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Dur
     started.elapsed()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
-    let mut master = RedisServer::start();
+/// A master, its replica and three Sentinels that know both and each other.
+fn sentinel_set() -> (RedisServer, RedisServer, Vec<RedisServer>) {
+    let master = RedisServer::start();
     let replica =
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
     let sentinels: Vec<RedisServer> = (0..3)
@@ -70,6 +70,12 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
         )
         },
     );
+    (master, replica, sentinels)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
+    let (mut master, replica, sentinels) = sentinel_set();
     let urls: Vec<String> = sentinels.iter().map(|s| s.url()).collect();
     let limiter = Limiter::builder()
         .sentinel(MASTER, urls.clone())
@@ -196,4 +202,87 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `SENTINEL FAILOVER` while the old master is alive and two instances
+/// decide: both follow Sentinel's announcement at once, not a failure on the
+/// old master (which a manual failover leaves answering for seconds), so
+/// neither decides on the old master a second after the switch, and no key
+/// is admitted more than one burst over its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
+    let (master, replica, sentinels) = sentinel_set();
+    let urls: Vec<String> = sentinels.iter().map(|s| s.url()).collect();
+    let instances: Vec<Limiter> = (0..2)
+        .map(|_| {
+            Limiter::builder()
+                .sentinel(MASTER, urls.clone())
+                .timeout(Duration::from_millis(200))
+                .failure_policy(FailurePolicy::Open)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for limiter in &instances {
+        limiter.ping().await.unwrap();
+    }
+    let (capacity, per_second) = (10u64, 5u64);
+    let quota = Quota::new(capacity, Rate::per_second(per_second).unwrap()).unwrap();
+    const KEYS: usize = 40;
+    let stop = Arc::new(AtomicBool::new(false));
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let started = Instant::now();
+    let load: Vec<_> = (0..32)
+        .map(|task| {
+            let limiter = instances[task % 2].clone();
+            let (stop, admitted) = (stop.clone(), admitted.clone());
+            tokio::spawn(async move {
+                let mut n = task;
+                while !stop.load(Ordering::Relaxed) {
+                    n = (n * 7 + 3) % KEYS;
+                    if let Ok(d) = limiter.acquire(&quota, &format!("switch:{n}"), 1).await {
+                        if !d.fallback {
+                            admitted[n].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = master.script_calls().await;
+    assert!(before > 0, "the instances decide on the master");
+    sentinel_command(&sentinels[0], &["failover", MASTER]);
+    let switch = Instant::now();
+    let waited = wait_for("the switch", Duration::from_secs(20), || {
+        master_port(&sentinels[0]) == Some(replica.port())
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a_second_after = master.script_calls().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let at_end = master.script_calls().await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.expect("a caller panicked");
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(
+        at_end,
+        a_second_after,
+        "the old master decided {} more calls from 1 s after the switch (seen {waited:?} after \
+         the failover was asked, {:?} ago)",
+        at_end - a_second_after,
+        switch.elapsed()
+    );
+    assert!(replica.script_calls().await > 0, "the new master decides");
+    // The bound over the run, plus the one extra burst a switch may cost.
+    let bound = capacity + per_second * elapsed.as_millis() as u64 / 1_000 + 1 + capacity;
+    let worst = admitted
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .max()
+        .unwrap();
+    eprintln!("switchover: the worst key admitted {worst} in {elapsed:?}, bound {bound}");
+    assert!(worst <= bound, "a key admitted {worst}, over {bound}");
 }

@@ -188,6 +188,20 @@ pub enum Error {
     /// An invalid quota.
     #[error(transparent)]
     Quota(#[from] QuotaError),
+    /// The server is not the kind this limiter was configured for: a Redis
+    /// Cluster node given as one Redis, one Redis given as a cluster, or a
+    /// read-only replica given as the master. With Sentinel, a replica
+    /// named as the master while a failover is under way; the next call asks
+    /// the Sentinels again.
+    #[error("the Redis at {address} is {found}; {fix}")]
+    WrongServer {
+        /// The server's address, with no password.
+        address: String,
+        /// What the server is.
+        found: &'static str,
+        /// What to change.
+        fix: &'static str,
+    },
     /// [`install`](crate::install) was called after a global limiter was set or used.
     #[error(
         "a global limiter is already in place; call `ratelimit::install` once, at start-up, \
@@ -196,7 +210,172 @@ pub enum Error {
     AlreadyInstalled,
 }
 
+/// What kind of fault an [`Error`] is: what to tell an operator, and
+/// whether it is an outage to ride out ([`FailurePolicy`](crate::FailurePolicy)
+/// answers meanwhile) or a misconfiguration to fix
+/// ([`is_misconfiguration`](Self::is_misconfiguration)). Redis errors are
+/// sorted by redis-rs's error kinds and Redis's error codes.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_core::{Error, ErrorKind};
+///
+/// let error = Error::Timeout(Duration::from_millis(100));
+/// assert_eq!(error.kind(), ErrorKind::Timeout);
+/// assert!(!error.kind().is_misconfiguration());
+/// assert_eq!(error.kind().as_str(), "timeout");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The backend could not be reached, or the connection broke: refused,
+    /// reset, a host name that does not resolve, a cluster without a master
+    /// for a slot.
+    Unavailable,
+    /// No answer within the limiter's timeout.
+    Timeout,
+    /// The server refused the credentials (`WRONGPASS`, `NOAUTH`).
+    Authentication,
+    /// The TLS handshake failed: a certificate not trusted, for another name,
+    /// or expired (the error says which).
+    Tls,
+    /// The ACL user may not run a command or touch a key (`NOPERM`; the
+    /// error names which).
+    Permission,
+    /// The server is not the kind the limiter was configured for (see
+    /// [`Error::WrongServer`]; `MOVED` and `READONLY` replies too).
+    WrongServer,
+    /// The backend answered something the limiter does not understand.
+    Protocol,
+    /// A key holds a value its algorithm did not write.
+    ForeignValue,
+    /// More decisions wait for the backend than the limiter queues.
+    Overloaded,
+    /// The circuit breaker skips the failing backend for now.
+    CircuitOpen,
+    /// The request can never be admitted (a cost above the capacity).
+    Request,
+    /// The limiter's own configuration is invalid.
+    Configuration,
+}
+
+impl ErrorKind {
+    /// Whether fixing the deployment, not waiting, ends the fault:
+    /// credentials, certificates, permissions, the kind of server, the
+    /// limiter's configuration.
+    pub fn is_misconfiguration(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Authentication
+                | ErrorKind::Tls
+                | ErrorKind::Permission
+                | ErrorKind::WrongServer
+                | ErrorKind::Configuration
+        )
+    }
+
+    /// The kind as a metric label or log field: `unavailable`, `timeout`,
+    /// `authentication`, `tls`, `permission`, `wrong_server`, `protocol`,
+    /// `foreign_value`, `overloaded`, `circuit_open`, `request` or
+    /// `configuration`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Authentication => "authentication",
+            ErrorKind::Tls => "tls",
+            ErrorKind::Permission => "permission",
+            ErrorKind::WrongServer => "wrong_server",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::ForeignValue => "foreign_value",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::CircuitOpen => "circuit_open",
+            ErrorKind::Request => "request",
+            ErrorKind::Configuration => "configuration",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kind of a Redis error, from redis-rs's kind and the server's code.
+#[cfg(feature = "redis")]
+fn redis_kind(error: &redis::RedisError) -> ErrorKind {
+    use redis::{ErrorKind as Redis, ServerErrorKind as Server};
+    if matches!(error.code(), Some("NOAUTH" | "WRONGPASS")) {
+        return ErrorKind::Authentication;
+    }
+    match error.kind() {
+        Redis::AuthenticationFailed => ErrorKind::Authentication,
+        Redis::Server(Server::NoPerm) => ErrorKind::Permission,
+        Redis::Server(Server::Moved | Server::Ask | Server::CrossSlot | Server::ReadOnly)
+        | Redis::RESP3NotSupported => ErrorKind::WrongServer,
+        Redis::Server(
+            Server::ClusterDown | Server::MasterDown | Server::TryAgain | Server::BusyLoading,
+        )
+        | Redis::ClusterConnectionNotFound
+        | Redis::NoValidReplicasFoundBySentinel => ErrorKind::Unavailable,
+        Redis::Io if is_tls(error) => ErrorKind::Tls,
+        Redis::Io => ErrorKind::Unavailable,
+        Redis::InvalidClientConfig
+        | Redis::EmptySentinelList
+        | Redis::MasterNameNotFoundBySentinel => ErrorKind::Configuration,
+        _ => ErrorKind::Protocol,
+    }
+}
+
+/// Whether a TLS library error is among `error`'s causes.
+#[cfg(feature = "redis")]
+fn is_tls(error: &redis::RedisError) -> bool {
+    #[cfg(feature = "tls")]
+    {
+        type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(e) = cause {
+            // redis-rs keeps its cause behind an `Arc`.
+            let e: &(dyn std::error::Error + 'static) = match e.downcast_ref::<Shared>() {
+                Some(shared) => &**shared,
+                None => e,
+            };
+            let inner = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .map(|inner| inner as &(dyn std::error::Error + 'static));
+            if e.downcast_ref::<rustls::Error>().is_some()
+                || inner.is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                return true;
+            }
+            cause = e.source();
+        }
+    }
+    let _ = error;
+    false
+}
+
 impl Error {
+    /// What kind of fault this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::CostExceedsCapacity { .. } => ErrorKind::Request,
+            Error::Timeout(_) => ErrorKind::Timeout,
+            #[cfg(feature = "redis")]
+            Error::Redis(error) => redis_kind(error),
+            Error::CircuitOpen => ErrorKind::CircuitOpen,
+            Error::UnexpectedReply(_) => ErrorKind::Protocol,
+            Error::ForeignValue { .. } => ErrorKind::ForeignValue,
+            Error::Overloaded(_) => ErrorKind::Overloaded,
+            Error::WrongServer { .. } => ErrorKind::WrongServer,
+            Error::Config(_) | Error::Quota(_) | Error::AlreadyInstalled => {
+                ErrorKind::Configuration
+            }
+        }
+    }
+
     /// Whether the fault came from the backend (and so a failure policy applies),
     /// rather than from the request or the configuration.
     pub fn is_backend(&self) -> bool {
@@ -205,6 +384,7 @@ impl Error {
             | Error::UnexpectedReply(_)
             | Error::CircuitOpen
             | Error::ForeignValue { .. }
+            | Error::WrongServer { .. }
             | Error::Overloaded(_) => true,
             #[cfg(feature = "redis")]
             Error::Redis(_) => true,
@@ -219,7 +399,7 @@ impl Error {
     /// health.
     pub fn is_backend_failure(&self) -> bool {
         match self {
-            Error::Timeout(_) | Error::UnexpectedReply(_) => true,
+            Error::Timeout(_) | Error::UnexpectedReply(_) | Error::WrongServer { .. } => true,
             #[cfg(feature = "redis")]
             Error::Redis(_) => true,
             _ => false,

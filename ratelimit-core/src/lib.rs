@@ -28,7 +28,7 @@ mod tls;
 pub use breaker::{BreakerConfig, CircuitState};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use decision::Decision;
-pub use error::{DenialCause, Error, RateLimited};
+pub use error::{DenialCause, Error, ErrorKind, RateLimited};
 pub use global::{global, install};
 pub use key::KeyBuilder;
 pub use limiter::{

@@ -344,6 +344,32 @@ impl Limiter {
         result
     }
 
+    /// Verifies that this limiter can decide now, and names the cause when
+    /// it cannot: the connection (refused, a host that does not resolve), the
+    /// credentials, TLS (the certificate's fault), the kind of server (a
+    /// cluster node given as one Redis, a replica given as the master, and
+    /// the reverse), the script's load, and the ACL permission for the keys
+    /// under the prefix. One round trip or a few; nothing is written.
+    ///
+    /// Call it at start-up, so a misconfiguration stops the service there
+    /// instead of running every call on the [`FailurePolicy`], and from a
+    /// readiness endpoint. [`Error::kind`] tells a misconfiguration
+    /// ([`ErrorKind::is_misconfiguration`](crate::ErrorKind::is_misconfiguration))
+    /// from an outage. The memory backend is always ready.
+    ///
+    /// ```
+    /// use ratelimit_core::Limiter;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::from_env()?;
+    /// limiter.ping().await?;
+    /// # Ok::<(), ratelimit_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.inner.backend.ping().await
+    }
+
     /// The decision a request of `cost` from `key` would get now, with
     /// nothing consumed or written (on Redis, one script call that decides
     /// and writes nothing): for operators and dashboards, not for the
@@ -815,13 +841,28 @@ impl Limiter {
                 .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            tracing::warn!(
-                backend = self.inner.backend.name(),
-                key,
-                ?policy,
-                %error,
-                "rate limit backend failed; applying the failure policy (logged at most once a second)"
-            );
+            let backend = self.inner.backend.name();
+            let kind = error.kind();
+            if kind.is_misconfiguration() {
+                tracing::error!(
+                    backend,
+                    key,
+                    ?policy,
+                    %kind,
+                    %error,
+                    "rate limit backend refuses this limiter's configuration; applying the failure \
+                     policy until it is fixed (logged at most once a second)"
+                );
+            } else {
+                tracing::warn!(
+                    backend,
+                    key,
+                    ?policy,
+                    %kind,
+                    %error,
+                    "rate limit backend failed; applying the failure policy (logged at most once a second)"
+                );
+            }
         }
     }
 }

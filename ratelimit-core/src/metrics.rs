@@ -6,6 +6,7 @@
 //! | --- | --- | --- |
 //! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`CallOptions`](crate::CallOptions) rule, or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` |
 //! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
+//! | `ratelimit_backend_errors_total` | counter | `backend`, `kind` ([`ErrorKind::as_str`](crate::ErrorKind::as_str): `timeout`, `unavailable`, `authentication`, `tls`, `permission`, `wrong_server`, ...) |
 //! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend` |
 //! | `ratelimit_deny_cache_hits_total` | counter | |
 
@@ -165,4 +166,11 @@ pub(crate) fn backend_latency(backend: &'static str, elapsed: Duration) {
 
 pub(crate) fn circuit_state(backend: &'static str, state: CircuitState) {
     metrics::gauge!("ratelimit_circuit_state", "backend" => backend).set(state as u8 as f64);
+}
+
+/// A backend call failed: counted by the fault's kind, so a dashboard tells
+/// a misconfiguration from an outage.
+pub(crate) fn backend_error(backend: &'static str, kind: crate::ErrorKind) {
+    metrics::counter!("ratelimit_backend_errors_total", "backend" => backend, "kind" => kind.as_str())
+        .increment(1);
 }

@@ -662,3 +662,31 @@ impl TlsFiles {
         std::fs::read(self.dir.path().join(name)).expect("read a certificate")
     }
 }
+
+/// Log lines written while `work` runs on this thread.
+pub async fn logged<F: std::future::Future>(work: F) -> (F::Output, String) {
+    #[derive(Clone)]
+    struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let capture = Capture(std::sync::Arc::default());
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("ratelimit=info")
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let output = {
+        let _default = tracing::subscriber::set_default(subscriber);
+        work.await
+    };
+    let text = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    (output, text)
+}

@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::redis::{
     await_answer, batch_invocation, decode_all, decode_one, decode_reply, invocation, invoke,
-    run_batches, Functions, Job, Request, ScriptCall, MAX_QUEUED,
+    run_batches, Functions, Job, Request, ScriptCall, MAX_QUEUED, PING_KEY, PING_QUOTA,
 };
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -104,6 +104,9 @@ impl Routing {
 
 pub(crate) struct ClusterBackend {
     client: ClusterClient,
+    /// The first node given, on a connection of its own: a ping asks it
+    /// whether it is a cluster node at all.
+    seed: redis::Client,
     /// Connected on first use; a failed attempt is retried on the next call.
     connection: tokio::sync::OnceCell<ClusterConnection>,
     /// The slot map and the masters' queues; none until first read.
@@ -183,8 +186,10 @@ impl ClusterBackend {
             let urls: Vec<String> = urls.iter().map(|u| super::redis::redacted(u)).collect();
             Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}"))
         })?;
+        let seed = super::redis::open_client(&urls[0], tls)?;
         Ok(Self {
             client,
+            seed,
             connection: tokio::sync::OnceCell::new(),
             routing: RwLock::new(None),
             refreshing: tokio::sync::Mutex::new(None),
@@ -344,6 +349,37 @@ impl ClusterBackend {
         tokio::time::timeout(self.timeout, work)
             .await
             .map_err(|_| Error::Timeout(self.timeout))?
+    }
+
+    /// Verifies that this limiter can decide on the cluster now: the first
+    /// node is a cluster node, and on every master the connection, the
+    /// credentials, TLS, the script and the keys under the prefix work.
+    pub(crate) async fn ping(&self) -> Result<(), Error> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let mut seed = tokio::time::timeout(
+            self.timeout,
+            self.seed
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| Error::Timeout(self.timeout))??;
+        let address = self.seed.get_connection_info().addr().to_string();
+        let traits = super::redis::hello(&mut seed, self.timeout).await?;
+        super::redis::check_server(&address, traits, "cluster", false)?;
+        // A key of a slot of each master: every master is asked.
+        let mut masters: Vec<(u16, u16, String)> = self.read_slots().await?;
+        masters.sort_by(|a, b| a.2.cmp(&b.2));
+        masters.dedup_by(|a, b| a.2 == b.2);
+        for (first, last, _) in masters {
+            let key = (0u32..)
+                .map(|n| format!("{PING_KEY}:{n}"))
+                .find(|key| (first..=last).contains(&slot(self.full_key(key).as_bytes())))
+                .unwrap_or_default();
+            self.peek(&PING_QUOTA, &key, 0).await?;
+        }
+        Ok(())
     }
 
     pub(crate) async fn decide(

@@ -67,6 +67,17 @@ impl Backend {
         }
     }
 
+    /// Verifies that decisions can be made now (see [`Limiter::ping`](crate::Limiter::ping)).
+    pub(crate) async fn ping(&self) -> Result<(), Error> {
+        match self {
+            Backend::Memory(_) => Ok(()),
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => redis.ping().await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.ping().await,
+        }
+    }
+
     /// Deletes a key's state.
     pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
         match self {

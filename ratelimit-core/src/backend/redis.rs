@@ -12,7 +12,7 @@
 //! call deciding for many keys costs far less than as many calls.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -195,6 +195,24 @@ pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
     connection: &mut C,
     functions: &Functions,
 ) -> Result<Vec<i64>, redis::RedisError> {
+    match invoke_once(call, connection, functions).await {
+        // A refused connection sent nothing: it is the reconnection attempt
+        // a connection manager made at an earlier failure, which it reports
+        // to the next call while it starts a new one. Sent again, the call
+        // waits for that new attempt, so the first call after a restart is
+        // decided rather than failed (and the breaker kept closed).
+        Err(error) if error.is_connection_refusal() => {
+            invoke_once(call, connection, functions).await
+        }
+        result => result,
+    }
+}
+
+async fn invoke_once<C: redis::aio::ConnectionLike>(
+    call: &ScriptCall,
+    connection: &mut C,
+    functions: &Functions,
+) -> Result<Vec<i64>, redis::RedisError> {
     let mut loads = 0;
     while !functions.refused.load(Ordering::Relaxed) {
         match call.fcall().query_async(connection).await {
@@ -255,6 +273,87 @@ fn functions_refused(error: &redis::RedisError) -> bool {
         || text.contains("unknown subcommand")
         || text.contains("error compiling")
         || text.contains("error registering")
+}
+
+/// What a server told `HELLO` of itself: its mode (`standalone`,
+/// `cluster` or `sentinel`) and its role (`master` or `replica`). `HELLO`
+/// needs no ACL permission, unlike `ROLE` or `INFO`. `None` from a server
+/// too old to know the command.
+pub(crate) async fn hello<C: redis::aio::ConnectionLike>(
+    connection: &mut C,
+    timeout: Duration,
+) -> Result<Option<(String, String)>, Error> {
+    let reply = tokio::time::timeout(
+        timeout,
+        redis::cmd("HELLO").query_async::<redis::Value>(connection),
+    )
+    .await
+    .map_err(|_| Error::Timeout(timeout))?;
+    let fields = match reply {
+        Ok(redis::Value::Array(fields)) => fields
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [name, value] => Some((name.clone(), value.clone())),
+                _ => None,
+            })
+            .collect(),
+        Ok(redis::Value::Map(fields)) => fields,
+        Ok(_) => return Ok(None),
+        // "unknown command": a Redis older than 6.0.
+        Err(error) if error.code() == Some("ERR") => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    let text = |wanted: &str| {
+        fields.iter().find_map(|(name, value)| {
+            let name = redis::from_redis_value_ref::<String>(name).ok()?;
+            (name == wanted)
+                .then(|| redis::from_redis_value_ref::<String>(value).ok())
+                .flatten()
+        })
+    };
+    Ok(text("mode").zip(text("role")))
+}
+
+/// Whether a server that `HELLO` described as `traits` can serve a limiter
+/// that expects `expected_mode` (`standalone` or `cluster`) and, for one
+/// Redis, a master. `sentinel` says a Sentinel named this server.
+pub(crate) fn check_server(
+    address: &str,
+    traits: Option<(String, String)>,
+    expected_mode: &str,
+    sentinel: bool,
+) -> Result<(), Error> {
+    let Some((mode, role)) = traits else {
+        return Ok(());
+    };
+    let wrong = |found, fix| Error::WrongServer {
+        address: address.to_owned(),
+        found,
+        fix,
+    };
+    match (expected_mode, mode.as_str()) {
+        (_, "sentinel") => Err(wrong(
+            "a Sentinel",
+            "configure it with `LimiterBuilder::sentinel`, naming the master",
+        )),
+        ("standalone", "cluster") => Err(wrong(
+            "a Redis Cluster node",
+            "configure the cluster's nodes with `LimiterBuilder::cluster`",
+        )),
+        ("cluster", "standalone") => Err(wrong(
+            "one Redis, not a Redis Cluster node",
+            "configure it with `LimiterBuilder::redis`",
+        )),
+        ("standalone", _) if role != "master" && sentinel => Err(wrong(
+            "a replica, though the Sentinels name it the master (a failover is under way)",
+            "the next call asks the Sentinels again",
+        )),
+        ("standalone", _) if role != "master" => Err(wrong(
+            "a read-only replica",
+            "give the master's address, or its Sentinels with `LimiterBuilder::sentinel`",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `url` with any password replaced by `***`, for errors and logs: a Redis
@@ -602,7 +701,13 @@ impl Work {
 /// Sentinels name (asked again after a failure, to follow a failover).
 pub(crate) enum Endpoint {
     Fixed(redis::Client),
-    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+    Sentinel {
+        client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+        /// The master's name, and the Sentinels, whose `+switch-master`
+        /// announcements a watcher follows.
+        master: String,
+        sentinels: Vec<redis::ConnectionInfo>,
+    },
 }
 
 impl Endpoint {
@@ -633,13 +738,17 @@ impl Endpoint {
         // `AsRef<str>` with it: an owned name suits both.
         #[allow(clippy::unnecessary_to_owned)]
         let client = redis::sentinel::SentinelClient::build(
-            infos,
+            infos.clone(),
             master.to_owned(),
             Some(node),
             redis::sentinel::SentinelServerType::Master,
         )
         .map_err(|e| invalid(&e))?;
-        Ok(Endpoint::Sentinel(tokio::sync::Mutex::new(client)))
+        Ok(Endpoint::Sentinel {
+            client: tokio::sync::Mutex::new(client),
+            master: master.to_owned(),
+            sentinels: infos,
+        })
     }
 
     /// A client for the Redis to use now; with Sentinel, the master they
@@ -647,7 +756,9 @@ impl Endpoint {
     pub(crate) async fn client(&self, timeout: Duration) -> Result<redis::Client, Error> {
         match self {
             Endpoint::Fixed(client) => Ok(client.clone()),
-            Endpoint::Sentinel(sentinel) => {
+            Endpoint::Sentinel {
+                client: sentinel, ..
+            } => {
                 let ask = async { sentinel.lock().await.async_get_client().await };
                 Ok(tokio::time::timeout(timeout, ask)
                     .await
@@ -657,7 +768,81 @@ impl Endpoint {
     }
 
     fn follows_failovers(&self) -> bool {
-        matches!(self, Endpoint::Sentinel(_))
+        matches!(self, Endpoint::Sentinel { .. })
+    }
+}
+
+/// Follows the Sentinels' `+switch-master` announcements of `master`, as
+/// Redis's guidelines for Sentinel clients ask, so a switchover moves the
+/// decisions to the new master at once, without waiting for a failure on
+/// the old one (which a manual failover leaves answering for seconds). Each
+/// announcement, and each new subscription (a switch may have been missed
+/// while none was held), bumps `switches`; lanes made before then ask the
+/// Sentinels again. Ends once the backend is gone.
+async fn watch_switches(
+    sentinels: Vec<redis::ConnectionInfo>,
+    master: String,
+    switches: std::sync::Weak<AtomicU64>,
+    timeout: Duration,
+) {
+    use futures_util::StreamExt as _;
+    let bump = |switches: &std::sync::Weak<AtomicU64>| match switches.upgrade() {
+        Some(switches) => {
+            switches.fetch_add(1, Ordering::AcqRel);
+            true
+        }
+        None => false,
+    };
+    loop {
+        for sentinel in &sentinels {
+            let Ok(client) = redis::Client::open(sentinel.clone()) else {
+                continue;
+            };
+            let Ok(Ok(pubsub)) = tokio::time::timeout(timeout, client.get_async_pubsub()).await
+            else {
+                continue;
+            };
+            let (mut sink, mut messages) = pubsub.split();
+            let subscribed = tokio::time::timeout(timeout, sink.subscribe("+switch-master")).await;
+            if !matches!(subscribed, Ok(Ok(()))) {
+                continue;
+            }
+            if !bump(&switches) {
+                return;
+            }
+            let mut alive = tokio::time::interval(Duration::from_secs(1));
+            alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    message = messages.next() => {
+                        let Some(message) = message else { break };
+                        // "<master name> <old ip> <old port> <new ip> <new port>"
+                        let payload = message.get_payload_bytes();
+                        let named = payload.split(|&b| b == b' ').next() == Some(master.as_bytes());
+                        if named {
+                            tracing::info!(%master, "Sentinel announced a new master; following it");
+                            if !bump(&switches) {
+                                return;
+                            }
+                        }
+                    }
+                    _ = alive.tick() => {
+                        if switches.strong_count() == 0 {
+                            return;
+                        }
+                        // A connection that died silently is found out.
+                        let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
+                        if !matches!(pong, Ok(Ok(_))) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if switches.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(RESOLVE_EVERY).await;
     }
 }
 
@@ -675,11 +860,17 @@ struct Lane {
     stale: Arc<AtomicBool>,
     /// Whether this master runs the script as a function.
     functions: Arc<Functions>,
+    /// The Sentinels' announced switches, and how many this lane has seen:
+    /// one more sends the next decision to ask them where the master is.
+    switches: Arc<AtomicU64>,
+    seen: AtomicU64,
 }
 
 impl Lane {
     fn live(&self) -> bool {
-        !self.queue.is_closed() && !self.stale.load(Ordering::Acquire)
+        !self.queue.is_closed()
+            && !self.stale.load(Ordering::Acquire)
+            && self.switches.load(Ordering::Acquire) == self.seen.load(Ordering::Acquire)
     }
 }
 
@@ -695,7 +886,17 @@ pub(crate) struct RedisBackend {
     timeout: Duration,
     /// The caller's clock, when configured; Redis `TIME` otherwise.
     clock: Option<Arc<dyn Clock>>,
+    /// Switches the Sentinels announced, counted by a watcher started with
+    /// the first lane.
+    switches: Arc<AtomicU64>,
+    watching: AtomicBool,
 }
+
+/// The key a ping reads (under the limiter's prefix), and the quota it reads
+/// it with: nothing is written.
+pub(crate) const PING_KEY: &str = "ratelimit:ping";
+pub(crate) static PING_QUOTA: Lazy<Quota> =
+    Lazy::new(|| Quota::per_second(1).expect("1/s is a valid quota"));
 
 /// After a failure on a Sentinel-served master, how often the Sentinels are
 /// asked where the master is now.
@@ -715,6 +916,8 @@ impl RedisBackend {
             prefix,
             timeout,
             clock,
+            switches: Arc::new(AtomicU64::new(0)),
+            watching: AtomicBool::new(false),
         }
     }
 
@@ -723,7 +926,7 @@ impl RedisBackend {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(2)
+            .set_number_of_retries(0)
             .set_max_delay(Duration::from_secs(1));
         ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(Error::from)
     }
@@ -765,6 +968,21 @@ impl RedisBackend {
             _ => None,
         };
         *last_resolve = Some(std::time::Instant::now());
+        if let Endpoint::Sentinel {
+            master, sentinels, ..
+        } = &self.endpoint
+        {
+            if !self.watching.swap(true, Ordering::AcqRel) {
+                runtime.spawn(watch_switches(
+                    sentinels.clone(),
+                    master.clone(),
+                    Arc::downgrade(&self.switches),
+                    self.timeout,
+                ));
+            }
+        }
+        // Read before asking: a switch announced meanwhile is seen again.
+        let switches = self.switches.load(Ordering::Acquire);
         let client = self.endpoint.client(self.timeout).await?;
         let address = client.get_connection_info().addr().clone();
         if let Some(lane) = stale {
@@ -772,6 +990,7 @@ impl RedisBackend {
                 // The master did not move: its connections reconnect by
                 // themselves.
                 lane.stale.store(false, Ordering::Release);
+                lane.seen.store(switches, Ordering::Release);
                 return Ok(lane);
             }
             tracing::warn!(master = %address, "the Redis master moved; deciding on the new one");
@@ -779,6 +998,17 @@ impl RedisBackend {
         let connections = (0..BATCH_CONNECTIONS)
             .map(|_| self.new_connection(&client))
             .collect::<Result<Vec<_>, _>>()?;
+        // Before the first decision on a server: it must be what this
+        // limiter expects (not a cluster node, not a replica). The
+        // connection is made here too, so a refused password or certificate
+        // is this call's error rather than a timeout.
+        let traits = hello(&mut connections[0].clone(), self.timeout).await?;
+        check_server(
+            &address.to_string(),
+            traits,
+            "standalone",
+            self.endpoint.follows_failovers(),
+        )?;
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
         let stale = Arc::new(AtomicBool::new(false));
         let functions = Arc::new(Functions::default());
@@ -788,6 +1018,8 @@ impl RedisBackend {
             address,
             stale: stale.clone(),
             functions: functions.clone(),
+            switches: self.switches.clone(),
+            seen: AtomicU64::new(switches),
         });
         let on_failure = self.endpoint.follows_failovers().then_some(stale);
         runtime.spawn(run_batches(
@@ -919,6 +1151,25 @@ impl RedisBackend {
         let invocation = invocation("peek", [(&key, Request::new(quota, cost, self.now()))]);
         let reply = self.call(&lane, &invocation, &mut connection).await?;
         decode_one(&reply, quota, cost, &key)
+    }
+
+    /// Verifies that this limiter can decide on the server now: connected,
+    /// authenticated, over TLS where asked, the right kind of server, the
+    /// script loaded, and the keys under the prefix (and `TIME`) permitted.
+    pub(crate) async fn ping(&self) -> Result<(), Error> {
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
+        let traits = hello(&mut connection, self.timeout).await?;
+        check_server(
+            &lane.address.to_string(),
+            traits,
+            "standalone",
+            self.endpoint.follows_failovers(),
+        )?;
+        let key = self.full_key(PING_KEY);
+        let invocation = invocation("peek", [(&key, Request::new(&PING_QUOTA, 0, self.now()))]);
+        let reply = self.call(&lane, &invocation, &mut connection).await?;
+        decode_one(&reply, &PING_QUOTA, 0, &key).map(|_| ())
     }
 
     /// Deletes `key`'s state: its quota is whole again.

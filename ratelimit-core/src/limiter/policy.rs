@@ -71,6 +71,11 @@ impl Limiter {
         let started = Instant::now();
         let result = call.await;
         crate::metrics::backend_latency(backend, started.elapsed());
+        if let Err(error) = &result {
+            if error.is_backend() {
+                crate::metrics::backend_error(backend, error.kind());
+            }
+        }
         let Some(failed) = failed(&result) else {
             return result;
         };

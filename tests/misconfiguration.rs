@@ -1,0 +1,170 @@
+//! A misconfigured limiter names its cause: at start-up through
+//! `Limiter::ping`, on every call through `Error::kind`, and in the log line
+//! the failure policy writes, at error level. An outage stays an outage.
+//! Real servers on loopback, each misconfigured as an operator would.
+
+mod support;
+
+use std::time::Duration;
+
+use ratelimit::{ErrorKind, FailurePolicy, Limiter, Quota, TlsConfig};
+use support::{logged, RedisCluster, RedisServer, TlsFiles};
+
+fn limiter(url: &str) -> Limiter {
+    Limiter::builder()
+        .redis(url)
+        .timeout(Duration::from_millis(500))
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .unwrap()
+}
+
+fn quota() -> Quota {
+    Quota::per_second(5).unwrap()
+}
+
+/// `limiter` fails its ping and its decisions with an error of `kind`
+/// whose text contains `says`; a call under the open policy is admitted as
+/// a fallback, and the log line names the kind at error level.
+async fn named(limiter: &Limiter, kind: ErrorKind, says: &str) {
+    let error = limiter.ping().await.expect_err("a misconfiguration");
+    assert_eq!(error.kind(), kind, "ping: {error}");
+    assert!(error.to_string().contains(says), "ping: {error}");
+    for _ in 0..2 {
+        let error = limiter.decide(&quota(), "k", 1).await.expect_err("decide");
+        assert_eq!(error.kind(), kind, "decide: {error}");
+    }
+    // Past the once-a-second throttle of the failure policy's log line.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (admitted, log) = logged(limiter.acquire(&quota(), "k", 1)).await;
+    assert!(admitted.is_ok_and(|d| d.fallback), "{log}");
+    assert!(
+        log.contains("ERROR") && log.contains(&format!("kind={}", kind.as_str())),
+        "the log names the kind at error level: {log}"
+    );
+    assert!(kind.is_misconfiguration());
+}
+
+async fn requiring_password(server: &RedisServer) {
+    let mut connection = server.connection().await;
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret")
+        .query_async::<()>(&mut connection)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_wrong_password_or_none_is_an_authentication_error() {
+    let server = RedisServer::start();
+    requiring_password(&server).await;
+    let port = server.port();
+    let wrong = limiter(&format!("redis://:nope@127.0.0.1:{port}"));
+    named(&wrong, ErrorKind::Authentication, "authentication").await;
+    let error = wrong.ping().await.unwrap_err().to_string();
+    assert!(
+        !error.contains("nope"),
+        "the password stays secret: {error}"
+    );
+    let missing = limiter(&format!("redis://127.0.0.1:{port}"));
+    named(&missing, ErrorKind::Authentication, "NOAUTH").await;
+    let right = limiter(&format!("redis://:s3cret@127.0.0.1:{port}"));
+    right.ping().await.unwrap();
+    assert!(right.decide(&quota(), "k", 1).await.unwrap().allowed);
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_is_a_tls_error() {
+    let files = TlsFiles::generate();
+    let server = RedisServer::start_tls(&files, false);
+    let untrusting = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(500))
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .unwrap();
+    named(&untrusting, ErrorKind::Tls, "UnknownIssuer").await;
+    let trusting = Limiter::builder()
+        .redis(server.url())
+        .tls(TlsConfig::new().root_certificate(files.read("ca.pem")))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    trusting.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_user_without_the_keys_is_a_permission_error() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("elsewhere")
+        .arg("on")
+        .arg(">pw")
+        .arg("~other:*")
+        .arg("+@all")
+        .query_async::<()>(&mut connection)
+        .await
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://elsewhere:pw@");
+    named(&limiter(&url), ErrorKind::Permission, "no permissions").await;
+}
+
+#[tokio::test]
+async fn the_wrong_kind_of_server_is_named() {
+    let cluster = RedisCluster::start(3, 0);
+    let on_a_node = limiter(&cluster.urls()[0]);
+    named(&on_a_node, ErrorKind::WrongServer, "a Redis Cluster node").await;
+
+    let plain = RedisServer::start();
+    let as_cluster = Limiter::builder()
+        .cluster([plain.url()])
+        .timeout(Duration::from_millis(500))
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .unwrap();
+    let error = as_cluster.ping().await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::WrongServer, "{error}");
+    assert!(
+        error.to_string().contains("LimiterBuilder::redis"),
+        "{error}"
+    );
+
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &plain.port().to_string()]);
+    named(&limiter(&replica.url()), ErrorKind::WrongServer, "replica").await;
+
+    let right = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    right.ping().await.unwrap();
+}
+
+/// An unreachable server is an outage, not a misconfiguration: named, fast,
+/// and left to the failure policy.
+#[tokio::test]
+async fn a_refused_connection_or_an_unknown_host_is_unavailable_and_named() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    for (url, says) in [
+        (url.as_str(), "refused"),
+        ("redis://no-such-host.invalid:6379", "lookup"),
+    ] {
+        let limiter = limiter(url);
+        let error = limiter.ping().await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+        assert!(!error.kind().is_misconfiguration());
+        assert!(error.to_string().contains(says), "{error}");
+        let error = limiter.decide(&quota(), "k", 1).await.unwrap_err();
+        assert!(
+            matches!(error.kind(), ErrorKind::Unavailable),
+            "named, not a timeout: {error}"
+        );
+    }
+    assert!(Limiter::memory().ping().await.is_ok());
+}
