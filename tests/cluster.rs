@@ -400,3 +400,69 @@ async fn decisions_stay_exact_while_slots_move_between_masters() {
     assert!(total > 2_000, "decisions flowed: {total} admitted");
     eprintln!("{total} admitted, {timeouts} timeouts");
 }
+
+/// One master killed under load, with a breaker per master: the keys of the
+/// two healthy masters are decided by Redis the whole time, and only the
+/// dead master's keys go to the failure policy until its replica takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let limiter = limiter(&cluster, FailurePolicy::Open);
+    let quota = Quota::new(1_000_000, "1000000/s".parse().unwrap()).unwrap();
+    let victim = cluster.masters()[0];
+    let keys: Vec<String> = (0..60).map(|i| format!("health:{i}")).collect();
+    let on_victim: Vec<bool> = keys
+        .iter()
+        .map(|k| cluster.slot_owner(cluster.keyslot(&format!("rl:{k}")), victim) == victim)
+        .collect();
+    assert!(on_victim.iter().any(|&v| v) && on_victim.iter().any(|&v| !v));
+    let keys = Arc::new(keys);
+    let on_victim = Arc::new(on_victim);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Fallbacks of keys on the victim, and on the healthy masters.
+    let fallbacks = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let from_redis = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let (limiter, stop, keys, on_victim, fallbacks, from_redis) = (
+                limiter.clone(),
+                stop.clone(),
+                keys.clone(),
+                on_victim.clone(),
+                fallbacks.clone(),
+                from_redis.clone(),
+            );
+            tokio::spawn(async move {
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    i = (i + 7) % keys.len();
+                    let decision = limiter.acquire(&quota, &keys[i], 1).await.unwrap();
+                    if decision.fallback {
+                        fallbacks[usize::from(!on_victim[i])].fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        from_redis.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    while from_redis.load(Ordering::Relaxed) < 300 {
+        assert!(started.elapsed() < Duration::from_secs(10), "Redis decides");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.nodes[victim].kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::block_in_place(|| cluster.wait_until_ok(Duration::from_secs(30)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("no caller panics");
+    }
+    let [dead, healthy] = [0, 1].map(|i| fallbacks[i].load(Ordering::Relaxed));
+    eprintln!("a dead master: {dead} fallbacks for its keys, {healthy} for the others");
+    assert!(dead > 0, "the dead master's keys fell back meanwhile");
+    assert_eq!(healthy, 0, "keys on healthy masters fell back");
+    assert_eq!(limiter.circuit_state(), ratelimit::CircuitState::Closed);
+}

@@ -6,6 +6,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::error::Error;
+
 /// How the breaker reacts to failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -70,10 +72,13 @@ pub(crate) struct Permit<'a> {
 impl Permit<'_> {
     /// Records the call's outcome: `failed` when the backend itself failed.
     /// Returns the breaker's new state when it changed.
-    pub(crate) fn record(mut self, failed: bool) -> Option<CircuitState> {
+    /// `refused` says a failure was a refused connection: probing a server
+    /// that refuses costs under a millisecond, so its probes stay at the
+    /// first backoff and a restarted server is used again within it.
+    pub(crate) fn record(mut self, failed: bool, refused: bool) -> Option<CircuitState> {
         self.settled = true;
         if failed {
-            self.breaker.failed(self.probe)
+            self.breaker.failed(self.probe, refused)
         } else {
             self.breaker.succeeded(self.probe)
         }
@@ -88,7 +93,64 @@ impl Drop for Permit<'_> {
     }
 }
 
+/// What a call's outcome says of the backend's health, for the breaker:
+/// `Some(true)` a failure of the backend itself, `Some(false)` an answer,
+/// `None` nothing (a full queue, a configuration fault).
+pub(crate) fn failed(result: &Result<impl Sized, Error>) -> Option<bool> {
+    match result {
+        Ok(_) | Err(Error::ForeignValue { .. }) => Some(false),
+        Err(error) if error.is_backend_failure() => Some(true),
+        Err(_) => None,
+    }
+}
+
+/// Counts a backend call's latency and, when it failed, its error by kind.
+pub(crate) fn observed<T>(backend: &'static str, started: Instant, result: &Result<T, Error>) {
+    crate::metrics::backend_latency(backend, started.elapsed());
+    if let Err(error) = result {
+        if error.is_backend() {
+            crate::metrics::backend_error(backend, error.kind());
+        }
+    }
+}
+
 impl Breaker {
+    /// Runs one call of `backend` (on `node`, for a breaker per node)
+    /// through this breaker: skipped with [`Error::CircuitOpen`] while it is
+    /// open, timed, and its outcome recorded. A call dropped mid-way (its
+    /// caller gave up) records nothing, and a dropped probe lets the next
+    /// caller probe.
+    pub(crate) async fn guard<T>(
+        &self,
+        backend: &'static str,
+        node: Option<&str>,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let Some(permit) = self.permit() else {
+            return Err(Error::CircuitOpen);
+        };
+        let started = Instant::now();
+        let result = call.await;
+        observed(backend, started, &result);
+        let Some(failed) = failed(&result) else {
+            return result;
+        };
+        let refused = matches!(&result, Err(error) if error.is_refusal());
+        if let Some(state) = permit.record(failed, refused) {
+            crate::metrics::circuit_state(backend, node, state);
+            let node = node.unwrap_or("");
+            match state {
+                CircuitState::Open => tracing::warn!(
+                    backend,
+                    node,
+                    "rate limit backend keeps failing; circuit open, calls skip it until a probe succeeds"
+                ),
+                _ => tracing::info!(backend, node, "rate limit backend answers again; circuit closed"),
+            }
+        }
+        result
+    }
+
     pub(crate) fn new(config: BreakerConfig) -> Self {
         Self {
             config,
@@ -154,7 +216,7 @@ impl Breaker {
         None
     }
 
-    fn failed(&self, probe: bool) -> Option<CircuitState> {
+    fn failed(&self, probe: bool, refused: bool) -> Option<CircuitState> {
         if self.config.failures_to_open == 0 {
             return None;
         }
@@ -170,7 +232,11 @@ impl Breaker {
             let backoff = self.backoff_us.load(Ordering::Acquire);
             self.probe_at
                 .store(self.now_us() + backoff, Ordering::Release);
-            let next = (backoff * 2).min(self.config.max_backoff.as_micros() as u64);
+            let next = if refused {
+                self.config.initial_backoff.as_micros() as u64
+            } else {
+                (backoff * 2).min(self.config.max_backoff.as_micros() as u64)
+            };
             self.backoff_us.store(next.max(1), Ordering::Release);
             let was = self.state.swap(CircuitState::Open as u8, Ordering::AcqRel);
             self.probing.store(false, Ordering::Release);
@@ -217,9 +283,9 @@ mod tests {
         });
         let call = breaker.permit();
         assert_eq!(kind(&call), "call");
-        assert_eq!(call.unwrap().record(true), None);
+        assert_eq!(call.unwrap().record(true, false), None);
         assert_eq!(
-            breaker.permit().unwrap().record(true),
+            breaker.permit().unwrap().record(true, false),
             Some(CircuitState::Open)
         );
         // Backoff zero: the next caller probes, the one after it skips.
@@ -227,7 +293,10 @@ mod tests {
         assert_eq!(kind(&probe), "probe");
         assert_eq!(kind(&breaker.permit()), "skip");
         assert_eq!(breaker.state(), CircuitState::HalfOpen);
-        assert_eq!(probe.unwrap().record(false), Some(CircuitState::Closed));
+        assert_eq!(
+            probe.unwrap().record(false, false),
+            Some(CircuitState::Closed)
+        );
         assert_eq!(kind(&breaker.permit()), "call");
     }
 
@@ -238,7 +307,7 @@ mod tests {
             initial_backoff: Duration::from_secs(3600),
             max_backoff: Duration::from_secs(3600),
         });
-        let _ = breaker.permit().unwrap().record(true);
+        let _ = breaker.permit().unwrap().record(true, false);
         assert_eq!(kind(&breaker.permit()), "skip");
         assert_eq!(breaker.state(), CircuitState::Open);
     }
@@ -250,10 +319,10 @@ mod tests {
             initial_backoff: Duration::ZERO,
             max_backoff: Duration::from_secs(3600),
         });
-        let _ = breaker.permit().unwrap().record(true);
+        let _ = breaker.permit().unwrap().record(true, false);
         let probe = breaker.permit();
         assert_eq!(kind(&probe), "probe");
-        let _ = probe.unwrap().record(true);
+        let _ = probe.unwrap().record(true, false);
         // The doubled backoff (from a 1 µs floor) keeps the breaker open for now.
         assert_eq!(breaker.state(), CircuitState::Open);
     }
@@ -266,11 +335,11 @@ mod tests {
             max_backoff: Duration::from_secs(3600),
         });
         let late: Vec<_> = (0..10).map(|_| breaker.permit().unwrap()).collect();
-        let _ = breaker.permit().unwrap().record(true);
+        let _ = breaker.permit().unwrap().record(true, false);
         assert_eq!(breaker.state(), CircuitState::Open);
         // Calls that were in flight on the same broken connection fail now.
         for permit in late {
-            assert_eq!(permit.record(true), None);
+            assert_eq!(permit.record(true, false), None);
         }
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(
@@ -287,7 +356,7 @@ mod tests {
             initial_backoff: Duration::ZERO,
             max_backoff: Duration::from_secs(3600),
         });
-        let _ = breaker.permit().unwrap().record(true);
+        let _ = breaker.permit().unwrap().record(true, false);
         let probe = breaker.permit();
         assert_eq!(kind(&probe), "probe");
         assert_eq!(breaker.state(), CircuitState::HalfOpen);
@@ -295,6 +364,40 @@ mod tests {
         assert_eq!(breaker.state(), CircuitState::Open, "nobody is probing");
         let next = breaker.permit();
         assert_eq!(kind(&next), "probe", "the next caller probes at once");
-        assert_eq!(next.unwrap().record(false), Some(CircuitState::Closed));
+        assert_eq!(
+            next.unwrap().record(false, false),
+            Some(CircuitState::Closed)
+        );
+    }
+
+    #[test]
+    fn a_refused_connection_keeps_the_probes_at_the_first_backoff() {
+        let breaker = Breaker::new(BreakerConfig {
+            failures_to_open: 1,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_secs(3600),
+        });
+        let _ = breaker.permit().unwrap().record(true, true);
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(30));
+            let probe = breaker.permit();
+            assert_eq!(
+                kind(&probe),
+                "probe",
+                "a refusal does not double the backoff"
+            );
+            let _ = probe.unwrap().record(true, true);
+        }
+        // Other failures double it: 20 ms, then 40 ms.
+        for _ in 0..2 {
+            std::thread::sleep(Duration::from_millis(30));
+            let _ = breaker.permit().unwrap().record(true, false);
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            kind(&breaker.permit()),
+            "skip",
+            "a timeout doubles the backoff"
+        );
     }
 }

@@ -21,12 +21,17 @@
 //!
 //! Clocks: everything is measured on the cache's clock (the limiter's clock
 //! when one is configured, which is then also the clock the backend decides
-//! on; else this process's monotonic clock, which never steps), from the
-//! moment a reply reached this process. Only durations come from the
-//! backend. A reply was decided at some instant between its request and its
-//! arrival, so a cached wait is never shorter than the backend's, and longer
-//! by at most the round trip of the call it was learned from. What was learned
-//! at an instant a clock has since gone back before is not used.
+//! on; else this process's monotonic clock, which never steps). Only
+//! durations come from the backend. A reply was decided at some instant
+//! between its request and its arrival, so each reply is kept twice: as if
+//! decided when it was asked for (the earliest it can have been) and when it
+//! arrived (the latest). The cache denies only what the earliest says is
+//! denied, so it never denies what the backend would admit; it answers with
+//! the figures of the latest, so a cached wait is never shorter than the
+//! backend's (sleep it, and the request is admitted), and longer by at most
+//! the round trip of the call it was learned from. Between the two, the
+//! backend is asked. What was learned at an instant a clock has since gone
+//! back before is not used.
 //!
 //! When a key may admit only one more request of a cost (or a cached denial
 //! has just ended), the first caller asks the backend for everyone (it holds
@@ -95,6 +100,7 @@ pub(crate) enum Consulted<'a> {
 /// admission on it was recorded) are not learned.
 #[derive(Clone, Copy)]
 pub(crate) struct Asked {
+    at_us: u64,
     stripe: usize,
     forgets: u64,
     admissions: u64,
@@ -147,7 +153,7 @@ impl Drop for Probe<'_> {
                 known.probe = None;
             }
             if let State::Denials(denials) = &mut known.state {
-                denials.retain(|d| d.until_us > self.began_us);
+                denials.retain(|d| d.until.early > self.began_us);
                 if denials.is_empty() && known.probe.is_none() {
                     shard.remove(self.key);
                 }
@@ -173,14 +179,34 @@ struct Known {
     probe: Option<watch::Receiver<ProbeEnd>>,
 }
 
+/// What is known, each instant twice: as of the earliest the backend can
+/// have decided (`early`, when asked) and the latest (`late`, when its reply
+/// arrived).
 enum State {
     /// The bucket algorithms: the instant the debt is paid off, in the
     /// algorithm's units (`rate.tokens` a microsecond) since the epoch.
-    Bucket { paid_off: u128 },
-    /// The fixed window: at least `count` in the window ending at `end_us`.
-    Window { count: u64, end_us: u64 },
+    Bucket { early: u128, late: u128 },
+    /// The fixed window: at least `count` in the window ending at `end`.
+    Window { count: u64, end: Span },
     /// The sliding algorithms: denials of one cost each.
     Denials(Vec<Denial>),
+}
+
+/// One instant of the backend's, on the cache's clock: no sooner than
+/// `early`, no later than `late`.
+#[derive(Clone, Copy)]
+struct Span {
+    early: u64,
+    late: u64,
+}
+
+impl Span {
+    fn max(self, other: Span) -> Span {
+        Span {
+            early: self.early.max(other.early),
+            late: self.late.max(other.late),
+        }
+    }
 }
 
 /// A sliding algorithm's denial of `cost`, with `remaining` one short of it.
@@ -188,10 +214,10 @@ enum State {
 struct Denial {
     cost: u64,
     /// When the denied request can first be admitted.
-    until_us: u64,
+    until: Span,
     remaining: u64,
     /// When the key is back to its whole quota.
-    reset_us: u64,
+    reset: Span,
 }
 
 /// Which kind of state an algorithm's replies teach.
@@ -228,26 +254,29 @@ impl Known {
         }
         let quota = &self.quota;
         match &self.state {
-            State::Bucket { paid_off } => {
+            State::Bucket { early, late } => {
                 let Kind::Bucket { leaky } = kind(quota) else {
                     return None;
                 };
-                let answer = gcra::decide_debt(quota, self.debt(*paid_off, now_us), cost, leaky);
-                (!answer.allowed).then_some(answer)
+                let decide =
+                    |paid_off| gcra::decide_debt(quota, self.debt(paid_off, now_us), cost, leaky);
+                if decide(*early).allowed {
+                    return None;
+                }
+                Some(decide(*late))
             }
-            State::Window { count, end_us } => {
-                (now_us < *end_us && count + cost > quota.capacity()).then(|| {
-                    let left = end_us - now_us;
+            State::Window { count, end } => (now_us < end.early && count + cost > quota.capacity())
+                .then(|| {
+                    let left = end.late - now_us;
                     let remaining = quota.capacity().saturating_sub(*count);
                     decision(quota, false, remaining, left, left, 0)
-                })
-            }
+                }),
             State::Denials(denials) => denials
                 .iter()
-                .find(|d| d.cost == cost && now_us < d.until_us)
+                .find(|d| d.cost == cost && now_us < d.until.early)
                 .map(|d| {
-                    let reset = d.reset_us.saturating_sub(now_us);
-                    decision(quota, false, d.remaining, d.until_us - now_us, reset, 0)
+                    let reset = d.reset.late.saturating_sub(now_us);
+                    decision(quota, false, d.remaining, d.until.late - now_us, reset, 0)
                 }),
         }
     }
@@ -261,11 +290,11 @@ impl Known {
         }
         let capacity = self.quota.capacity();
         match &self.state {
-            State::Bucket { paid_off } => {
+            State::Bucket { late, .. } => {
                 let two = u128::from(cost) * 2 * u128::from(self.quota.rate().period_us());
-                u128::from(self.debt(*paid_off, now_us)) + two > u128::from(self.quota.depth())
+                u128::from(self.debt(*late, now_us)) + two > u128::from(self.quota.depth())
             }
-            State::Window { count, end_us } if now_us < *end_us => count + 2 * cost > capacity,
+            State::Window { count, end } if now_us < end.early => count + 2 * cost > capacity,
             State::Window { count, .. } => count + cost > capacity,
             State::Denials(denials) => denials.iter().any(|d| d.cost == cost),
         }
@@ -275,11 +304,11 @@ impl Known {
     fn live(&self, now_us: u64) -> bool {
         self.probe.is_some()
             || match &self.state {
-                State::Bucket { paid_off } => {
-                    *paid_off > u128::from(now_us) * u128::from(self.quota.rate().tokens())
+                State::Bucket { late, .. } => {
+                    *late > u128::from(now_us) * u128::from(self.quota.rate().tokens())
                 }
-                State::Window { end_us, .. } => *end_us > now_us,
-                State::Denials(denials) => denials.iter().any(|d| d.until_us > now_us),
+                State::Window { end, .. } => end.late > now_us,
+                State::Denials(denials) => denials.iter().any(|d| d.until.late > now_us),
             }
     }
 
@@ -287,33 +316,33 @@ impl Known {
     fn merge(&mut self, learned: State, now_us: u64) {
         let window = self.quota.window_us();
         match (&mut self.state, learned) {
-            (State::Bucket { paid_off }, State::Bucket { paid_off: new }) => {
-                *paid_off = (*paid_off).max(new);
+            (State::Bucket { early, late }, State::Bucket { early: e, late: l }) => {
+                (*early, *late) = ((*early).max(e), (*late).max(l));
             }
             (
-                State::Window { count, end_us },
+                State::Window { count, end },
                 State::Window {
                     count: new_count,
-                    end_us: new_end,
+                    end: new_end,
                 },
             ) => {
-                // Ends measured on arrival differ by the round trips' jitter
-                // within one window, and by a whole window across windows.
-                if new_end > end_us.saturating_add(window / 2) {
-                    (*count, *end_us) = (new_count, new_end);
-                } else if new_end.saturating_add(window / 2) >= *end_us {
-                    (*count, *end_us) = ((*count).max(new_count), (*end_us).max(new_end));
+                // Ends of one window differ by the round trips' jitter, and
+                // by a whole window across windows.
+                if new_end.late > end.late.saturating_add(window / 2) {
+                    (*count, *end) = (new_count, new_end);
+                } else if new_end.late.saturating_add(window / 2) >= end.late {
+                    (*count, *end) = ((*count).max(new_count), end.max(new_end));
                 }
             }
             (State::Denials(denials), State::Denials(new)) => {
                 for denial in new {
                     match denials.iter_mut().find(|d| d.cost == denial.cost) {
                         Some(kept) => {
-                            kept.until_us = kept.until_us.max(denial.until_us);
-                            kept.reset_us = kept.reset_us.max(denial.reset_us);
+                            kept.until = kept.until.max(denial.until);
+                            kept.reset = kept.reset.max(denial.reset);
                         }
                         None => {
-                            denials.retain(|d| d.until_us > now_us);
+                            denials.retain(|d| d.until.late > now_us);
                             if denials.len() >= COSTS_PER_KEY {
                                 denials.remove(0);
                             }
@@ -344,10 +373,11 @@ impl DenyCache {
         (self.hasher.hash_one(key) >> 32) as usize % STRIPES
     }
 
-    /// Taken just before a backend call on `key`, for `record`.
-    pub(crate) fn asked(&self, key: &str) -> Asked {
+    /// Taken just before a backend call on `key`, at `now_us`, for `record`.
+    pub(crate) fn asked(&self, key: &str, now_us: u64) -> Asked {
         let stripe = self.stripe(key);
         Asked {
+            at_us: now_us,
             stripe,
             forgets: self.forgets[stripe].load(Ordering::SeqCst),
             admissions: self.admissions[stripe].load(Ordering::SeqCst),
@@ -490,6 +520,10 @@ impl DenyCache {
         now_us: u64,
         answer: &Decision,
     ) {
+        let span = |after: Duration| Span {
+            early: asked.at_us.min(now_us).saturating_add(micros(after)),
+            late: now_us.saturating_add(micros(after)),
+        };
         let learned = match kind(quota) {
             // A denial at the bucket's whole depth may stand for a deeper
             // debt (run up under another quota, or on a clock that went
@@ -498,13 +532,16 @@ impl DenyCache {
             Kind::Bucket { .. } => answer
                 .debt
                 .filter(|&debt| answer.allowed || debt < quota.depth())
-                .map(|debt| State::Bucket {
-                    paid_off: u128::from(now_us) * u128::from(quota.rate().tokens())
-                        + u128::from(debt),
+                .map(|debt| {
+                    let at = |us: u64| u128::from(us) * u128::from(quota.rate().tokens());
+                    State::Bucket {
+                        early: at(asked.at_us.min(now_us)) + u128::from(debt),
+                        late: at(now_us) + u128::from(debt),
+                    }
                 }),
             Kind::Window => Some(State::Window {
                 count: quota.capacity() - answer.remaining.min(quota.capacity()),
-                end_us: now_us.saturating_add(micros(answer.reset_after)),
+                end: span(answer.reset_after),
             }),
             // Only a denial that stays as it is until it ends.
             Kind::Sliding if !answer.allowed => (answer.remaining + 1 == cost
@@ -513,9 +550,9 @@ impl DenyCache {
                 .then(|| {
                     State::Denials(vec![Denial {
                         cost,
-                        until_us: now_us.saturating_add(micros(answer.retry_after)),
+                        until: span(answer.retry_after),
                         remaining: answer.remaining,
-                        reset_us: now_us.saturating_add(micros(answer.reset_after)),
+                        reset: span(answer.reset_after),
                     }])
                 }),
             Kind::Sliding => None,
@@ -646,7 +683,7 @@ mod tests {
             Lookup::Probe(probe) => Some(probe),
             Lookup::Wait(_) => panic!("one caller never waits for itself"),
         };
-        let asked = cache.asked("k");
+        let asked = cache.asked("k", now);
         let decided = server.decide(quota, now + to_server, cost);
         cache.record(
             quota,
@@ -755,10 +792,11 @@ mod tests {
         );
     }
 
-    /// With replies that take a round trip, decided anywhere within it: a
-    /// cached denial's wait is never shorter than the server's (a request of
-    /// the same cost made then is admitted), and longer by at most the round
-    /// trip; its `remaining` is never larger.
+    /// With replies that take a round trip, decided anywhere within it: the
+    /// cache never denies what the server would admit; a cached denial's
+    /// wait is never shorter than the server's (a request of the same cost
+    /// made then is admitted), and longer by at most the round trip; its
+    /// `remaining` is never larger.
     #[test]
     fn a_cached_wait_ends_no_sooner_and_at_most_a_round_trip_later() {
         let cached: [AtomicU64; 6] = Default::default();
@@ -791,6 +829,8 @@ mod tests {
                         cached[family].fetch_add(1, Ordering::Relaxed);
                         let context = format!("step {step} {quota:?} cost {cost} rtt {round_trip}: {answer:?} vs {truth:?}");
                         prop_assert!(!answer.allowed);
+                        // Never a denial of what the server would admit.
+                        prop_assert!(!truth.allowed, "{}", context);
                         let truth_wait = if truth.allowed { Duration::ZERO } else { truth.retry_after };
                         prop_assert!(answer.retry_after >= truth_wait, "{}", context);
                         prop_assert!(
@@ -920,7 +960,7 @@ mod tests {
             &quota,
             "k",
             1,
-            cache.asked("k"),
+            cache.asked("k", 1_200_000),
             1_200_000,
             &Ok(admitted),
             None,
@@ -943,7 +983,7 @@ mod tests {
             &quota,
             "k",
             1,
-            cache.asked("k"),
+            cache.asked("k", 1_300_000),
             1_300_000,
             &failed,
             Some(probe),
@@ -959,7 +999,7 @@ mod tests {
         let cache = DenyCache::new(1_000);
         let quota = Quota::per_second(5).unwrap();
         let spent = gcra::decide_debt(&quota, quota.depth(), 0, false);
-        let asked = cache.asked("k");
+        let asked = cache.asked("k", 1_000_000);
         cache.forget("k");
         cache.record(&quota, "k", 1, asked, 1_000_000, &Ok(spent), None);
         assert!(cache.peek(&quota, "k", 1, 1_000_001).is_none());
@@ -967,7 +1007,7 @@ mod tests {
             &quota,
             "k",
             1,
-            cache.asked("k"),
+            cache.asked("k", 1_000_000),
             1_000_000,
             &Ok(spent),
             None,
@@ -978,14 +1018,30 @@ mod tests {
         let mut server = Server { state: None };
         let first = server.decide(&log, 5_000_000, 1);
         let denied = server.decide(&log, 5_000_000, 1);
-        let asked = cache.asked("l");
-        cache.record(&log, "l", 1, cache.asked("l"), 5_000_000, &Ok(first), None);
+        let asked = cache.asked("l", 5_000_000);
+        cache.record(
+            &log,
+            "l",
+            1,
+            cache.asked("l", 5_000_000),
+            5_000_000,
+            &Ok(first),
+            None,
+        );
         cache.record(&log, "l", 1, asked, 5_000_000, &Ok(denied), None);
         assert!(
             cache.peek(&log, "l", 1, 5_000_001).is_none(),
             "decided before an admission recorded since, perhaps"
         );
-        cache.record(&log, "l", 1, cache.asked("l"), 5_000_000, &Ok(denied), None);
+        cache.record(
+            &log,
+            "l",
+            1,
+            cache.asked("l", 5_000_000),
+            5_000_000,
+            &Ok(denied),
+            None,
+        );
         assert!(cache.peek(&log, "l", 1, 5_000_001).is_some());
     }
 
@@ -997,7 +1053,15 @@ mod tests {
         for i in 0..1_000u64 {
             let key = format!("k{i}");
             let d = server.peek(&quota, 1_000_000, 1);
-            cache.record(&quota, &key, 1, cache.asked(&key), 1_000_000, &Ok(d), None);
+            cache.record(
+                &quota,
+                &key,
+                1,
+                cache.asked(&key, 1_000_000),
+                1_000_000,
+                &Ok(d),
+                None,
+            );
         }
         assert_eq!(cache.len(), 0);
     }
@@ -1009,7 +1073,15 @@ mod tests {
         let spent = gcra::decide_debt(&quota, quota.depth() - 1, 0, false);
         for i in 0..100_000u64 {
             let key = format!("ip:{i}");
-            cache.record(&quota, &key, 1, cache.asked(&key), 1_000, &Ok(spent), None);
+            cache.record(
+                &quota,
+                &key,
+                1,
+                cache.asked(&key, 1_000),
+                1_000,
+                &Ok(spent),
+                None,
+            );
         }
         assert!(cache.len() <= 1_600, "{} entries", cache.len());
     }

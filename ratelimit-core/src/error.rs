@@ -376,6 +376,16 @@ impl Error {
         }
     }
 
+    /// Whether the backend refused the connection: nothing was sent, and
+    /// asking again costs next to nothing.
+    pub(crate) fn is_refusal(&self) -> bool {
+        match self {
+            #[cfg(feature = "redis")]
+            Error::Redis(error) => error.is_connection_refusal(),
+            _ => false,
+        }
+    }
+
     /// Whether the fault came from the backend (and so a failure policy applies),
     /// rather than from the request or the configuration.
     pub fn is_backend(&self) -> bool {

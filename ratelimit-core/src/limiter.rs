@@ -280,7 +280,10 @@ impl Limiter {
 
     /// The circuit breaker's state.
     pub fn circuit_state(&self) -> CircuitState {
-        self.inner.breaker.state()
+        self.inner
+            .backend
+            .circuit_state()
+            .unwrap_or_else(|| self.inner.breaker.state())
     }
 
     /// What this limiter (and its clones) decided so far.
@@ -335,10 +338,10 @@ impl Limiter {
             Consulted::Failed(error) => return Err(error),
             Consulted::Ask(probe) => probe,
         };
-        let asked = cache.asked(key);
+        // The backend decides between these two instants; the cache keeps
+        // both (see `deny_cache`).
+        let asked = cache.asked(key, clock.now_micros());
         let result = self.guarded(backend.decide(quota, key, cost)).await;
-        // Measured from the reply's arrival: a cached wait never ends before
-        // the backend's.
         let now = clock.now_micros();
         cache.record(quota, key, cost, asked, now, &result, probe);
         result
@@ -448,8 +451,10 @@ impl Limiter {
             self.inner.leases.forget_other_quota(d.quota, d.key);
         }
         let cache = self.inner.deny_cache.as_ref();
-        let asked: Option<Vec<_>> =
-            cache.map(|cache| dimensions.iter().map(|d| cache.asked(d.key)).collect());
+        let asked: Option<Vec<_>> = cache.map(|cache| {
+            let now = self.inner.cache_clock.now_micros();
+            dimensions.iter().map(|d| cache.asked(d.key, now)).collect()
+        });
         let result = self.guarded(backend.decide_all(&requests)).await;
         if let (Some(cache), Some(asked), Ok(decisions)) = (cache, asked, &result) {
             // A check that admitted consumed on every key. In one that was
@@ -1241,6 +1246,7 @@ impl LimiterBuilder {
                 self.prefix.clone(),
                 self.timeout,
                 self.clock.clone(),
+                self.breaker,
             )?)),
             #[cfg(not(feature = "cluster"))]
             BackendChoice::Cluster(_) => {

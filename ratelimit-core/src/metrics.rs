@@ -7,7 +7,7 @@
 //! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`CallOptions`](crate::CallOptions) rule, or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` |
 //! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
 //! | `ratelimit_backend_errors_total` | counter | `backend`, `kind` ([`ErrorKind::as_str`](crate::ErrorKind::as_str): `timeout`, `unavailable`, `authentication`, `tls`, `permission`, `wrong_server`, ...) |
-//! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend` |
+//! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend`; `node` (a master's address) for Redis Cluster, which keeps a breaker per master |
 //! | `ratelimit_deny_cache_hits_total` | counter | |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -164,8 +164,15 @@ pub(crate) fn backend_latency(backend: &'static str, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-pub(crate) fn circuit_state(backend: &'static str, state: CircuitState) {
-    metrics::gauge!("ratelimit_circuit_state", "backend" => backend).set(state as u8 as f64);
+/// The breaker's state; `node` for a breaker per Redis Cluster master.
+pub(crate) fn circuit_state(backend: &'static str, node: Option<&str>, state: CircuitState) {
+    match node {
+        None => metrics::gauge!("ratelimit_circuit_state", "backend" => backend),
+        Some(node) => {
+            metrics::gauge!("ratelimit_circuit_state", "backend" => backend, "node" => node.to_owned())
+        }
+    }
+    .set(state as u8 as f64);
 }
 
 /// A backend call failed: counted by the fault's kind, so a dashboard tells

@@ -390,6 +390,12 @@ impl RedisCluster {
             // by this measure; let it take over regardless.
             "--cluster-replica-validity-factor",
             "0",
+            // While a master is down, the others keep serving their own
+            // slots (Redis's default refuses every key until a replica has
+            // taken over), as a deployment that wants a dead master to cost
+            // only its own keys configures it.
+            "--cluster-require-full-coverage",
+            "no",
         ];
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| match tls {

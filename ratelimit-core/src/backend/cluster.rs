@@ -30,6 +30,7 @@
 //! `CLUSTERDOWN`, a write to a demoted master), after the client has begun
 //! refreshing its slot map.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -44,6 +45,7 @@ use super::redis::{
     await_answer, batch_invocation, decode_all, decode_one, decode_reply, invocation, invoke,
     run_batches, Functions, Job, Request, ScriptCall, MAX_QUEUED, PING_KEY, PING_QUOTA,
 };
+use crate::breaker::{Breaker, BreakerConfig, CircuitState};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -96,9 +98,12 @@ impl Routing {
         self.lanes.iter().all(|(_, queue)| !queue.is_closed())
     }
 
-    fn queue(&self, key: &str) -> Option<&mpsc::Sender<Job>> {
+    /// The address and the queue of the master serving `key`.
+    fn node(&self, key: &str) -> Option<(&str, &mpsc::Sender<Job>)> {
         let node = *self.owner.get(usize::from(slot(key.as_bytes())))?;
-        self.lanes.get(usize::from(node)).map(|(_, queue)| queue)
+        self.lanes
+            .get(usize::from(node))
+            .map(|(address, queue)| (address.as_str(), queue))
     }
 }
 
@@ -121,6 +126,11 @@ pub(crate) struct ClusterBackend {
     prefix: String,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    /// A circuit breaker per master, by address, so a dead master sends its
+    /// own keys to the failure policy and no others; the one under "" guards
+    /// calls made before the slot map is known.
+    breakers: std::sync::Mutex<HashMap<String, Arc<Breaker>>>,
+    breaker_config: BreakerConfig,
 }
 
 /// The Redis Cluster hash slot of `key`: CRC16 of its hash tag (the part
@@ -147,6 +157,7 @@ impl ClusterBackend {
         prefix: String,
         timeout: Duration,
         clock: Option<Arc<dyn Clock>>,
+        breaker_config: BreakerConfig,
     ) -> Result<Self, Error> {
         if urls.is_empty() {
             return Err(Error::Config(
@@ -198,7 +209,43 @@ impl ClusterBackend {
             prefix,
             timeout,
             clock,
+            breakers: std::sync::Mutex::new(HashMap::new()),
+            breaker_config,
         })
+    }
+
+    /// The breaker of the master at `node` ("" before the slot map is known).
+    fn breaker(&self, node: &str) -> Arc<Breaker> {
+        let mut breakers = self.breakers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(breaker) = breakers.get(node) {
+            return breaker.clone();
+        }
+        let breaker = Arc::new(Breaker::new(self.breaker_config));
+        breakers.insert(node.to_owned(), breaker.clone());
+        breaker
+    }
+
+    /// The worst state among the masters' breakers.
+    pub(crate) fn circuit_state(&self) -> CircuitState {
+        let breakers = self.breakers.lock().unwrap_or_else(PoisonError::into_inner);
+        let states: Vec<CircuitState> = breakers.values().map(|b| b.state()).collect();
+        if states.contains(&CircuitState::Open) {
+            CircuitState::Open
+        } else if states.contains(&CircuitState::HalfOpen) {
+            CircuitState::HalfOpen
+        } else {
+            CircuitState::Closed
+        }
+    }
+
+    /// Runs `call` for the master at `node` through its breaker.
+    async fn guarded<T>(
+        &self,
+        node: &str,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let breaker = self.breaker(node);
+        breaker.guard("cluster", Some(node), call).await
     }
 
     async fn connection(&self) -> Result<ClusterConnection, Error> {
@@ -403,8 +450,8 @@ impl ClusterBackend {
     ) -> Result<Decision, Error> {
         let cost = request.cost;
         let routing = self.routing().await;
-        let key = match routing.as_ref().and_then(|r| r.queue(&key)) {
-            Some(queue) => {
+        let key = match routing.as_ref().and_then(|r| r.node(&key)) {
+            Some((node, queue)) => {
                 let (reply, answer) = oneshot::channel();
                 let job = Job {
                     key,
@@ -412,12 +459,19 @@ impl ClusterBackend {
                     request,
                     reply,
                 };
+                let breaker = self.breaker(node);
+                let Some(permit) = breaker.permit() else {
+                    return Err(Error::CircuitOpen);
+                };
+                drop(permit);
                 match queue.try_send(job) {
                     Ok(()) => {
                         // Dropping `answer` (a timeout here, or the caller's
                         // future dropped) tells the batcher not to send this
                         // decision if it has not yet.
-                        return await_answer(self.timeout, answer).await;
+                        return breaker
+                            .guard("cluster", Some(node), await_answer(self.timeout, answer))
+                            .await;
                     }
                     Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
                     // The task's runtime shut down: decided alone, and the
@@ -430,7 +484,10 @@ impl ClusterBackend {
             None => key,
         };
         let reply = self
-            .call("each", std::slice::from_ref(&key), &[request])
+            .guarded(
+                "",
+                self.call("each", std::slice::from_ref(&key), &[request]),
+            )
             .await?;
         decode_one(&reply, quota, cost, &key)
     }
@@ -487,7 +544,12 @@ impl ClusterBackend {
             .collect();
         let first_slot = keys.first().map(|k| slot(k.as_bytes()));
         if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
-            let reply = self.call("all", &keys, &calls).await?;
+            let routing = self.routing().await;
+            let node = routing
+                .as_ref()
+                .and_then(|r| r.node(&keys[0]))
+                .map_or("", |(node, _)| node);
+            let reply = self.guarded(node, self.call("all", &keys, &calls)).await?;
             return decode_all(&reply, requests, &keys);
         }
         // Across slots: consume in order; on a denial (or a failure), give

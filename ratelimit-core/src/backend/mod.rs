@@ -67,6 +67,25 @@ impl Backend {
         }
     }
 
+    /// Whether the backend keeps a circuit breaker per node (Redis
+    /// Cluster): then the limiter's own breaker stays out of its calls.
+    pub(crate) fn guards_nodes(&self) -> bool {
+        match self {
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The worst state among the backend's own breakers, if it keeps any.
+    pub(crate) fn circuit_state(&self) -> Option<crate::breaker::CircuitState> {
+        match self {
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => Some(cluster.circuit_state()),
+            _ => None,
+        }
+    }
+
     /// Verifies that decisions can be made now (see [`Limiter::ping`](crate::Limiter::ping)).
     pub(crate) async fn ping(&self) -> Result<(), Error> {
         match self {

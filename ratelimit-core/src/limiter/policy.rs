@@ -10,7 +10,6 @@
 use std::time::Instant;
 
 use super::{answered_in_process, Dimension, Limiter};
-use crate::breaker::CircuitState;
 use crate::decision::Decision;
 use crate::error::{DenialCause, Error, RateLimited};
 use crate::metrics::Outcome;
@@ -42,54 +41,29 @@ pub enum FailurePolicy {
     Local,
 }
 
-/// What a call's outcome says of the backend's health, for the breaker:
-/// `Some(true)` a failure of the backend itself, `Some(false)` an answer,
-/// `None` nothing (a full queue, a configuration fault).
-fn failed(result: &Result<impl Sized, Error>) -> Option<bool> {
-    match result {
-        Ok(_) | Err(Error::ForeignValue { .. }) => Some(false),
-        Err(error) if error.is_backend_failure() => Some(true),
-        Err(_) => None,
-    }
-}
-
 impl Limiter {
     /// Runs one backend call through the circuit breaker: skipped while it
-    /// is open, timed, and its outcome recorded. A call dropped mid-way
-    /// (its caller gave up) records nothing, and a dropped probe lets the
-    /// next caller probe.
+    /// is open, timed, and its outcome recorded. A backend with a breaker
+    /// per node (Redis Cluster) guards each node's calls itself, so one dead
+    /// master sends only its own keys to the failure policy.
     pub(super) async fn guarded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
         let backend = self.inner.backend.name();
-        let breaker = &self.inner.breaker;
-        let Some(permit) = breaker.permit() else {
-            answered_in_process().await;
-            return Err(Error::CircuitOpen);
-        };
-        let started = Instant::now();
-        let result = call.await;
-        crate::metrics::backend_latency(backend, started.elapsed());
-        if let Err(error) = &result {
-            if error.is_backend() {
-                crate::metrics::backend_error(backend, error.kind());
-            }
-        }
-        let Some(failed) = failed(&result) else {
+        if self.inner.backend.guards_nodes() {
+            let started = Instant::now();
+            let result = call.await;
+            crate::breaker::observed(backend, started, &result);
             return result;
-        };
-        if let Some(state) = permit.record(failed) {
-            crate::metrics::circuit_state(backend, state);
-            match state {
-                CircuitState::Open => tracing::warn!(
-                    backend,
-                    "rate limit backend keeps failing; circuit open, calls skip it until a probe succeeds"
-                ),
-                _ => tracing::info!(backend, "rate limit backend answers again; circuit closed"),
-            }
         }
-        result
+        match self.inner.breaker.guard(backend, None, call).await {
+            Err(Error::CircuitOpen) => {
+                answered_in_process().await;
+                Err(Error::CircuitOpen)
+            }
+            result => result,
+        }
     }
 
     /// The failure policy's answer to one request the backend could not
