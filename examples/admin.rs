@@ -114,14 +114,21 @@ async fn read_rules(url: &str, limiter: &Limiter) -> Result<RedisRuleSource, Fai
     let source = RedisRuleSource::builder(url)
         .timeout(Duration::from_secs(2))
         .start(limiter)?;
-    tokio::time::timeout(Duration::from_secs(3), source.ready())
+    if tokio::time::timeout(Duration::from_secs(3), source.ready())
         .await
-        .map_err(|_| {
-            Failure(format!(
-                "could not read the rules from Redis at {}; is it running?",
-                redacted(url)
-            ))
-        })?;
+        .is_err()
+    {
+        source.stop();
+        // The cause, named as every other command names it: a refused
+        // connection, a wrong password, an untrusted certificate, ...
+        self::limiter(url, ratelimit::DEFAULT_PREFIX)?
+            .ping()
+            .await?;
+        return Err(Failure(format!(
+            "could not read the rules from Redis at {} within 3 s",
+            redacted(url)
+        )));
+    }
     Ok(source)
 }
 

@@ -8,10 +8,11 @@ use std::time::Duration;
 /// `retry_after` is exact for a key with no other traffic: a request of the
 /// same cost made `retry_after` from now is admitted, and one made earlier is
 /// not. This holds for a denial answered from the local deny cache as for one
-/// answered by Redis: a cached answer gives the figures Redis would give,
-/// measured from the moment the reply it was learned from reached this
-/// process, so its waits are never shorter than Redis's and longer by at most
-/// that reply's round trip, and its `remaining` never larger.
+/// answered by Redis: the cache denies only what Redis would deny, and gives
+/// the figures Redis would give as of the latest instant it can have decided
+/// the reply it learned them from (that reply's arrival), so its waits are
+/// never shorter than Redis's and longer by at most that reply's round trip,
+/// and its `remaining` never larger.
 #[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct Decision {

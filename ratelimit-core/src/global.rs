@@ -25,14 +25,39 @@ pub fn install(limiter: Limiter) -> Result<(), Error> {
     GLOBAL.set(limiter).map_err(|_| Error::AlreadyInstalled)
 }
 
-/// The installed limiter; before any [`install`], the memory backend, with
-/// one warning that says so.
+/// The installed limiter; before any [`install`], what
+/// [`Limiter::from_env`] gives: Redis (or Sentinel) when the environment
+/// names one, so a forgotten `install` never limits each process on its own
+/// while `REDIS_URL` says the limit is shared; else the memory backend, with
+/// one warning that says so. An environment that names a Redis wrongly (a
+/// URL that does not parse) falls back to memory with a warning on standard
+/// error as well, naming the fix.
 pub fn global() -> &'static Limiter {
-    GLOBAL.get_or_init(|| {
-        tracing::warn!(
-            "no rate limiter installed; using the in-process memory backend, which limits each \
-             process on its own; call `ratelimit::install(Limiter::from_env()?)` at start-up"
-        );
-        Limiter::memory()
+    GLOBAL.get_or_init(|| match Limiter::from_env() {
+        Ok(limiter) if limiter.backend_name() != "memory" => {
+            tracing::info!(
+                backend = limiter.backend_name(),
+                "no rate limiter installed; using the one the environment names (REDIS_URL or \
+                 REDIS_SENTINELS)"
+            );
+            limiter
+        }
+        Ok(limiter) => {
+            tracing::warn!(
+                "no rate limiter installed and no REDIS_URL; using the in-process memory \
+                 backend, which limits each process on its own; call \
+                 `ratelimit::install(Limiter::from_env()?)` at start-up"
+            );
+            limiter
+        }
+        Err(error) => {
+            let message = format!(
+                "the environment names a Redis the rate limiter cannot use ({error}); limiting \
+                 each process on its own in memory until it is fixed"
+            );
+            tracing::error!("{message}");
+            eprintln!("ratelimit: {message}");
+            Limiter::memory()
+        }
     })
 }

@@ -238,6 +238,18 @@ impl Limiter {
     /// `REDIS_SENTINEL_MASTER`, found through `REDIS_SENTINELS`
     /// (comma-separated `host:port`, or URLs) when that is set; else Redis
     /// at `REDIS_URL` when it is set; else the memory backend.
+    ///
+    /// Nothing is connected yet: call [`ping`](Self::ping) at start-up, so a
+    /// wrong password, an untrusted certificate or a missing permission
+    /// stops the service there.
+    ///
+    /// ```no_run
+    /// # async fn start() -> Result<(), ratelimit_core::Error> {
+    /// let limiter = ratelimit_core::Limiter::from_env()?;
+    /// limiter.ping().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn from_env() -> Result<Self, Error> {
         let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(sentinels) = var("REDIS_SENTINELS") {

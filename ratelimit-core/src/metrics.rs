@@ -35,6 +35,7 @@ impl Outcome {
         }
     }
 
+    #[cfg(feature = "metrics")]
     fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -113,8 +114,13 @@ impl Stats {
     pub(crate) fn record(&self, rule: &'static str, outcome: Outcome) {
         self.add(outcome as usize);
         // Direct calls without a rule name share one label value.
-        let rule = if rule.is_empty() { "unnamed" } else { rule };
-        metrics::counter!("ratelimit_decisions_total", "rule" => rule, "outcome" => outcome.label()).increment(1);
+        #[cfg(feature = "metrics")]
+        {
+            let rule = if rule.is_empty() { "unnamed" } else { rule };
+            metrics::counter!("ratelimit_decisions_total", "rule" => rule, "outcome" => outcome.label()).increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = rule;
     }
 
     fn add(&self, counter: usize) {
@@ -130,6 +136,7 @@ impl Stats {
 
     pub(crate) fn cache_hit(&self) {
         self.add(CACHE_HITS);
+        #[cfg(feature = "metrics")]
         metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
     }
 
@@ -160,12 +167,18 @@ impl Stats {
 }
 
 pub(crate) fn backend_latency(backend: &'static str, elapsed: Duration) {
+    #[cfg(feature = "metrics")]
     metrics::histogram!("ratelimit_backend_latency_seconds", "backend" => backend)
         .record(elapsed.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, elapsed);
 }
 
 /// The breaker's state; `node` for a breaker per Redis Cluster master.
 pub(crate) fn circuit_state(backend: &'static str, node: Option<&str>, state: CircuitState) {
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, node, state);
+    #[cfg(feature = "metrics")]
     match node {
         None => metrics::gauge!("ratelimit_circuit_state", "backend" => backend),
         Some(node) => {
@@ -178,6 +191,9 @@ pub(crate) fn circuit_state(backend: &'static str, node: Option<&str>, state: Ci
 /// A backend call failed: counted by the fault's kind, so a dashboard tells
 /// a misconfiguration from an outage.
 pub(crate) fn backend_error(backend: &'static str, kind: crate::ErrorKind) {
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, kind);
+    #[cfg(feature = "metrics")]
     metrics::counter!("ratelimit_backend_errors_total", "backend" => backend, "kind" => kind.as_str())
         .increment(1);
 }

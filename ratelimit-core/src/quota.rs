@@ -105,8 +105,35 @@ impl fmt::Debug for Rate {
     }
 }
 
+/// In the form `"5/s"`, `"7/min"`, `"1000/d"`: a whole number per second,
+/// minute, hour or day when there is one (the first of those), else tokens
+/// per a whole number of units (`"3/7s"`), else per microseconds. What it
+/// writes parses back to the same rate.
+///
+/// ```
+/// use ratelimit_core::Rate;
+///
+/// for (written, shown) in [("5/s", "5/s"), ("300/min", "5/s"), ("7/min", "7/min"),
+///                          ("2.5/s", "150/min"), ("1000/d", "1000/d"), ("3/7s", "3/7s")] {
+///     let rate: Rate = written.parse()?;
+///     assert_eq!(rate.to_string(), shown);
+///     assert_eq!(shown.parse::<Rate>()?, rate);
+/// }
+/// # Ok::<(), ratelimit_core::QuotaError>(())
+/// ```
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (unit, name) in [
+            (MICROS_PER_SECOND, "s"),
+            (60 * MICROS_PER_SECOND, "min"),
+            (3_600 * MICROS_PER_SECOND, "h"),
+            (86_400 * MICROS_PER_SECOND, "d"),
+        ] {
+            let per_unit = u128::from(self.tokens) * u128::from(unit);
+            if per_unit % u128::from(self.period_us) == 0 {
+                return write!(f, "{}/{name}", per_unit / u128::from(self.period_us));
+            }
+        }
         const UNITS: [(u64, &str); 4] = [
             (86_400 * MICROS_PER_SECOND, "d"),
             (3_600 * MICROS_PER_SECOND, "h"),

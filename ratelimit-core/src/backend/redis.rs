@@ -572,6 +572,7 @@ pub(crate) fn decode_reply<'a>(
 
 /// The decisions of an all-or-nothing call on `requests`, whose full key
 /// names are `keys`: every one, or the first error.
+#[cfg(feature = "cluster")]
 pub(crate) fn decode_all(
     reply: &[i64],
     requests: &[(&Quota, &str, u64)],
