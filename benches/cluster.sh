@@ -12,7 +12,7 @@
 # that both pay for feeding one.
 #
 # Needs redis-server and redis-cli; the cluster is
-# /work/shared/bench/tools/redis-cluster.sh's (3 masters, 1 replica each),
+# benches/peers/tools/redis-cluster.sh's (3 masters, 1 replica each),
 # or $CLUSTER_TOOL's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 : "${DIMENSIONS:=1}"
 : "${CONCURRENCY:=64}"
 : "${STANDALONE_REPLICA:=0}"
-: "${CLUSTER_TOOL:=/work/shared/bench/tools/redis-cluster.sh}"
+: "${CLUSTER_TOOL:=$(cd "$(dirname "$0")" && pwd)/peers/tools/redis-cluster.sh}"
 cargo build -q --release --example loadgen
 loadgen=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
 

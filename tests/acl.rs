@@ -1,5 +1,5 @@
 //! The limiter, every algorithm and the rule source as a Redis ACL user with
-//! exactly the permissions the README's `ACL SETUSER` line grants.
+//! exactly the permissions the guide's `ACL SETUSER` line (docs/setup.md) grants.
 
 mod support;
 
@@ -10,20 +10,20 @@ use support::RedisServer;
 
 const PASSWORD: &str = "pw-7f3a9c";
 
-/// The README's line, with the password filled in.
+/// The guide's line, with the password filled in.
 fn acl_line() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("read README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/setup.md"))
+        .expect("read docs/setup.md");
     let line = readme
         .lines()
         .find(|l| l.starts_with("ACL SETUSER ratelimit "))
-        .expect("README.md gives the `ACL SETUSER ratelimit ...` line");
+        .expect("docs/setup.md gives the `ACL SETUSER ratelimit ...` line");
     line.split_whitespace()
         .map(|word| word.replace(">PASSWORD", &format!(">{PASSWORD}")))
         .collect()
 }
 
-/// Creates the README's user on `server`, without the commands `without`.
+/// Creates the guide's user on `server`, without the commands `without`.
 async fn set_up_user_without(server: &RedisServer, without: &[&str]) {
     let mut admin = server.connection().await;
     let line: Vec<String> = acl_line()
@@ -37,10 +37,10 @@ async fn set_up_user_without(server: &RedisServer, without: &[&str]) {
     let _: () = setuser
         .query_async(&mut admin)
         .await
-        .unwrap_or_else(|e| panic!("the README's ACL line: {e}"));
+        .unwrap_or_else(|e| panic!("the guide's ACL line: {e}"));
 }
 
-/// Creates the README's user on `server`.
+/// Creates the guide's user on `server`.
 async fn set_up_user(server: &RedisServer) {
     set_up_user_without(server, &[]).await;
 }
@@ -117,7 +117,7 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
     assert_eq!(
         server.command_calls(&["evalsha"]).await,
         0,
-        "the README's user runs the limiter as a function"
+        "the guide's user runs the limiter as a function"
     );
 
     // The rule source, following and publishing as the same user.
@@ -162,7 +162,7 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
 
 #[tokio::test]
 async fn a_user_without_fcall_is_served_by_evalsha() {
-    // The README's line before functions: a service whose user was set up
+    // The guide's line before functions: a service whose user was set up
     // then keeps working, by EVALSHA.
     let server = RedisServer::start();
     set_up_user_without(&server, &["+fcall", "+function|load"]).await;

@@ -419,18 +419,22 @@ async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
     let keys = Arc::new(keys);
     let on_victim = Arc::new(on_victim);
     let stop = Arc::new(AtomicBool::new(false));
-    // Fallbacks of keys on the victim, and on the healthy masters.
+    // Fallbacks of keys on the victim, and on the healthy masters; when the
+    // victim's keys last fell back (µs after the start).
     let fallbacks = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let last_fallback_us = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
     let from_redis = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..16)
         .map(|t| {
-            let (limiter, stop, keys, on_victim, fallbacks, from_redis) = (
+            let (limiter, stop, keys, on_victim, fallbacks, from_redis, last_fallback_us) = (
                 limiter.clone(),
                 stop.clone(),
                 keys.clone(),
                 on_victim.clone(),
                 fallbacks.clone(),
                 from_redis.clone(),
+                last_fallback_us.clone(),
             );
             tokio::spawn(async move {
                 let mut i = t;
@@ -439,6 +443,8 @@ async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
                     let decision = limiter.acquire(&quota, &keys[i], 1).await.unwrap();
                     if decision.fallback {
                         fallbacks[usize::from(!on_victim[i])].fetch_add(1, Ordering::Relaxed);
+                        let at = started.elapsed().as_micros() as u64;
+                        last_fallback_us.fetch_max(at, Ordering::Relaxed);
                     } else {
                         from_redis.fetch_add(1, Ordering::Relaxed);
                     }
@@ -447,11 +453,11 @@ async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
             })
         })
         .collect();
-    let started = Instant::now();
     while from_redis.load(Ordering::Relaxed) < 300 {
         assert!(started.elapsed() < Duration::from_secs(10), "Redis decides");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let killed_at = started.elapsed();
     cluster.nodes[victim].kill();
     tokio::time::sleep(Duration::from_secs(3)).await;
     tokio::task::block_in_place(|| cluster.wait_until_ok(Duration::from_secs(30)));
@@ -461,7 +467,12 @@ async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
         task.await.expect("no caller panics");
     }
     let [dead, healthy] = [0, 1].map(|i| fallbacks[i].load(Ordering::Relaxed));
-    eprintln!("a dead master: {dead} fallbacks for its keys, {healthy} for the others");
+    let last = Duration::from_micros(last_fallback_us.load(Ordering::Relaxed));
+    eprintln!(
+        "a dead master: {dead} fallbacks for its keys until {:?} after the kill, {healthy} for \
+         the others",
+        last.saturating_sub(killed_at)
+    );
     assert!(dead > 0, "the dead master's keys fell back meanwhile");
     assert_eq!(healthy, 0, "keys on healthy masters fell back");
     assert_eq!(limiter.circuit_state(), ratelimit::CircuitState::Closed);

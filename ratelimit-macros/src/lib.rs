@@ -104,7 +104,7 @@ use proc_macro::TokenStream;
 /// | `mode` | `enforce`, or `shadow`: decide and record as usual, but never deny | `enforce` |
 /// | `lease` | an integer literal: take up to this many tokens per backend call and serve them in process until they run out or the lease expires (the global bound holds; unused leased tokens are lost at expiry) | none |
 /// | `limiter` | an expression giving a `Limiter`, `&Limiter`, `Arc<Limiter>` or anything that is `Borrow<Limiter>` | the limiter installed with `ratelimit::install` |
-/// | `crate` | the path of the `ratelimit` crate, when it is renamed | `::ratelimit` |
+/// | `crate` | the path of the `ratelimit` crate, for a crate that re-exports it (a dependency renamed in `Cargo.toml` is found by itself) | the name `Cargo.toml` gives it |
 ///
 /// Quotas are checked at compile time: a zero or negative capacity or rate,
 /// a malformed rate and a literal `cost` above `capacity` are errors at the

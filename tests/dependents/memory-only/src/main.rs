@@ -1,4 +1,4 @@
-use ratelimit::{rate_limit, RateLimited};
+use rl::{rate_limit, RateLimited};
 
 #[derive(Debug)]
 enum AppError {
