@@ -937,6 +937,21 @@ fn rate_value(expr: &Expr) -> syn::Result<Rate> {
     })
 }
 
+/// The path of the `ratelimit` facade in the crate being compiled: under the
+/// name its `Cargo.toml` gives it (`rl = { package = "ratelimit", .. }` makes
+/// it `::rl`), else `::ratelimit` (the facade's own tests and examples, and
+/// a crate whose manifest cannot be read).
+fn facade_path() -> TokenStream {
+    use proc_macro_crate::{crate_name, FoundCrate};
+    match crate_name("ratelimit") {
+        Ok(FoundCrate::Name(name)) => {
+            let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
+            quote!(::#name)
+        }
+        Ok(FoundCrate::Itself) | Err(_) => quote!(::ratelimit),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1241,20 +1256,5 @@ mod tests {
             let item = format!("async fn f() -> {ty} {{ todo!() }}");
             assert!(check(attr, &item).is_ok(), "{item}");
         }
-    }
-}
-
-/// The path of the `ratelimit` facade in the crate being compiled: under the
-/// name its `Cargo.toml` gives it (`rl = { package = "ratelimit", .. }` makes
-/// it `::rl`), else `::ratelimit` (the facade's own tests and examples, and
-/// a crate whose manifest cannot be read).
-fn facade_path() -> TokenStream {
-    use proc_macro_crate::{crate_name, FoundCrate};
-    match crate_name("ratelimit") {
-        Ok(FoundCrate::Name(name)) => {
-            let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
-            quote!(::#name)
-        }
-        Ok(FoundCrate::Itself) | Err(_) => quote!(::ratelimit),
     }
 }
