@@ -29,9 +29,25 @@
 //! ```
 //!
 //! The attribute builds the key from the arguments, asks the limiter
-//! installed with [`install`] (the memory backend until one is), and returns
-//! `Err(RateLimited { retry_after, .. }.into())` instead of running the body
-//! when the quota is spent. See [`rate_limit`] for every option.
+//! installed with [`install`] (until one is, what [`Limiter::from_env`]
+//! gives: Redis when `REDIS_URL` names one, else the memory backend), and
+//! returns `Err(RateLimited { retry_after, .. }.into())` instead of running
+//! the body when the quota is spent. See [`rate_limit`] for every option, and
+//! the guide (`docs/` in the repository) for the rest.
+//!
+//! The package is `distributed-ratelimit`; this library is `ratelimit`.
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `redis` | yes | the Redis backend, Sentinel, [`RedisRuleSource`] |
+//! | `cluster` | yes | Redis Cluster: [`LimiterBuilder::cluster`] |
+//! | `tls` | yes | `rediss://` through rustls, [`TlsConfig`] for a private CA or mutual TLS |
+//! | `metrics` | yes | counters, a histogram and gauges through the `metrics` facade |
+//! | `axum` | no | `ratelimit::http`: a tower layer with 429 problem responses and the IETF RateLimit fields |
+//!
+//! With `default-features = false`, the attribute and the memory backend,
+//! and no Redis, TLS or metrics crate.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

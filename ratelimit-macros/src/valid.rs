@@ -937,19 +937,24 @@ fn rate_value(expr: &Expr) -> syn::Result<Rate> {
     })
 }
 
-/// The path of the `ratelimit` facade in the crate being compiled: under the
-/// name its `Cargo.toml` gives it (`rl = { package = "ratelimit", .. }` makes
-/// it `::rl`), else `::ratelimit` (the facade's own tests and examples, and
-/// a crate whose manifest cannot be read).
+/// The facade's package, and the name of its library.
+const FACADE_PACKAGE: &str = "distributed-ratelimit";
+const FACADE_LIBRARY: &str = "ratelimit";
+
+/// The path of the facade in the crate being compiled: under the name its
+/// `Cargo.toml` gives it (`rl = { package = "distributed-ratelimit", .. }`
+/// makes it `::rl`), else `::ratelimit`, the library's own name (a dependency
+/// not renamed, the facade's own tests and examples, and a crate whose
+/// manifest cannot be read).
 fn facade_path() -> TokenStream {
     use proc_macro_crate::{crate_name, FoundCrate};
-    match crate_name("ratelimit") {
-        Ok(FoundCrate::Name(name)) => {
-            let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
-            quote!(::#name)
-        }
-        Ok(FoundCrate::Itself) | Err(_) => quote!(::ratelimit),
-    }
+    let name = match crate_name(FACADE_PACKAGE) {
+        // Named after the package, not renamed: known by its library's name.
+        Ok(FoundCrate::Name(name)) if name != FACADE_PACKAGE.replace('-', "_") => name,
+        _ => FACADE_LIBRARY.to_owned(),
+    };
+    let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
+    quote!(::#name)
 }
 
 #[cfg(test)]
