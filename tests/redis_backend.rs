@@ -724,6 +724,10 @@ async fn the_deny_cache_keeps_a_flood_on_a_spent_key_off_redis() {
     // (batching would fold those into few script calls, but Redis would
     // still decide each).
     let asked_redis = decisions - limiter.stats().denied_from_cache;
+    eprintln!(
+        "a flood of {decisions} decisions from {callers} callers: {asked_redis} reached Redis, \
+         {admitted} admitted, {script_calls} script calls"
+    );
     assert!(
         asked_redis <= admitted + 3 * periods + 2 * callers,
         "{asked_redis} decisions went to Redis for {admitted} admitted over {periods} refills"
