@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${SECONDS_PER_RUN:=5}"
 : "${KEYS:=100000}"
-cargo build -q --release --example loadgen
+cargo build -q --release -p ratelimit-tests --example loadgen
 loadgen=target/release/examples/loadgen
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

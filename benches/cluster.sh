@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 : "${CONCURRENCY:=64}"
 : "${STANDALONE_REPLICA:=0}"
 : "${CLUSTER_TOOL:=$(cd "$(dirname "$0")" && pwd)/peers/tools/redis-cluster.sh}"
-cargo build -q --release --example loadgen
+cargo build -q --release -p ratelimit-tests --example loadgen
 loadgen=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

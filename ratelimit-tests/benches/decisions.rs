@@ -1,7 +1,7 @@
 //! Memory-backend benchmarks: the attribute's overhead over a direct
 //! `Limiter` call, and decisions per second on one and two threads.
 //!
-//!     cargo bench --bench decisions
+//!     cargo bench -p ratelimit-tests --bench decisions
 
 use std::hint::black_box;
 use std::sync::OnceLock;

@@ -12,7 +12,7 @@ const PASSWORD: &str = "pw-7f3a9c";
 
 /// The guide's line, with the password filled in.
 fn acl_line() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/setup.md"))
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/setup.md"))
         .expect("read docs/setup.md");
     let line = readme
         .lines()

@@ -1,7 +1,7 @@
 //! Load generator: keeps `--concurrency` decisions in flight against Redis for
 //! `--seconds` and prints one JSON line with the figures.
 //!
-//!     cargo run --release --example loadgen -- --workload w2 --capacity 10 --rate 2 \
+//!     cargo run --release -p ratelimit-tests --example loadgen -- --workload w2 --capacity 10 --rate 2 \
 //!         --keys 100000 --concurrency 64 --seconds 10 --redis redis://127.0.0.1:7379
 //!
 //! Flags (unknown ones are ignored): `--workload`, `--capacity`, `--rate`,

@@ -5,7 +5,7 @@
 //!
 //! The emitted names come from a real run: a limiter driven through allowed,
 //! denied, shadow-denied, cached, fallback and circuit-open decisions with
-//! `metrics-exporter-prometheus` installed, as `tests/metrics.rs` does, and
+//! `metrics-exporter-prometheus` installed, as `ratelimit-tests/tests/metrics.rs` does, and
 //! its rendered text read back. One test installs the recorder, which is
 //! process-wide.
 
@@ -21,8 +21,8 @@ use ratelimit::{CallOptions, FailurePolicy, Limiter, Quota};
 use serde_json::Value;
 use support::RedisServer;
 
-const DASHBOARD: &str = include_str!("../monitoring/grafana-dashboard.json");
-const ALERTS: &str = include_str!("../monitoring/alerts.yml");
+const DASHBOARD: &str = include_str!("../../monitoring/grafana-dashboard.json");
+const ALERTS: &str = include_str!("../../monitoring/alerts.yml");
 
 /// Labels a Prometheus scrape adds to every series, which no exporter emits.
 const SCRAPE_LABELS: [&str; 2] = ["job", "instance"];
@@ -577,7 +577,8 @@ fn promtool() -> PathBuf {
 }
 
 fn run_promtool(args: &[&str]) -> String {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // The workspace root, where `monitoring/` is.
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let out = Command::new(promtool())
         .args(args)
         .current_dir(&dir)

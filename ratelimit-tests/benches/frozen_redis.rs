@@ -3,7 +3,7 @@
 //! answered by the local fallback limiter without touching the network.
 //! Measured side by side with a healthy Redis.
 //!
-//!     cargo bench --bench frozen_redis
+//!     cargo bench -p ratelimit-tests --bench frozen_redis
 
 #[path = "../tests/support/mod.rs"]
 mod support;
