@@ -101,6 +101,7 @@ pub(crate) enum Consulted<'a> {
 #[derive(Clone, Copy)]
 pub(crate) struct Asked {
     at_us: u64,
+    shard: usize,
     stripe: usize,
     forgets: u64,
     admissions: u64,
@@ -369,15 +370,18 @@ impl DenyCache {
         }
     }
 
-    fn stripe(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) >> 32) as usize % STRIPES
+    /// Where `key` is kept: its shard and its stripe, from one hash.
+    fn place(&self, key: &str) -> (usize, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash as usize % SHARDS, (hash >> 32) as usize % STRIPES)
     }
 
     /// Taken just before a backend call on `key`, at `now_us`, for `record`.
     pub(crate) fn asked(&self, key: &str, now_us: u64) -> Asked {
-        let stripe = self.stripe(key);
+        let (shard, stripe) = self.place(key);
         Asked {
             at_us: now_us,
+            shard,
             stripe,
             forgets: self.forgets[stripe].load(Ordering::SeqCst),
             admissions: self.admissions[stripe].load(Ordering::SeqCst),
@@ -454,8 +458,11 @@ impl DenyCache {
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Known>> {
-        let index = self.hasher.hash_one(key) as usize % SHARDS;
-        self.shards[index]
+        self.lock(self.place(key).0)
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<Box<str>, Known>> {
+        self.shards[shard]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -524,7 +531,8 @@ impl DenyCache {
             early: asked.at_us.min(now_us).saturating_add(micros(after)),
             late: now_us.saturating_add(micros(after)),
         };
-        let learned = match kind(quota) {
+        let kind = kind(quota);
+        let learned = match kind {
             // A denial at the bucket's whole depth may stand for a deeper
             // debt (run up under another quota, or on a clock that went
             // back), which the algorithm counts as this depth until it has
@@ -557,12 +565,13 @@ impl DenyCache {
                 }),
             Kind::Sliding => None,
         };
-        let mut shard = self.shard(key);
+        // The shard `asked` found from the key's hash: no second hash.
+        let mut shard = self.lock(asked.shard);
         // Checked under the shard's lock, which `forget` bumps it under.
         if self.forgets[asked.stripe].load(Ordering::SeqCst) != asked.forgets {
             return;
         }
-        if matches!(kind(quota), Kind::Sliding) {
+        if matches!(kind, Kind::Sliding) {
             if answer.allowed {
                 if cost > 0 {
                     self.admissions[asked.stripe].fetch_add(1, Ordering::SeqCst);
@@ -592,6 +601,7 @@ impl DenyCache {
             kept => {
                 // Made under another quota, or at an instant the clock has
                 // since gone back before: replaced, keeping its probe mark.
+                let existed = kept.is_some();
                 let probe = kept.and_then(|known| known.probe.take());
                 let known = Known {
                     quota: *quota,
@@ -602,7 +612,11 @@ impl DenyCache {
                 let useful = cost > 0
                     && (known.denial(cost, now_us).is_some() || known.contended(cost, now_us));
                 if !useful {
-                    shard.remove(key);
+                    // Most admissions leave room and had no entry: no second
+                    // look-up for them.
+                    if existed {
+                        shard.remove(key);
+                    }
                     return;
                 }
                 if !shard.contains_key(key) && shard.len() >= self.max_per_shard {
@@ -621,8 +635,8 @@ impl DenyCache {
     /// Drops what is known of `key`: after a refund, it may be admitted
     /// sooner.
     pub(crate) fn forget(&self, key: &str) {
-        let stripe = self.stripe(key);
-        let mut shard = self.shard(key);
+        let (shard, stripe) = self.place(key);
+        let mut shard = self.lock(shard);
         shard.remove(key);
         self.forgets[stripe].fetch_add(1, Ordering::SeqCst);
     }
