@@ -339,3 +339,34 @@ async fn a_cost_above_the_local_share_is_denied_by_the_share_never_a_panic() {
         assert_eq!(admitted, 2, "{quota:?}: the share admits 2 of 10");
     }
 }
+
+/// Redis restarted after calls failed while it was down: the very first call
+/// after the restart is decided by Redis. (A connection manager reports the
+/// failure of its last reconnection attempt to the next call while it starts
+/// a new one; a refused connection sent nothing, so the call goes again.)
+/// With no breaker, so that every call reaches the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_restart_is_decided_by_redis() {
+    let mut server = RedisServer::start();
+    let mut no_breaker = ratelimit::BreakerConfig::default();
+    no_breaker.failures_to_open = 0;
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(500))
+        .breaker(no_breaker)
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    limiter.decide(&quota, "restart", 1).await.unwrap();
+    server.kill();
+    for _ in 0..4 {
+        let down = limiter.decide(&quota, "restart", 1).await;
+        assert!(down.is_err(), "Redis is down: {down:?}");
+    }
+    tokio::task::block_in_place(|| server.restart());
+    let first = limiter.decide(&quota, "restart", 1).await;
+    assert!(
+        first.as_ref().is_ok_and(|d| d.allowed),
+        "the first call after the restart: {first:?}"
+    );
+}
