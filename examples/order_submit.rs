@@ -43,8 +43,6 @@ async fn submit_order(user_id: u64, item: Item) -> Result<Order, AppError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Shows the limiter's warnings, such as a backend failure.
-    tracing_subscriber::fmt().with_target(false).init();
     ratelimit::install(Limiter::from_env()?)?;
 
     // User 1 floods: 15 orders at once. Users 2 and 3 order a little.

@@ -28,8 +28,6 @@ async fn greet(name: &str) -> Result<String, AppError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Shows the limiter's warnings, such as a backend failure.
-    tracing_subscriber::fmt().with_target(false).init();
     let limiter = Limiter::from_env()?;
     println!("backend: {}", limiter.backend_name());
     ratelimit::install(limiter)?;

@@ -8,7 +8,7 @@ pub use ratelimit_core::{FailurePolicy, KeyBuilder, Limiter, Quota, RateLimited}
 
 use std::time::Duration;
 
-use ratelimit_core::{Algorithm, CallOptions, DenialCause, Dimension};
+use ratelimit_core::{Algorithm, DenialCause, Request};
 
 /// One `#[rate_limit]` attribute, built in a `static` at compile time: how
 /// its calls are named and decided. Its quota is a `static` of its own
@@ -20,8 +20,12 @@ pub struct Rule {
     pub name: &'static str,
     /// `rule = "..."`: the name looked up in the limiter's rules at each call.
     pub named: Option<&'static str>,
-    /// The rule's name, failure policy and mode, for the limiter.
-    pub options: CallOptions,
+    /// `on_error = ...`: the failure policy, overriding the limiter's.
+    pub on_error: Option<FailurePolicy>,
+    /// `mode = shadow`.
+    pub shadow: bool,
+    /// `lease = N`.
+    pub lease: u64,
     /// `on_limit = wait(max = ...)`: how long a denied call may wait for its
     /// turn before it gives up.
     pub wait: Option<Duration>,
@@ -37,7 +41,9 @@ impl Rule {
         Self {
             name,
             named: None,
-            options: CallOptions::new(name),
+            on_error: None,
+            shadow: false,
+            lease: 0,
             wait: None,
             algorithm: Algorithm::TokenBucket,
         }
@@ -55,25 +61,24 @@ impl Rule {
     pub const fn named(mut self, rule: &'static str) -> Self {
         self.name = rule;
         self.named = Some(rule);
-        self.options.rule = rule;
         self
     }
 
     /// `on_error = open | closed | local`.
     pub const fn on_error(mut self, policy: FailurePolicy) -> Self {
-        self.options = self.options.on_error(policy);
+        self.on_error = Some(policy);
         self
     }
 
     /// `mode = shadow`.
     pub const fn shadow(mut self) -> Self {
-        self.options = self.options.shadow(true);
+        self.shadow = true;
         self
     }
 
     /// `lease = N`.
     pub const fn lease(mut self, tokens: u64) -> Self {
-        self.options = self.options.lease(tokens);
+        self.lease = tokens;
         self
     }
 
@@ -286,6 +291,20 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// What the limiter is asked for this call.
+    fn request(&self) -> Request<'_> {
+        let rule = self.rule;
+        let request = Request::new(&self.quota, &self.key)
+            .cost(self.cost)
+            .rule(rule.name)
+            .lease(rule.lease)
+            .shadow(rule.shadow);
+        match rule.on_error {
+            Some(policy) => request.on_error(policy),
+            None => request,
+        }
+    }
+
     /// The denial as the attribute's key names it.
     fn shown(&self, mut denied: RateLimited) -> RateLimited {
         if denied.key.len() > self.shown && denied.key == self.key {
@@ -309,22 +328,15 @@ pub async fn acquire(call: Option<Call<'_>>) -> Result<(), RateLimited> {
 }
 
 async fn acquire_one(call: &Call<'_>) -> Result<(), RateLimited> {
-    let Call {
-        limiter,
-        rule,
-        quota,
-        key,
-        cost,
-        ..
-    } = call;
-    let deadline = rule.wait.map(|max| tokio::time::Instant::now() + max);
+    let deadline = call.rule.wait.map(|max| tokio::time::Instant::now() + max);
     loop {
-        match limiter.acquire_with(quota, key, *cost, &rule.options).await {
-            Ok(decision) => {
+        match call.limiter.check(call.request()).await {
+            Ok(admitted) => {
                 // The leaky bucket admits a call for later: its turn comes
                 // after `delay`, so the body runs at the bucket's pace.
-                if !decision.delay.is_zero() {
-                    tokio::time::sleep(decision.delay).await;
+                let delay = admitted.delay();
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
                 }
                 return Ok(());
             }
@@ -347,10 +359,11 @@ async fn acquire_one(call: &Call<'_>) -> Result<(), RateLimited> {
 }
 
 /// Several `#[rate_limit]` on one function: every one must admit, and none
-/// consumes unless all do (one atomic check on one limiter). Checks on
-/// different limiters, or that wait or run in shadow mode, run one after the
-/// other in the order written. Exempt checks (`None`) are left out. Each
-/// check keeps its own failure policy.
+/// consumes unless all do (one atomic check on one limiter; those in shadow
+/// mode are decided after the others, and never deny). Checks on different
+/// limiters, or that wait, run one after the other in the order written.
+/// Exempt checks (`None`) are left out. Each check keeps its own failure
+/// policy.
 ///
 /// Two checks on the same key (the common burst-plus-sustained pair on one
 /// template) keep state of their own: the later one decides on
@@ -372,44 +385,23 @@ pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimit
         return Ok(());
     };
     let atomic = rest.iter().all(|call| call.limiter.__same(first.limiter))
-        && calls
-            .iter()
-            .all(|call| call.rule.wait.is_none() && !call.rule.options.shadow);
+        && calls.iter().all(|call| call.rule.wait.is_none());
     if !atomic {
         for call in &calls {
             acquire_one(call).await?;
         }
         return Ok(());
     }
-    let dimensions: Vec<Dimension<'_>> = calls
-        .iter()
-        .map(|call| {
-            let dimension = Dimension::new(&call.quota, &call.key)
-                .cost(call.cost)
-                .rule(call.rule.name);
-            match call.rule.options.on_error {
-                Some(policy) => dimension.on_error(policy),
-                None => dimension,
-            }
-        })
-        .collect();
-    let decisions = first
-        .limiter
-        .check_all(&dimensions)
-        .await
-        .map_err(
-            |denied| match calls.iter().find(|call| call.key == denied.key) {
-                Some(call) => call.shown(denied),
-                None => denied,
-            },
-        )?;
+    let requests: Vec<Request<'_>> = calls.iter().map(|call| call.request()).collect();
+    let admitted = first.limiter.check(&requests[..]).await.map_err(|denied| {
+        match calls.iter().find(|call| call.key == denied.key) {
+            Some(call) => call.shown(denied),
+            None => denied,
+        }
+    })?;
     // A leaky bucket among them: the call's turn comes after the longest delay.
-    if let Some(delay) = decisions
-        .iter()
-        .map(|d| d.delay)
-        .max()
-        .filter(|d| !d.is_zero())
-    {
+    let delay = admitted.delay();
+    if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     Ok(())

@@ -41,7 +41,7 @@
 //! # Limits and keys
 //!
 //! A [`RateLimitLayer`] holds one or more [`Limit`]s and decides them in one
-//! [`Limiter::check_all`](crate::Limiter::check_all): a request is admitted
+//! [`Limiter::check`](crate::Limiter::check): a request is admitted
 //! when every limit admits it, and takes one token from each; a request one
 //! limit denies takes none from the others. Each limit has
 //!

@@ -41,7 +41,7 @@
 //! |---|---|---|
 //! | `redis` | yes | the Redis backend, Sentinel, [`RedisRuleSource`] |
 //! | `cluster` | yes | Redis Cluster: [`LimiterBuilder::cluster`] |
-//! | `tls` | yes | `rediss://` through rustls, [`TlsConfig`] for a private CA or mutual TLS |
+//! | `tls` | no | `rediss://` through rustls, [`TlsConfig`] for a private CA or mutual TLS |
 //! | `metrics` | yes | counters, a histogram and gauges through the `metrics` facade |
 //! | `axum` | no | `ratelimit::http`: a tower layer with 429 problem responses and the IETF RateLimit fields |
 //!
@@ -52,10 +52,10 @@
 #![forbid(unsafe_code)]
 
 pub use ratelimit_core::{
-    global, install, key, Algorithm, BreakerConfig, CallOptions, CircuitState, Clock, Decision,
-    DenialCause, Dimension, Error, ErrorKind, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder,
-    ManualClock, MonotonicClock, Quota, QuotaError, Rate, RateLimited, RuleError, Rules,
-    ShadowCheck, StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX,
+    global, install, key, Admitted, Algorithm, BreakerConfig, CircuitState, Clock, ConfigError,
+    Decision, DenialCause, Error, ErrorKind, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder,
+    ManualClock, MonotonicClock, Quota, QuotaError, Rate, RateLimited, Request, RuleError, Rules,
+    StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX,
     DEFAULT_TIMEOUT,
 };
 #[cfg(feature = "redis")]
@@ -75,30 +75,3 @@ pub mod http;
 /// change in any release.
 #[doc(hidden)]
 pub mod __private;
-
-/// The front page's and the guide's examples, compiled (and most run) as
-/// doctests, so none drifts from the API.
-#[cfg(doctest)]
-mod guide {
-    #[doc = include_str!("../README.md")]
-    struct Readme;
-    #[doc = include_str!("../docs/setup.md")]
-    struct Setup;
-    #[doc = include_str!("../docs/attribute.md")]
-    struct Attribute;
-    #[doc = include_str!("../docs/algorithms.md")]
-    struct Algorithms;
-    #[doc = include_str!("../docs/failures.md")]
-    struct Failures;
-    #[doc = include_str!("../docs/rules.md")]
-    struct Rules;
-    #[doc = include_str!("../docs/cluster.md")]
-    struct Cluster;
-    #[cfg(feature = "axum")]
-    #[doc = include_str!("../docs/http.md")]
-    struct Http;
-    #[doc = include_str!("../docs/operations.md")]
-    struct Operations;
-    #[doc = include_str!("../docs/benchmarks.md")]
-    struct Benchmarks;
-}

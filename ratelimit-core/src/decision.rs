@@ -12,7 +12,10 @@ use std::time::Duration;
 /// the figures Redis would give as of the latest instant it can have decided
 /// the reply it learned them from (that reply's arrival), so its waits are
 /// never shorter than Redis's and longer by at most that reply's round trip,
-/// and its `remaining` never larger.
+/// and its `remaining` never larger. A check of several limits that one of
+/// them denies from the cache is denied without asking about the others:
+/// its `retry_after` is that limit's, and another limit of the check may
+/// deny for longer.
 #[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct Decision {

@@ -14,7 +14,11 @@ pub enum DenialCause {
     Quota,
     /// The backend failed and the failure policy is
     /// [`FailurePolicy::Closed`](crate::FailurePolicy::Closed).
-    BackendUnavailable,
+    BackendUnavailable {
+        /// What kind of fault the backend had: an outage to ride out, or a
+        /// misconfiguration to fix ([`ErrorKind::is_misconfiguration`]).
+        kind: ErrorKind,
+    },
     /// The backend failed and the local fallback limiter
     /// ([`FailurePolicy::Local`](crate::FailurePolicy::Local)), with its share
     /// of the quota, denied.
@@ -26,6 +30,10 @@ pub enum DenialCause {
         /// The cost the call asked for.
         cost: u64,
     },
+    /// The check named the same key twice: it can never be decided as
+    /// written (each limit needs a key of its own). The caller's mistake,
+    /// counted as an error; `retry_after` is [`Duration::MAX`].
+    DuplicateKey,
 }
 
 /// The typed denial a rate-limited function returns instead of running its body.
@@ -53,6 +61,10 @@ pub struct RateLimited {
     pub remaining: u64,
     /// How long to wait before the same call can succeed.
     pub retry_after: Duration,
+    /// How long until the key is back to its full quota (as
+    /// [`Decision::reset_after`](crate::Decision::reset_after)).
+    /// [`RateLimited::new`] sets it to `retry_after`.
+    pub reset_after: Duration,
     /// Whether the quota or the failure policy denied.
     pub cause: DenialCause,
 }
@@ -66,8 +78,29 @@ impl RateLimited {
             limit,
             remaining,
             retry_after,
+            reset_after: retry_after,
             cause: DenialCause::Quota,
         }
+    }
+
+    /// The denial by a quota that `decision` (not allowed) describes.
+    pub(crate) fn from_decision(key: &str, decision: &crate::Decision) -> Self {
+        Self {
+            reset_after: decision.reset_after,
+            ..Self::new(
+                key,
+                decision.limit,
+                decision.remaining,
+                decision.retry_after,
+            )
+        }
+    }
+
+    /// The denial of a request that can never be admitted: `cost` above
+    /// the quota's `capacity`.
+    pub(crate) fn never_admittable(key: &str, capacity: u64, cost: u64) -> Self {
+        Self::new(key, capacity, 0, Duration::MAX)
+            .with_cause(DenialCause::CostExceedsCapacity { cost })
     }
 
     /// Names the rule that denied.
@@ -82,9 +115,13 @@ impl RateLimited {
         self
     }
 
-    /// Whether waiting can help: false only for a cost above the capacity.
+    /// Whether waiting can help: false for a cost above the capacity and
+    /// for a check that names a key twice.
     pub fn is_retryable(&self) -> bool {
-        !matches!(self.cause, DenialCause::CostExceedsCapacity { .. })
+        !matches!(
+            self.cause,
+            DenialCause::CostExceedsCapacity { .. } | DenialCause::DuplicateKey
+        )
     }
 }
 
@@ -93,9 +130,9 @@ impl fmt::Display for RateLimited {
         write!(f, "rate limited on `{}`", self.key)?;
         match self.cause {
             DenialCause::Quota => write!(f, "; retry after {:?}", self.retry_after),
-            DenialCause::BackendUnavailable => write!(
+            DenialCause::BackendUnavailable { kind } => write!(
                 f,
-                " (backend unavailable, failing closed); retry after {:?}",
+                " (backend unavailable: {kind}; failing closed); retry after {:?}",
                 self.retry_after
             ),
             DenialCause::LocalFallback => write!(
@@ -107,6 +144,11 @@ impl fmt::Display for RateLimited {
                 f,
                 "; cost {cost} exceeds the capacity {} and can never be admitted",
                 self.limit
+            ),
+            DenialCause::DuplicateKey => write!(
+                f,
+                "; the check names this key twice and can never be decided; give each limit a \
+                 key of its own"
             ),
         }
     }
@@ -136,14 +178,6 @@ impl From<RateLimited> for std::io::Error {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The request costs more than the quota's capacity: "never", not "not now".
-    #[error("cost {cost} exceeds the capacity {capacity} of the quota; such a request can never be admitted")]
-    CostExceedsCapacity {
-        /// The cost asked for.
-        cost: u64,
-        /// The quota's capacity.
-        capacity: u64,
-    },
     /// The backend did not answer within the limiter's timeout.
     #[error("the rate limit backend did not answer within {0:?}")]
     Timeout(Duration),
@@ -182,9 +216,19 @@ pub enum Error {
         "{0} decisions are already waiting for the rate limit backend; this call was not sent"
     )]
     Overloaded(usize),
-    /// The limiter was configured wrongly.
+    /// The limiter was configured wrongly: what to change.
     #[error("invalid limiter configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
+    /// The call was made outside a Tokio runtime, or the runtime that ran
+    /// the limiter's connection and batching tasks has shut down.
+    #[error(
+        "{what} runs on a Tokio runtime, which is gone or was never there; call it from within \
+         one (`#[tokio::main]`, `Runtime::block_on`) that outlives the calls"
+    )]
+    NoRuntime {
+        /// What needed the runtime.
+        what: &'static str,
+    },
     /// An invalid quota.
     #[error(transparent)]
     Quota(#[from] QuotaError),
@@ -208,6 +252,88 @@ pub enum Error {
          before the first rate-limited call"
     )]
     AlreadyInstalled,
+}
+
+/// A configuration that cannot work, and what to change.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A setting that must be greater than zero is zero.
+    #[error("`{setting}` must be greater than zero")]
+    NotPositive {
+        /// The setting, as the builder names it.
+        setting: &'static str,
+    },
+    /// A share outside its range.
+    #[error("`{setting}` must be in {range}, such as {example}; got {value}")]
+    OutOfRange {
+        /// The setting, as the builder names it.
+        setting: &'static str,
+        /// The range it must be in.
+        range: &'static str,
+        /// A value that would do.
+        example: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// The key prefix holds a hash tag brace, which would send every key to
+    /// one Redis Cluster slot.
+    #[error(
+        "the prefix `{prefix}` contains a hash tag brace; put hash tags in key templates, where \
+         they choose a slot per key, not in the prefix"
+    )]
+    HashTagInPrefix {
+        /// The prefix given.
+        prefix: String,
+    },
+    /// A backend or URL scheme whose crate feature is off.
+    #[error(
+        "{what} needs the `{feature}` feature: `features = [\"{feature}\"]` on \
+         distributed-ratelimit in Cargo.toml"
+    )]
+    FeatureOff {
+        /// What was asked for.
+        what: &'static str,
+        /// The feature that provides it.
+        feature: &'static str,
+    },
+    /// A backend given no address to reach it at.
+    #[error("{what} needs {needs}, such as `{example}`")]
+    MissingAddress {
+        /// The backend.
+        what: &'static str,
+        /// What it needs.
+        needs: &'static str,
+        /// A call that gives it.
+        example: &'static str,
+    },
+    /// TLS certificates given for addresses without TLS.
+    #[error("TLS certificates were given for {what} without TLS; use `rediss://`")]
+    TlsWithoutRediss {
+        /// Which addresses.
+        what: &'static str,
+    },
+    /// An environment variable needed by another one is not set.
+    #[error("{set} is set but {missing} is not; set it to {what}")]
+    MissingVariable {
+        /// The variable that is set.
+        set: &'static str,
+        /// The one missing.
+        missing: &'static str,
+        /// What it should hold.
+        what: &'static str,
+    },
+    /// Addresses that do not parse, shown without their passwords.
+    #[cfg(feature = "redis")]
+    #[error("invalid {what} {urls:?}: {source}")]
+    InvalidUrl {
+        /// Which addresses.
+        what: &'static str,
+        /// The addresses given, each without its password.
+        urls: Vec<String>,
+        /// Why they do not parse.
+        source: redis::RedisError,
+    },
 }
 
 /// What kind of fault an [`Error`] is: what to tell an operator, and
@@ -253,9 +379,8 @@ pub enum ErrorKind {
     Overloaded,
     /// The circuit breaker skips the failing backend for now.
     CircuitOpen,
-    /// The request can never be admitted (a cost above the capacity).
-    Request,
-    /// The limiter's own configuration is invalid.
+    /// The limiter's own configuration is invalid, or it runs outside a
+    /// Tokio runtime.
     Configuration,
 }
 
@@ -276,8 +401,7 @@ impl ErrorKind {
 
     /// The kind as a metric label or log field: `unavailable`, `timeout`,
     /// `authentication`, `tls`, `permission`, `wrong_server`, `protocol`,
-    /// `foreign_value`, `overloaded`, `circuit_open`, `request` or
-    /// `configuration`.
+    /// `foreign_value`, `overloaded`, `circuit_open` or `configuration`.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Unavailable => "unavailable",
@@ -290,7 +414,6 @@ impl ErrorKind {
             ErrorKind::ForeignValue => "foreign_value",
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::CircuitOpen => "circuit_open",
-            ErrorKind::Request => "request",
             ErrorKind::Configuration => "configuration",
         }
     }
@@ -306,8 +429,11 @@ impl fmt::Display for ErrorKind {
 #[cfg(feature = "redis")]
 fn redis_kind(error: &redis::RedisError) -> ErrorKind {
     use redis::{ErrorKind as Redis, ServerErrorKind as Server};
-    if matches!(error.code(), Some("NOAUTH" | "WRONGPASS")) {
-        return ErrorKind::Authentication;
+    match error.code() {
+        Some("NOAUTH" | "WRONGPASS") => return ErrorKind::Authentication,
+        // Over `maxmemory`: writes are refused until memory is freed.
+        Some("OOM") => return ErrorKind::Unavailable,
+        _ => {}
     }
     match error.kind() {
         Redis::AuthenticationFailed => ErrorKind::Authentication,
@@ -361,7 +487,6 @@ impl Error {
     /// What kind of fault this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::CostExceedsCapacity { .. } => ErrorKind::Request,
             Error::Timeout(_) => ErrorKind::Timeout,
             #[cfg(feature = "redis")]
             Error::Redis(error) => redis_kind(error),
@@ -370,9 +495,10 @@ impl Error {
             Error::ForeignValue { .. } => ErrorKind::ForeignValue,
             Error::Overloaded(_) => ErrorKind::Overloaded,
             Error::WrongServer { .. } => ErrorKind::WrongServer,
-            Error::Config(_) | Error::Quota(_) | Error::AlreadyInstalled => {
-                ErrorKind::Configuration
-            }
+            Error::Config(_)
+            | Error::Quota(_)
+            | Error::AlreadyInstalled
+            | Error::NoRuntime { .. } => ErrorKind::Configuration,
         }
     }
 
@@ -388,7 +514,7 @@ impl Error {
 
     /// Whether the fault came from the backend (and so a failure policy applies),
     /// rather than from the request or the configuration.
-    pub fn is_backend(&self) -> bool {
+    pub(crate) fn is_backend(&self) -> bool {
         match self {
             Error::Timeout(_)
             | Error::UnexpectedReply(_)
@@ -407,7 +533,7 @@ impl Error {
     /// what the circuit breaker counts. A foreign value at one key, a full
     /// queue or a configuration error says nothing about the backend's
     /// health.
-    pub fn is_backend_failure(&self) -> bool {
+    pub(crate) fn is_backend_failure(&self) -> bool {
         match self {
             Error::Timeout(_) | Error::UnexpectedReply(_) | Error::WrongServer { .. } => true,
             #[cfg(feature = "redis")]

@@ -28,12 +28,12 @@ mod tls;
 pub use breaker::{BreakerConfig, CircuitState};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use decision::Decision;
-pub use error::{DenialCause, Error, ErrorKind, RateLimited};
+pub use error::{ConfigError, DenialCause, Error, ErrorKind, RateLimited};
 pub use global::{global, install};
 pub use key::KeyBuilder;
 pub use limiter::{
-    CallOptions, Dimension, FailurePolicy, Limiter, LimiterBuilder, ShadowCheck,
-    DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    Admitted, FailurePolicy, Limiter, LimiterBuilder, Request, DEFAULT_MEMORY_MAX_KEYS,
+    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 pub use metrics::StatsSnapshot;
 #[doc(hidden)]

@@ -4,7 +4,7 @@
 //!
 //! | metric | type | labels |
 //! | --- | --- | --- |
-//! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`CallOptions`](crate::CallOptions) rule, or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` |
+//! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`Request::rule`](crate::Request::rule), or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` (a check naming one key twice) |
 //! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
 //! | `ratelimit_backend_errors_total` | counter | `backend`, `kind` ([`ErrorKind::as_str`](crate::ErrorKind::as_str): `timeout`, `unavailable`, `authentication`, `tls`, `permission`, `wrong_server`, ...) |
 //! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend`; `node` (a master's address) for Redis Cluster, which keeps a breaker per master |
@@ -62,7 +62,8 @@ pub struct StatsSnapshot {
     pub fallback_denied: u64,
     /// Would have been denied, in shadow mode.
     pub shadow_denied: u64,
-    /// Backend errors returned to a caller of [`decide`](crate::Limiter::decide).
+    /// Checks that could never be decided as asked (a key named twice):
+    /// the caller's mistake, denied and logged as an error.
     pub errors: u64,
     /// Denials answered by the local deny cache, with no backend call (also
     /// counted in `denied`, in `shadow_denied` in shadow mode, or as

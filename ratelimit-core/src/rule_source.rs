@@ -22,7 +22,7 @@ use redis::{AsyncConnectionConfig, RedisError};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::limiter::Limiter;
 use crate::quota::Quota;
 use crate::rules::{is_valid_name, RuleError, Rules};
@@ -232,7 +232,7 @@ impl RedisRuleSourceBuilder {
     ///
     /// let rules = Rules::new();
     /// let outside = RedisRuleSource::builder("redis://127.0.0.1:6379").spawn(&rules);
-    /// assert!(matches!(outside, Err(Error::Config(_))), "no runtime to run on");
+    /// assert!(matches!(outside, Err(Error::NoRuntime { .. })), "no runtime to run on");
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// // Nothing listens on port 1: the source keeps trying, the rules stay.
@@ -245,19 +245,17 @@ impl RedisRuleSourceBuilder {
     /// ```
     pub fn spawn(self, rules: &Rules) -> Result<RedisRuleSource, Error> {
         let endpoint = self.endpoint()?;
-        for (what, value) in [
-            ("the reload period", self.reload_every),
-            ("the timeout", self.timeout),
-            ("the longest backoff", self.max_backoff),
+        for (setting, value) in [
+            ("reload_every", self.reload_every),
+            ("timeout", self.timeout),
+            ("max_backoff", self.max_backoff),
         ] {
             if value.is_zero() {
-                return Err(Error::Config(format!(
-                    "{what} of a rule source must be greater than zero"
-                )));
+                return Err(ConfigError::NotPositive { setting }.into());
             }
         }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            Error::Config("a rule source runs on a Tokio runtime; start it from within one".into())
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime {
+            what: "a rule source",
         })?;
         let (ready_tx, ready) = watch::channel(false);
         let follower = Follower {

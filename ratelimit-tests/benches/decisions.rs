@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ratelimit::{rate_limit, Limiter, Quota, RateLimited};
+use ratelimit::{rate_limit, Limiter, Quota, RateLimited, Request};
 
 /// Large enough that every call is admitted: the benchmark measures the path,
 /// not denials.
@@ -29,12 +29,18 @@ async fn with_attribute(user_id: u64) -> Result<u64, RateLimited> {
 }
 
 async fn direct_prebuilt_key(quota: &Quota, key: &str) -> Result<u64, RateLimited> {
-    limiter().acquire(quota, key, 1).await.map(|d| d.remaining)
+    limiter()
+        .check(Request::new(quota, key))
+        .await
+        .map(|admitted| admitted.decisions()[0].remaining)
 }
 
 async fn direct_formatted_key(quota: &Quota, user_id: u64) -> Result<u64, RateLimited> {
     let key = format!("order:submit:{user_id}");
-    limiter().acquire(quota, &key, 1).await.map(|_| user_id)
+    limiter()
+        .check(Request::new(quota, &key))
+        .await
+        .map(|_| user_id)
 }
 
 fn macro_overhead(c: &mut Criterion) {
@@ -82,7 +88,12 @@ fn throughput(c: &mut Criterion) {
                                 runtime.block_on(async {
                                     for i in 0..per_thread {
                                         let key = &keys[(i as usize * 7 + t * 5_003) % keys.len()];
-                                        black_box(limiter().decide(quota, key, 1).await.unwrap());
+                                        black_box(
+                                            limiter()
+                                                .check(Request::new(quota, key))
+                                                .await
+                                                .unwrap(),
+                                        );
                                     }
                                 });
                             });

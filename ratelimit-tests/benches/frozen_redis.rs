@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use ratelimit::{BreakerConfig, FailurePolicy, Limiter, Quota};
+use ratelimit::{BreakerConfig, FailurePolicy, Limiter, Quota, Request};
 use support::RedisServer;
 
 /// Short, so the benchmark of the timeout path stays short; the figure to
@@ -45,31 +45,31 @@ fn frozen(c: &mut Criterion) {
     let breaker = limiter(&server, 3);
     runtime.block_on(async {
         for l in [&healthy, &no_breaker, &breaker] {
-            l.acquire(&quota, "warm-up", 1).await.unwrap();
+            l.check(Request::new(&quota, "warm-up")).await.unwrap();
         }
     });
 
     let mut group = c.benchmark_group("frozen_redis");
     group.bench_function("healthy_redis", |b| {
         b.to_async(&runtime)
-            .iter(|| healthy.acquire(&quota, "k", 1))
+            .iter(|| healthy.check(Request::new(&quota, "k")))
     });
     server.freeze();
     runtime.block_on(async {
         for _ in 0..5 {
-            let _ = breaker.acquire(&quota, "k", 1).await;
+            let _ = breaker.check(Request::new(&quota, "k")).await;
         }
     });
     assert_ne!(breaker.circuit_state(), ratelimit::CircuitState::Closed);
     group.bench_function("breaker_open_local_fallback", |b| {
         b.to_async(&runtime)
-            .iter(|| breaker.acquire(&quota, "k", 1))
+            .iter(|| breaker.check(Request::new(&quota, "k")))
     });
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(3));
     group.bench_function("before_breaker_opens_timeout", |b| {
         b.to_async(&runtime)
-            .iter(|| no_breaker.acquire(&quota, "k", 1))
+            .iter(|| no_breaker.check(Request::new(&quota, "k")))
     });
     group.finish();
     server.thaw();

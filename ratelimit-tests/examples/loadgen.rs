@@ -23,7 +23,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit::{Algorithm, DenialCause, Dimension, Limiter, Quota, Rate};
+use ratelimit::{Algorithm, DenialCause, FailurePolicy, Limiter, Quota, Rate, Request};
+
+/// Every decision fails closed, so a backend fault is told from an answer.
+const CLOSED: FailurePolicy = FailurePolicy::Closed;
 
 struct Args {
     workload: String,
@@ -211,11 +214,17 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Open the connections and load the scripts before the clock starts:
     // one at a time, then together (a batch, on a cluster its own script).
     for i in 0..8 {
-        limiter.decide(&quota, &format!("warm-up:{i}"), 1).await?;
+        let key = format!("warm-up:{i}");
+        limiter
+            .check(Request::new(&quota, &key).on_error(CLOSED))
+            .await?;
     }
     let warm: Vec<String> = (0..64).map(|i| format!("warm-up:{i}")).collect();
-    for decision in
-        futures::future::join_all(warm.iter().map(|key| limiter.decide(&quota, key, 0))).await
+    for decision in futures::future::join_all(
+        warm.iter()
+            .map(|key| limiter.check(Request::new(&quota, key).cost(0).on_error(CLOSED))),
+    )
+    .await
     {
         decision?;
     }
@@ -274,21 +283,21 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 let began = Instant::now();
                 let outcome = if dimensions == 3 {
                     let check = [
-                        Dimension::new(&quota, &keys[index as usize]),
-                        Dimension::new(&quota, &ips[index as usize]),
-                        Dimension::new(&global, &global_key),
+                        Request::new(&quota, &keys[index as usize]).on_error(CLOSED),
+                        Request::new(&quota, &ips[index as usize]).on_error(CLOSED),
+                        Request::new(&global, &global_key).on_error(CLOSED),
                     ];
-                    match limiter.check_all(&check).await {
-                        Ok(_) => Ok(true),
-                        Err(denied) if denied.cause == DenialCause::Quota => Ok(false),
-                        Err(_) => Err(()),
-                    }
+                    limiter.check(check).await
                 } else {
                     limiter
-                        .decide(&quota, &keys[index as usize], 1)
+                        .check(Request::new(&quota, &keys[index as usize]).on_error(CLOSED))
                         .await
-                        .map(|d| d.allowed)
-                        .map_err(|_| ())
+                };
+                // A backend fault fails closed, and is counted as an error.
+                let outcome = match outcome {
+                    Ok(_) => Ok(true),
+                    Err(denied) if denied.cause == DenialCause::Quota => Ok(false),
+                    Err(_) => Err(()),
                 };
                 match outcome {
                     Ok(allowed) => {

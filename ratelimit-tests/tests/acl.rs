@@ -3,9 +3,11 @@
 
 mod support;
 
+use support::Decide;
+
 use std::time::Duration;
 
-use ratelimit::{Algorithm, CallOptions, Dimension, Error, Limiter, Quota, Rate, RedisRuleSource};
+use ratelimit::{Algorithm, Error, Limiter, Quota, Rate, RedisRuleSource, Request};
 use support::RedisServer;
 
 const PASSWORD: &str = "pw-7f3a9c";
@@ -86,21 +88,14 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         assert!(!limiter.decide(quota, &key, 1).await.unwrap().allowed);
         let (other, shared) = (format!("acl:all:{round}"), format!("acl:shared:{round}"));
         limiter
-            .decide_all(&[
-                Dimension::new(quota, &other),
-                Dimension::new(quota, &shared),
-            ])
+            .decide_all(&[Request::new(quota, &other), Request::new(quota, &shared)])
             .await
             .unwrap_or_else(|e| panic!("{quota}, all or nothing: {e}"));
         limiter.inspect(quota, &key, 1).await.unwrap();
         limiter.reset(&key).await.unwrap();
+        let leased = format!("acl:lease:{round}");
         limiter
-            .acquire_with(
-                quota,
-                &format!("acl:lease:{round}"),
-                1,
-                &CallOptions::new("acl").lease(2),
-            )
+            .check(Request::new(quota, &leased).rule("acl").lease(2))
             .await
             .unwrap_or_else(|d| panic!("{quota}, leased: {d}"));
     }
@@ -146,7 +141,8 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         .prefix("other:")
         .build()
         .unwrap();
-    let refused = outside.decide(&quotas[0], "k", 1).await.unwrap_err();
+    // `inspect` shows the backend's error itself, with no failure policy.
+    let refused = outside.inspect(&quotas[0], "k", 1).await.unwrap_err();
     assert!(
         refused.to_string().to_lowercase().contains("noperm"),
         "{refused}"
@@ -185,8 +181,8 @@ async fn a_user_without_fcall_is_served_by_evalsha() {
     );
     let check = limiter
         .decide_all(&[
-            Dimension::new(&quota, "acl:old-user:a"),
-            Dimension::new(&quota, "acl:old-user:b"),
+            Request::new(&quota, "acl:old-user:a"),
+            Request::new(&quota, "acl:old-user:b"),
         ])
         .await
         .unwrap();
@@ -206,7 +202,7 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
         .build()
         .unwrap();
     let error = limiter
-        .decide(&Quota::per_second(1).unwrap(), "k", 1)
+        .inspect(&Quota::per_second(1).unwrap(), "k", 1)
         .await
         .unwrap_err();
     let shown = format!("{error} {error:?}");

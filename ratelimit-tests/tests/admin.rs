@@ -6,6 +6,7 @@ mod support;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use ratelimit::Request;
 use support::RedisServer;
 
 /// The example's binary, which `cargo test` builds beside the tests.
@@ -64,7 +65,10 @@ fn an_operator_sets_a_rule_inspects_and_resets_a_key_and_gets_clear_errors() {
             .build()
             .unwrap();
         let quota: ratelimit::Quota = "capacity=2 rate=1/min".parse().unwrap();
-        limiter.acquire(&quota, "cart:7", 2).await.unwrap();
+        limiter
+            .check(Request::new(&quota, "cart:7").cost(2))
+            .await
+            .unwrap();
     });
     let (_, text) = run(&server, &["inspect", "capacity=2 rate=1/min", "cart:7"]);
     assert!(text.contains("would be denied; 0 of 2 remaining"), "{text}");

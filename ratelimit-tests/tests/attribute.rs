@@ -146,7 +146,7 @@ async fn stacked_attributes_admit_all_or_nothing() {
     let denied = limited(stacked(&limiter, 3).await);
     assert_eq!(denied.key, "stack:global");
     let quota = ratelimit::Quota::new(3, "1/min".parse().unwrap()).unwrap();
-    let user3 = limiter.decide(&quota, "stack:user:3", 0).await.unwrap();
+    let user3 = limiter.inspect(&quota, "stack:user:3", 0).await.unwrap();
     assert_eq!(
         user3.remaining, 3,
         "the denied call took nothing from user 3"
@@ -453,7 +453,7 @@ async fn stacked_attributes_exempt_and_resolve_rules_each_on_its_own() {
     assert_eq!(denied.key, "stack-ex:global");
     let per_user = ratelimit::Quota::new(1, "1/h".parse().unwrap()).unwrap();
     let user1 = limiter
-        .decide(&per_user, "stack-ex:user:1", 0)
+        .inspect(&per_user, "stack-ex:user:1", 0)
         .await
         .unwrap();
     assert_eq!(user1.remaining, 1);

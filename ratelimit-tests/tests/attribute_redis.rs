@@ -3,6 +3,8 @@
 
 mod support;
 
+use support::Decide;
+
 use std::time::Duration;
 
 use ratelimit::{rate_limit, Limiter, RateLimited};

@@ -3,11 +3,13 @@
 
 mod support;
 
+use support::{fault, Decide};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit::{Dimension, FailurePolicy, Limiter, Quota};
+use ratelimit::{FailurePolicy, Limiter, Quota, Request};
 use support::RedisCluster;
 
 fn limiter(cluster: &RedisCluster, policy: FailurePolicy) -> Limiter {
@@ -62,12 +64,12 @@ async fn all_or_nothing_holds_within_a_slot_and_across_slots() {
     // A common hash tag: one slot, one script call.
     let tagged = |ip: &'static str| {
         [
-            Dimension::new(&per_user, "{u7}:user"),
-            Dimension::new(&per_ip, ip),
+            Request::new(&per_user, "{u7}:user"),
+            Request::new(&per_ip, ip),
         ]
     };
-    limiter.check_all(&tagged("{u7}:ip:a")).await.unwrap();
-    let denied = limiter.check_all(&tagged("{u7}:ip:a")).await.unwrap_err();
+    limiter.check(tagged("{u7}:ip:a")).await.unwrap();
+    let denied = limiter.check(tagged("{u7}:ip:a")).await.unwrap_err();
     assert_eq!(denied.key, "{u7}:ip:a");
     assert_eq!(
         limiter
@@ -81,13 +83,13 @@ async fn all_or_nothing_holds_within_a_slot_and_across_slots() {
     let global = Quota::gcra(100, "100/min".parse().unwrap()).unwrap();
     let spread = |ip: &'static str| {
         [
-            Dimension::new(&per_user, "user:8"),
-            Dimension::new(&global, "global"),
-            Dimension::new(&per_ip, ip),
+            Request::new(&per_user, "user:8"),
+            Request::new(&global, "global"),
+            Request::new(&per_ip, ip),
         ]
     };
-    limiter.check_all(&spread("ip:b")).await.unwrap();
-    let denied = limiter.check_all(&spread("ip:b")).await.unwrap_err();
+    limiter.check(spread("ip:b")).await.unwrap();
+    let denied = limiter.check(spread("ip:b")).await.unwrap_err();
     assert_eq!(denied.key, "ip:b");
     assert_eq!(
         limiter
@@ -129,10 +131,9 @@ async fn a_killed_master_fails_over_and_limiting_continues() {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
-                    let decision = limiter
-                        .acquire(&quota, &format!("k:{t}:{}", i % 50), 1)
-                        .await
-                        .unwrap();
+                    let key = format!("k:{t}:{}", i % 50);
+                    let admitted = limiter.check(Request::new(&quota, &key)).await.unwrap();
+                    let decision = admitted.decisions()[0];
                     let counter = if decision.fallback {
                         &fallbacks
                     } else {
@@ -222,9 +223,9 @@ async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions() 
     other.decide(&log, log_key, 1).await.unwrap();
     for _ in 0..3 {
         let denied = limiter
-            .check_all(&[
-                Dimension::new(&log, log_key),
-                Dimension::new(&spent, window_key),
+            .check([
+                Request::new(&log, log_key),
+                Request::new(&spent, window_key),
             ])
             .await
             .unwrap_err();
@@ -343,7 +344,7 @@ async fn decisions_stay_exact_while_slots_move_between_masters() {
                         }
                         Ok(d) => panic!("{}: denied under capacity: {d:?}", keys[k]),
                         // What a caller's failure policy answers.
-                        Err(ratelimit::Error::Timeout(_)) => {
+                        Err(denied) if fault(&denied) == Some(ratelimit::ErrorKind::Timeout) => {
                             timeouts.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(e) => panic!("{}: {e}", keys[k]),
@@ -440,8 +441,8 @@ async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
                 let mut i = t;
                 while !stop.load(Ordering::Relaxed) {
                     i = (i + 7) % keys.len();
-                    let decision = limiter.acquire(&quota, &keys[i], 1).await.unwrap();
-                    if decision.fallback {
+                    let admitted = limiter.check(Request::new(&quota, &keys[i])).await.unwrap();
+                    if admitted.decisions()[0].fallback {
                         fallbacks[usize::from(!on_victim[i])].fetch_add(1, Ordering::Relaxed);
                         let at = started.elapsed().as_micros() as u64;
                         last_fallback_us.fetch_max(at, Ordering::Relaxed);

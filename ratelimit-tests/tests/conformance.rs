@@ -4,9 +4,11 @@
 
 mod support;
 
+use support::{Decide, Decided};
+
 use std::time::Duration;
 
-use ratelimit::{Algorithm, Decision, Limiter, ManualClock, Quota, Rate};
+use ratelimit::{Algorithm, Limiter, ManualClock, Quota, Rate};
 use support::RedisServer;
 use tokio::runtime::Runtime;
 
@@ -72,7 +74,7 @@ impl Backends {
         quota: &Quota,
         key: &str,
         events: &[(u64, u64)],
-    ) -> Vec<(u64, u64, Decision)> {
+    ) -> Vec<(u64, u64, Decided)> {
         clock.set(START);
         events
             .iter()
@@ -107,7 +109,7 @@ fn events(seed: u64, count: usize, max_step: u64, max_cost: u64) -> Vec<(u64, u6
         .collect()
 }
 
-fn admitted(log: &[(u64, u64, Decision)]) -> Vec<(u64, u64)> {
+fn admitted(log: &[(u64, u64, Decided)]) -> Vec<(u64, u64)> {
     log.iter()
         .filter(|(_, _, d)| d.allowed)
         .map(|&(t, c, _)| (t, c))
@@ -280,7 +282,7 @@ fn gcra_and_token_bucket_admit_the_same_sequences_within_the_bucket_bound() {
                     &format!("gcra:{rate}:{seed}"),
                     &events,
                 );
-                let decisions = |log: &[(u64, u64, Decision)]| {
+                let decisions = |log: &[(u64, u64, Decided)]| {
                     log.iter().map(|(_, _, d)| *d).collect::<Vec<_>>()
                 };
                 assert_eq!(decisions(&tb), decisions(&g), "{name} {rate} seed {seed}");

@@ -5,9 +5,11 @@
 
 mod support;
 
+use support::{Decide, Decided};
+
 use std::time::Duration;
 
-use ratelimit::{Algorithm, CallOptions, Decision, Limiter, Quota};
+use ratelimit::{Algorithm, Decision, Limiter, Quota, Request};
 use support::RedisServer;
 
 fn limiter(server: &RedisServer) -> Limiter {
@@ -42,7 +44,7 @@ const SLACK: Duration = Duration::from_millis(60);
 /// `cached`, an answer of this process, against `redis`, what Redis answered
 /// the same request just after: the same `remaining`, waits no shorter and
 /// at most `SLACK` longer.
-fn assert_as_redis(context: &str, cached: &Decision, redis: &Decision) {
+fn assert_as_redis(context: &str, cached: &Decided, redis: &Decision) {
     assert!(
         !cached.allowed && !redis.allowed,
         "{context}: {cached:?} vs {redis:?}"
@@ -163,7 +165,12 @@ async fn deny_sleep_retry_after_and_retry_is_admitted_for_every_algorithm() {
             let limiter = limiter.clone();
             callers.push(tokio::spawn(async move {
                 let key = format!("retry:{}:{lease}", quota.algorithm());
-                let options = CallOptions::new("retry").lease(lease);
+                let request = |cost| {
+                    Request::new(&quota, &key)
+                        .cost(cost)
+                        .rule("retry")
+                        .lease(lease)
+                };
                 let mut seed = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) + lease;
                 let mut next = move |n: u64| {
                     seed ^= seed << 13;
@@ -175,14 +182,13 @@ async fn deny_sleep_retry_after_and_retry_is_admitted_for_every_algorithm() {
                 let (mut denials, mut denied_again) = (0, Vec::new());
                 while tokio::time::Instant::now() < deadline {
                     let cost = 1 + next(3);
-                    let Err(denied) = limiter.acquire_with(&quota, &key, cost, &options).await
-                    else {
+                    let Err(denied) = limiter.check(request(cost)).await else {
                         tokio::time::sleep(Duration::from_millis(next(20))).await;
                         continue;
                     };
                     denials += 1;
                     tokio::time::sleep(denied.retry_after).await;
-                    if let Err(again) = limiter.acquire_with(&quota, &key, cost, &options).await {
+                    if let Err(again) = limiter.check(request(cost)).await {
                         denied_again.push((cost, denied.retry_after, again.retry_after));
                     }
                 }

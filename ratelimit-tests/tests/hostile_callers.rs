@@ -5,14 +5,16 @@
 
 mod support;
 
+use support::{fault, Decide};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt as _;
 use ratelimit::{
-    Algorithm, BreakerConfig, CircuitState, DenialCause, Dimension, Error, FailurePolicy, Limiter,
-    Quota, Rate,
+    Algorithm, BreakerConfig, CircuitState, DenialCause, Error, ErrorKind, FailurePolicy, Limiter,
+    Quota, Rate, Request,
 };
 use redis::AsyncCommands as _;
 use support::RedisServer;
@@ -104,11 +106,13 @@ fn spin_callers(
                     let key = format!("spin:{caller}");
                     while !stop.load(Ordering::Relaxed) {
                         let started = Instant::now();
-                        let result = limiter.acquire(&quota, &key, 1).await;
+                        let result = limiter.check(Request::new(&quota, &key)).await;
                         let took = started.elapsed().as_micros() as u64;
                         seen.slowest_us.fetch_max(took, Ordering::Relaxed);
                         match result {
-                            Ok(d) if !d.fallback => seen.from_redis.fetch_add(1, Ordering::Relaxed),
+                            Ok(d) if !d.decisions()[0].fallback => {
+                                seen.from_redis.fetch_add(1, Ordering::Relaxed)
+                            }
                             Err(denied) if denied.cause == DenialCause::Quota => {
                                 seen.quota_denials.fetch_add(1, Ordering::Relaxed)
                             }
@@ -343,15 +347,15 @@ async fn a_probe_dropped_mid_call_lets_the_next_call_probe() {
     tokio::time::sleep(Duration::from_millis(60)).await;
     let probe = tokio::time::timeout(
         Duration::from_millis(5),
-        limiter.acquire(&quota, "probe", 1),
+        limiter.check(Request::new(&quota, "probe")),
     )
     .await;
     assert!(probe.is_err(), "the probe was to be cut short: {probe:?}");
     server.thaw();
     let started = Instant::now();
     loop {
-        if let Ok(d) = limiter.acquire(&quota, "after", 1).await {
-            if !d.fallback {
+        if let Ok(d) = limiter.check(Request::new(&quota, "after")).await {
+            if !d.decisions()[0].fallback {
                 break;
             }
         }
@@ -414,7 +418,10 @@ where
 async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
     let quota = Quota::per_hour(5).unwrap();
     calls_whose_callers_are_gone_before_they_are_sent_consume_nothing("gone", |limiter, key| {
-        limiter.acquire(&quota, key, 1).now_or_never().is_none()
+        limiter
+            .check(Request::new(&quota, key))
+            .now_or_never()
+            .is_none()
     })
     .await;
 }
@@ -428,10 +435,10 @@ async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
         "gone-check",
         |limiter, key| {
             let dimensions = [
-                Dimension::new(&user, key),
-                Dimension::new(&global, "gone-check-global"),
+                Request::new(&user, key),
+                Request::new(&global, "gone-check-global"),
             ];
-            limiter.check_all(&dimensions).now_or_never().is_none()
+            limiter.check(&dimensions[..]).now_or_never().is_none()
         },
     )
     .await;
@@ -456,14 +463,20 @@ async fn an_empty_check_leaves_the_checks_beside_it_all_or_nothing() {
             let limiter = limiter.clone();
             tokio::spawn(async move {
                 if i % 4 == 0 {
-                    return (i, limiter.check_all(&[]).await.map(|d| d.len()));
+                    return (i, limiter.check([]).await.map(|d| d.decisions().len()));
                 }
                 let key = format!("empty-user:{i}");
                 let dimensions = [
-                    Dimension::new(&user, &key),
-                    Dimension::new(&global, "empty-global"),
+                    Request::new(&user, &key),
+                    Request::new(&global, "empty-global"),
                 ];
-                (i, limiter.check_all(&dimensions).await.map(|d| d.len()))
+                (
+                    i,
+                    limiter
+                        .check(&dimensions[..])
+                        .await
+                        .map(|d| d.decisions().len()),
+                )
             })
         })
         .collect();
@@ -529,7 +542,12 @@ where
 async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_callers_that_time_out() {
     let quota = Quota::per_hour(5).unwrap();
     a_frozen_redis_is_left_a_bounded_amount_of_work("late", move |limiter, key| async move {
-        limiter.acquire(&quota, &key, 1).await.unwrap().fallback
+        limiter
+            .check(Request::new(&quota, &key))
+            .await
+            .unwrap()
+            .decisions()[0]
+            .fallback
     })
     .await;
 }
@@ -543,11 +561,11 @@ async fn a_frozen_redis_is_left_a_bounded_amount_of_work_by_checks_that_time_out
     );
     a_frozen_redis_is_left_a_bounded_amount_of_work("late-check", move |limiter, key| async move {
         let dimensions = [
-            Dimension::new(&user, &key),
-            Dimension::new(&global, "late-global"),
+            Request::new(&user, &key),
+            Request::new(&global, "late-global"),
         ];
-        let decisions = limiter.check_all(&dimensions).await.unwrap();
-        decisions.iter().all(|d| d.fallback)
+        let admitted = limiter.check(&dimensions[..]).await.unwrap();
+        admitted.decisions().iter().all(|d| d.fallback)
     })
     .await;
 }
@@ -582,8 +600,8 @@ async fn the_queue_in_front_of_a_slow_redis_is_bounded() {
     let mut refused = 0;
     for call in calls {
         match call.await.unwrap() {
-            Err(Error::Overloaded(_)) => refused += 1,
-            Err(Error::Timeout(_)) => {}
+            Err(d) if fault(&d) == Some(ErrorKind::Overloaded) => refused += 1,
+            Err(d) if fault(&d) == Some(ErrorKind::Timeout) => {}
             other => panic!("a decision on a frozen Redis: {other:?}"),
         }
     }
@@ -638,18 +656,24 @@ async fn a_key_of_another_type_is_that_keys_error_and_is_never_overwritten() {
         for key in ["zset", "hash"] {
             let result = limiter.decide(&quota, key, 1).await;
             assert!(
-                matches!(&result, Err(Error::ForeignValue { key: k, .. }) if k == &format!("rl:{key}")),
+                matches!(&result, Err(d) if fault(d) == Some(ErrorKind::ForeignValue) && d.key == key),
                 "{}: a {key} read as {result:?}",
+                quota.algorithm()
+            );
+            let error = limiter.inspect(&quota, key, 1).await;
+            assert!(
+                matches!(&error, Err(Error::ForeignValue { key: k, .. }) if k == &format!("rl:{key}")),
+                "{}: a {key} inspected as {error:?}",
                 quota.algorithm()
             );
             let all = limiter
                 .decide_all(&[
-                    Dimension::new(&quota, "fresh-dimension"),
-                    Dimension::new(&quota, key),
+                    Request::new(&quota, "fresh-dimension"),
+                    Request::new(&quota, key),
                 ])
                 .await;
             assert!(
-                matches!(all, Err(Error::ForeignValue { .. })),
+                matches!(&all, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
                 "{}: all or nothing with a {key}: {all:?}",
                 quota.algorithm()
             );
@@ -700,7 +724,7 @@ async fn a_foreign_key_in_a_batch_leaves_the_others_decided_and_the_breaker_clos
             .collect();
         for call in calls {
             match call.await.unwrap() {
-                (0, Err(Error::ForeignValue { .. })) => {}
+                (0, Err(d)) if fault(&d) == Some(ErrorKind::ForeignValue) => {}
                 (0, other) => panic!("the string read by the sliding log: {other:?}"),
                 (i, Ok(d)) => assert!(d.allowed, "good key {i} denied: {d:?}"),
                 (i, Err(e)) => panic!("good key {i} failed beside a bad one: {e}"),
@@ -708,9 +732,12 @@ async fn a_foreign_key_in_a_batch_leaves_the_others_decided_and_the_breaker_clos
         }
     }
     assert_eq!(limiter.circuit_state(), CircuitState::Closed);
-    let healthy = limiter.acquire(&log, "log:healthy", 1).await.unwrap();
+    let healthy = limiter
+        .check(Request::new(&log, "log:healthy"))
+        .await
+        .unwrap();
     assert!(
-        !healthy.fallback,
+        !healthy.decisions()[0].fallback,
         "a healthy key after a bad one: {healthy:?}"
     );
     let kept: String = redis.get("rl:log:bad").await.unwrap();
@@ -744,24 +771,24 @@ async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_deci
                         0 if i % 8 == 0 => {
                             limiter
                                 .decide_all(&[
-                                    Dimension::new(&quota, "bad"),
-                                    Dimension::new(&quota, &one),
+                                    Request::new(&quota, "bad"),
+                                    Request::new(&quota, &one),
                                 ])
                                 .await
                         }
                         0 => {
                             limiter
                                 .decide_all(&[
-                                    Dimension::new(&quota, &one),
-                                    Dimension::new(&quota, "bad"),
+                                    Request::new(&quota, &one),
+                                    Request::new(&quota, "bad"),
                                 ])
                                 .await
                         }
                         1 => {
                             limiter
                                 .decide_all(&[
-                                    Dimension::new(&quota, &one),
-                                    Dimension::new(&quota, &two),
+                                    Request::new(&quota, &one),
+                                    Request::new(&quota, &two),
                                 ])
                                 .await
                         }
@@ -778,9 +805,13 @@ async fn a_foreign_key_in_a_check_leaves_the_checks_and_decisions_beside_it_deci
             .collect();
         for call in calls {
             match call.await.unwrap() {
-                (i, Err(Error::ForeignValue { key, .. })) if i % 4 == 0 => {
-                    assert_eq!(key, "rl:bad", "{name}: check {i}")
-                }
+                // The denial of the check failing closed names its first
+                // key; the foreign key is in the log and the metrics.
+                (i, Err(d)) if i % 4 == 0 => assert_eq!(
+                    fault(&d),
+                    Some(ErrorKind::ForeignValue),
+                    "{name}: check {i}: {d}"
+                ),
                 (i, Ok(decisions)) if i % 4 != 0 => {
                     let left = if i % 4 == 1 {
                         vec![4, 4]
@@ -823,11 +854,18 @@ fn a_redis_limiter_outlives_the_runtime_of_its_first_decision() {
     let limiter = limiter(&server, FailurePolicy::Closed);
     let quota = Quota::per_hour(100).unwrap();
     // Outside any runtime: a clear error, no panic.
-    let outside = futures::executor::block_on(limiter.decide(&quota, "outside", 1));
+    let outside = futures::executor::block_on(limiter.inspect(&quota, "outside", 1));
     match outside {
-        Err(Error::Config(message)) => assert!(message.contains("Tokio runtime"), "{message}"),
+        Err(error @ Error::NoRuntime { .. }) => {
+            assert!(error.to_string().contains("Tokio runtime"), "{error}")
+        }
         other => panic!("a decision outside a runtime: {other:?}"),
     }
+    let failed_closed = futures::executor::block_on(limiter.decide(&quota, "outside", 1));
+    assert!(
+        matches!(&failed_closed, Err(d) if fault(d) == Some(ErrorKind::Configuration)),
+        "{failed_closed:?}"
+    );
     for round in 0..3 {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -857,13 +895,16 @@ fn every_algorithm_refuses_a_foreign_value_in_check_all_and_decide() {
             .unwrap();
         let result = limiter.decide(&log, "s", 1).await;
         assert!(
-            matches!(result, Err(Error::ForeignValue { .. })),
+            matches!(&result, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
             "{result:?}"
         );
         let all = limiter
-            .decide_all(&[Dimension::new(&log, "other"), Dimension::new(&log, "s")])
+            .decide_all(&[Request::new(&log, "other"), Request::new(&log, "s")])
             .await;
-        assert!(matches!(all, Err(Error::ForeignValue { .. })), "{all:?}");
+        assert!(
+            matches!(&all, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
+            "{all:?}"
+        );
         let other: u64 = redis::cmd("EXISTS")
             .arg("rl:other")
             .query_async(&mut redis)

@@ -6,6 +6,8 @@
 
 mod support;
 
+use support::Decide;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
-use ratelimit::{rate_limit, CallOptions, FailurePolicy, Limiter, Quota, RateLimited};
+use ratelimit::{rate_limit, FailurePolicy, Limiter, Quota, RateLimited, Request};
 use support::RedisServer;
 
 #[rate_limit(key = "search:<user>", capacity = 3, rate = "1/min", limiter = limiter)]
@@ -68,17 +68,16 @@ async fn exported_counters_equal_what_the_limiter_did() {
         .build()
         .unwrap();
     let quota = Quota::per_second(100).unwrap();
-    let options = CallOptions::new("payments");
     for _ in 0..4 {
         closed
-            .acquire_with(&quota, "merchant:1", 1, &options)
+            .check(Request::new(&quota, "merchant:1").rule("payments"))
             .await
             .unwrap();
     }
     server.kill();
     for _ in 0..6 {
         closed
-            .acquire_with(&quota, "merchant:1", 1, &options)
+            .check(Request::new(&quota, "merchant:1").rule("payments"))
             .await
             .unwrap_err();
     }

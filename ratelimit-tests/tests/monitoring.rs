@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
-use ratelimit::{CallOptions, FailurePolicy, Limiter, Quota};
+use ratelimit::{FailurePolicy, Limiter, Quota, Request};
 use serde_json::Value;
 use support::RedisServer;
 
@@ -40,22 +40,28 @@ async fn emitted_by_a_real_run() -> (Emitted, String) {
 
     let memory = Limiter::memory();
     let one = Quota::new(1, "1/h".parse().unwrap()).unwrap();
-    let search = CallOptions::new("search");
     memory
-        .acquire_with(&one, "user:1", 1, &search)
+        .check(Request::new(&one, "user:1").rule("search"))
         .await
         .expect("the first call is allowed");
     memory
-        .acquire_with(&one, "user:1", 1, &search)
+        .check(Request::new(&one, "user:1").rule("search"))
         .await
         .expect_err("the second is denied");
-    let shadow = CallOptions::new("export").shadow(true);
-    for _ in 0..2 {
-        let decision = memory
-            .acquire_with(&one, "user:1:export", 1, &shadow)
+    for call in 0..2 {
+        let admitted = memory
+            .check(
+                Request::new(&one, "user:1:export")
+                    .rule("export")
+                    .shadow(true),
+            )
             .await
             .expect("shadow mode never denies");
-        let _ = decision.allowed;
+        assert_eq!(
+            admitted.would_deny().is_some(),
+            call == 1,
+            "the first call spends the quota of one"
+        );
     }
 
     let mut server = RedisServer::start();
@@ -69,15 +75,14 @@ async fn emitted_by_a_real_run() -> (Emitted, String) {
     };
     let closed = build(FailurePolicy::Closed);
     let open = build(FailurePolicy::Open);
-    let payments = CallOptions::new("payments");
     closed
-        .acquire_with(&one, "merchant:1", 1, &payments)
+        .check(Request::new(&one, "merchant:1").rule("payments"))
         .await
         .expect("allowed by Redis");
     for _ in 0..2 {
         // Denied by Redis, then by the deny cache with no Redis call.
         closed
-            .acquire_with(&one, "merchant:1", 1, &payments)
+            .check(Request::new(&one, "merchant:1").rule("payments"))
             .await
             .expect_err("denied");
     }
@@ -86,16 +91,26 @@ async fn emitted_by_a_real_run() -> (Emitted, String) {
     server.kill();
     for _ in 0..10 {
         closed
-            .acquire_with(&one, "merchant:2", 1, &payments)
+            .check(Request::new(&one, "merchant:2").rule("payments"))
             .await
             .expect_err("a closed policy denies while Redis is down");
-        open.acquire_with(&one, "merchant:2", 1, &CallOptions::new("catalog"))
+        open.check(Request::new(&one, "merchant:2").rule("catalog"))
             .await
             .expect("an open policy admits while Redis is down");
-        let _ = open.decide(&one, "merchant:2", 1).await;
     }
+    // A check that names one key twice can never be decided: an `error`.
+    let twice = [
+        Request::new(&one, "merchant:3"),
+        Request::new(&one, "merchant:3"),
+    ];
+    open.check(twice)
+        .await
+        .expect_err("a key named twice is denied");
     assert!(closed.stats().fallback_denied > 0 && open.stats().fallback_allowed > 0);
-    assert!(open.stats().errors > 0, "decide returned Redis's errors");
+    assert!(
+        open.stats().errors > 0,
+        "the key named twice is counted as an error"
+    );
 
     let text = handle.render();
     (parse_exposition(&text), text)

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use ratelimit::{CallOptions, Limiter, Quota};
+use ratelimit::{Limiter, Quota, Request};
 use support::{RedisCluster, RedisServer};
 
 fn quotas() -> Vec<Quota> {
@@ -35,15 +35,17 @@ async fn inspect_and_reset(limiter: &Limiter, name: &str) {
         for _ in 0..5 {
             limiter.inspect(&quota, &key, 1).await.unwrap();
         }
-        let options = CallOptions::new("op").lease(2);
         for i in 0..3 {
             limiter
-                .acquire_with(&quota, &key, 1, &options)
+                .check(Request::new(&quota, &key).rule("op").lease(2))
                 .await
                 .unwrap_or_else(|d| panic!("{context}: call {i}: {d}"));
         }
         // Denied, and the denial is now in the deny cache.
-        assert!(limiter.acquire(&quota, &key, 1).await.is_err(), "{context}");
+        assert!(
+            limiter.check(Request::new(&quota, &key)).await.is_err(),
+            "{context}"
+        );
         let spent = limiter.inspect(&quota, &key, 1).await.unwrap();
         assert!(!spent.allowed, "{context}: {spent:?}");
         assert_eq!(spent.remaining, 0, "{context}");
@@ -58,14 +60,18 @@ async fn inspect_and_reset(limiter: &Limiter, name: &str) {
         // Neither the cached denial nor a lease outlives the reset.
         for i in 0..3 {
             limiter
-                .acquire(&quota, &key, 1)
+                .check(Request::new(&quota, &key))
                 .await
                 .unwrap_or_else(|d| panic!("{context}: after reset, call {i}: {d}"));
         }
-        assert!(limiter.acquire(&quota, &key, 1).await.is_err(), "{context}");
         assert!(
-            limiter.inspect(&quota, &key, 4).await.is_err(),
-            "{context}: a cost above the capacity is the never error"
+            limiter.check(Request::new(&quota, &key)).await.is_err(),
+            "{context}"
+        );
+        let never = limiter.inspect(&quota, &key, 4).await.unwrap();
+        assert!(
+            !never.allowed && never.retry_after == Duration::MAX,
+            "{context}: a cost above the capacity is never admitted: {never:?}"
         );
     }
 }

@@ -5,11 +5,13 @@
 
 mod support;
 
+use support::Decide;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit::{Dimension, FailurePolicy, Limiter, Quota, Rate, RedisRuleSource};
+use ratelimit::{FailurePolicy, Limiter, Quota, Rate, RedisRuleSource, Request};
 use support::RedisServer;
 
 const MASTER: &str = "rl-master";
@@ -103,8 +105,10 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
             tokio::spawn(async move {
                 let key = format!("sentinel:{task}");
                 while !stop.load(Ordering::Relaxed) {
-                    match limiter.acquire(&quota, &key, 1).await {
-                        Ok(d) if !d.fallback => from_redis.fetch_add(1, Ordering::Relaxed),
+                    match limiter.check(Request::new(&quota, &key)).await {
+                        Ok(d) if !d.decisions()[0].fallback => {
+                            from_redis.fetch_add(1, Ordering::Relaxed)
+                        }
                         _ => fallbacks.fetch_add(1, Ordering::Relaxed),
                     };
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -183,8 +187,8 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
     );
     let all = limiter
         .decide_all(&[
-            Dimension::new(&quota, "sentinel:a"),
-            Dimension::new(&quota, "sentinel:b"),
+            Request::new(&quota, "sentinel:a"),
+            Request::new(&quota, "sentinel:b"),
         ])
         .await
         .unwrap();
@@ -240,8 +244,11 @@ async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
                 let mut n = task;
                 while !stop.load(Ordering::Relaxed) {
                     n = (n * 7 + 3) % KEYS;
-                    if let Ok(d) = limiter.acquire(&quota, &format!("switch:{n}"), 1).await {
-                        if !d.fallback {
+                    if let Ok(d) = limiter
+                        .check(Request::new(&quota, &format!("switch:{n}")))
+                        .await
+                    {
+                        if !d.decisions()[0].fallback {
                             admitted[n].fetch_add(1, Ordering::Relaxed);
                         }
                     }

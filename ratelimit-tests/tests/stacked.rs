@@ -4,9 +4,11 @@
 
 mod support;
 
+use support::Decide;
+
 use std::time::Duration;
 
-use ratelimit::{rate_limit, DenialCause, Dimension, FailurePolicy, Limiter, Quota, RateLimited};
+use ratelimit::{rate_limit, DenialCause, FailurePolicy, Limiter, Quota, RateLimited, Request};
 use support::RedisServer;
 
 /// The common pair: a burst limit and a sustained limit on one template.
@@ -56,9 +58,8 @@ async fn each_stacked_attribute_keeps_its_own_failure_policy() {
     pay(&limiter, 1).await.unwrap();
     server.kill();
     let denied = pay(&limiter, 1).await.unwrap_err();
-    assert_eq!(
-        denied.cause,
-        DenialCause::BackendUnavailable,
+    assert!(
+        matches!(denied.cause, DenialCause::BackendUnavailable { .. }),
         "the closed attribute must fail closed when stacked: {denied:?}"
     );
     assert_eq!(denied.key, "pay:1");
@@ -71,16 +72,16 @@ async fn an_all_or_nothing_check_on_a_spent_dimension_is_answered_by_the_deny_ca
     let user = Quota::new(2, "1/min".parse().unwrap()).unwrap();
     let global = Quota::new(1_000, "1/h".parse().unwrap()).unwrap();
     let check = [
-        Dimension::new(&user, "user:1"),
-        Dimension::new(&global, "global"),
+        Request::new(&user, "user:1"),
+        Request::new(&global, "global"),
     ];
-    limiter.check_all(&check).await.unwrap();
-    limiter.check_all(&check).await.unwrap();
-    let first = limiter.check_all(&check).await.unwrap_err();
+    limiter.check(&check[..]).await.unwrap();
+    limiter.check(&check[..]).await.unwrap();
+    let first = limiter.check(&check[..]).await.unwrap_err();
     assert_eq!(first.key, "user:1");
     let calls = server.script_calls().await;
     for _ in 0..100 {
-        let denied = limiter.check_all(&check).await.unwrap_err();
+        let denied = limiter.check(&check[..]).await.unwrap_err();
         assert_eq!(denied.key, "user:1");
         assert!(denied.retry_after <= first.retry_after);
     }
@@ -104,11 +105,11 @@ async fn a_cost_above_one_dimensions_capacity_names_that_dimension() {
         ratelimit::Quota::per_minute(3).unwrap(),
     );
     let denied = limiter
-        .check_all(&[
-            ratelimit::Dimension::new(&roomy, "user:7")
+        .check([
+            ratelimit::Request::new(&roomy, "user:7")
                 .cost(5)
                 .rule("user"),
-            ratelimit::Dimension::new(&small, "ip:1").cost(5).rule("ip"),
+            ratelimit::Request::new(&small, "ip:1").cost(5).rule("ip"),
         ])
         .await
         .unwrap_err();

@@ -3,9 +3,11 @@
 
 mod support;
 
+use support::Decide;
+
 use std::time::Duration;
 
-use ratelimit::{Dimension, Error, Limiter, Quota, RedisRuleSource, TlsConfig};
+use ratelimit::{Error, Limiter, Quota, RedisRuleSource, Request, TlsConfig};
 use support::{RedisServer, TlsFiles};
 
 fn trusting(files: &TlsFiles) -> TlsConfig {
@@ -33,10 +35,7 @@ async fn rediss_decides_checks_all_or_nothing_and_follows_rules_with_a_private_c
     }
     assert!(!limiter.decide(&quota, "tls:user", 1).await.unwrap().allowed);
     let all = limiter
-        .decide_all(&[
-            Dimension::new(&quota, "tls:a"),
-            Dimension::new(&quota, "tls:b"),
-        ])
+        .decide_all(&[Request::new(&quota, "tls:a"), Request::new(&quota, "tls:b")])
         .await
         .unwrap();
     assert!(all.iter().all(|d| d.allowed));
@@ -66,7 +65,7 @@ async fn mutual_tls_needs_the_client_certificate() {
     let server = RedisServer::start_tls(&files, true);
     let quota = Quota::per_second(10).unwrap();
     let without = limiter(server.url(), trusting(&files));
-    let refused = without.decide(&quota, "mtls", 1).await;
+    let refused = without.inspect(&quota, "mtls", 1).await;
     assert!(
         matches!(refused, Err(Error::Redis(_) | Error::Timeout(_))),
         "a server requiring client certificates refused none: {refused:?}"
@@ -86,7 +85,7 @@ async fn a_certificate_the_client_cannot_verify_is_an_error_never_plaintext() {
     let quota = Quota::per_second(10).unwrap();
     // The platform's roots do not know the test's CA.
     let untrusted = limiter(server.url(), TlsConfig::new());
-    match untrusted.decide(&quota, "k", 1).await {
+    match untrusted.inspect(&quota, "k", 1).await {
         Err(Error::Redis(error)) => {
             let text = error.to_string().to_lowercase();
             assert!(
@@ -128,9 +127,9 @@ async fn a_tls_redis_cluster_decides_and_checks_all_or_nothing_across_slots() {
     // Keys on different slots: consumed in order, given back on a denial.
     let spent = "tls:cluster:0";
     let denied = limiter
-        .check_all(&[
-            Dimension::new(&quota, "tls:cluster:fresh"),
-            Dimension::new(&quota, spent),
+        .check([
+            Request::new(&quota, "tls:cluster:fresh"),
+            Request::new(&quota, spent),
         ])
         .await
         .unwrap_err();

@@ -17,8 +17,8 @@ use super::key::{KeySource, TrustedProxies};
 use super::limit::{Limit, MissingKey, QuotaSource};
 use super::problem::{self, TooManyRequests};
 use crate::{
-    Algorithm, CallOptions, Decision, DenialCause, Dimension, KeyBuilder, Limiter, Quota,
-    RateLimited, ShadowCheck,
+    Admitted, Algorithm, DenialCause, KeyBuilder, Limiter, Quota, RateLimited,
+    Request as LimitRequest,
 };
 
 /// A [tower] layer that limits requests to a service: one token per request
@@ -42,7 +42,8 @@ use crate::{
 /// use axum::{routing::get, Router};
 /// use ratelimit::http::RateLimitLayer;
 /// use ratelimit::{Limiter, ManualClock, Quota};
-/// use tower::ServiceExt;
+/// // A `Router` is always ready: it can be called without `poll_ready`.
+/// use tower::Service;
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// // A stopped clock, so the numbers below are exact.
@@ -61,14 +62,14 @@ use crate::{
 ///     request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([192, 0, 2, 1], 4711))));
 ///     request
 /// };
-/// let first = app.clone().oneshot(request()).await?;
+/// let first = app.clone().call(request()).await?;
 /// assert_eq!(first.status(), 200);
 /// assert_eq!(first.headers()["ratelimit-policy"], r#""search";q=2;w=60"#);
 /// assert_eq!(first.headers()["ratelimit"], r#""search";r=1;t=30"#);
 /// assert_eq!(first.headers()["x-ratelimit-remaining"], "1");
 ///
-/// app.clone().oneshot(request()).await?;
-/// let third = app.oneshot(request()).await?;
+/// app.clone().call(request()).await?;
+/// let third = app.clone().call(request()).await?;
 /// assert_eq!(third.status(), 429);
 /// assert_eq!(third.headers()["retry-after"], "30");
 /// assert_eq!(third.headers()["ratelimit"], r#""search";r=0;t=30"#);
@@ -105,7 +106,7 @@ impl RateLimitLayer {
     }
 
     /// Decides every one of `limits` for each request, all or nothing, in
-    /// one [`Limiter::check_all`]: the request is admitted when every limit
+    /// one [`Limiter::check`]: the request is admitted when every limit
     /// admits it, and each limit then takes its token; when one denies, none
     /// takes a token, so a flood from one client spends that client's
     /// bucket and nobody else's, however many other limits it passes.
@@ -190,8 +191,8 @@ impl RateLimitLayer {
     /// hold with the layer enforcing.
     ///
     /// Would-be denials are counted as `shadow_denied` under the limit that
-    /// would deny (`CallOptions::shadow` for one limit,
-    /// `Limiter::check_all_shadow` for several), never as `denied`.
+    /// would deny ([`Request::shadow`](crate::Request::shadow)), never as
+    /// `denied`.
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
         self
@@ -409,7 +410,7 @@ impl RateLimitLayer {
 }
 
 /// One `&'static str` per distinct name, as the runtime's rule names
-/// ([`Dimension::rule`], [`CallOptions::rule`]) are static. Layers are built
+/// ([`Request::rule`](crate::Request::rule)) are static. Layers are built
 /// at startup (and `Layer::layer` may run once per route), so each name is
 /// leaked once, never per request.
 fn intern(name: &str) -> &'static str {
@@ -496,7 +497,7 @@ impl Asked<'_> {
 /// What a request's limits decided.
 enum Verdict {
     /// Every limit admitted; one decision per limit asked.
-    Admitted(Vec<Decision>),
+    Admitted(Admitted),
     /// The limit at this index denied; the others took nothing.
     Denied(usize, RateLimited),
 }
@@ -534,53 +535,36 @@ impl Shared {
     }
 
     async fn decide(&self, asked: &[Asked<'_>]) -> Verdict {
-        if let [one] = asked {
-            // One limit: the single-key call, whose shadow mode counts a
-            // would-be denial as `shadow_denied`.
-            let mut options = CallOptions::new(one.limit.name).shadow(self.shadow);
-            if let Some(policy) = one.limit.limit.on_error {
-                options = options.on_error(policy);
-            }
-            return match self
-                .limiter
-                .acquire_with(&one.quota, &one.key, 1, &options)
-                .await
-            {
-                Ok(decision) if decision.allowed => Verdict::Admitted(vec![decision]),
-                // Shadow mode's would-be denial.
-                Ok(decision) => Verdict::Denied(0, shadow_denial(one, &decision)),
-                Err(denied) => Verdict::Denied(0, denied),
-            };
-        }
-        let dimensions: Vec<Dimension<'_>> = asked
+        let requests: Vec<LimitRequest<'_>> = asked
             .iter()
             .map(|a| {
-                let dimension = Dimension::new(&a.quota, &a.key).rule(a.limit.name);
+                let request = LimitRequest::new(&a.quota, &a.key)
+                    .rule(a.limit.name)
+                    .shadow(self.shadow);
                 match a.limit.limit.on_error {
-                    Some(policy) => dimension.on_error(policy),
-                    None => dimension,
+                    Some(policy) => request.on_error(policy),
+                    None => request,
                 }
             })
             .collect();
-        let result = if self.shadow {
-            match self.limiter.check_all_shadow(&dimensions).await {
-                ShadowCheck::Admitted(decisions) => Ok(decisions),
-                ShadowCheck::WouldDeny(denied) => Err(denied),
-            }
-        } else {
-            self.limiter.check_all(&dimensions).await
-        };
-        match result {
-            Ok(decisions) => Verdict::Admitted(decisions),
-            Err(denied) => {
-                let at = asked.iter().position(|a| a.key == denied.key).unwrap_or(0);
-                Verdict::Denied(at, denied)
-            }
+        let at = |denied: &RateLimited| asked.iter().position(|a| a.key == denied.key).unwrap_or(0);
+        match self.limiter.check(&requests[..]).await {
+            Ok(admitted) => match admitted.would_deny() {
+                // Shadow mode's would-be denial.
+                Some(denied) => Verdict::Denied(at(denied), denied.clone()),
+                None => Verdict::Admitted(admitted),
+            },
+            Err(denied) => Verdict::Denied(at(&denied), denied),
         }
     }
 
     /// Adds the fields of admitted limits to a response of the service.
-    fn admitted(&self, response: &mut Response, asked: &[Asked<'_>], decisions: &[Decision]) {
+    fn admitted(
+        &self,
+        response: &mut Response,
+        asked: &[Asked<'_>],
+        decisions: &[crate::Decision],
+    ) {
         let inner_denial = problem::denial_numbers(response);
         let headers = response.headers_mut();
         if let (true, Some((limit, remaining, retry_after))) = (self.legacy_headers, inner_denial) {
@@ -673,25 +657,6 @@ impl Shared {
     }
 }
 
-/// Shadow mode's would-be denial of one limit, as the denial it would be.
-/// The decision marks a would-be denial by a failure policy (closed, or the
-/// local share spent) as a fallback without telling which; both leave the
-/// `RateLimit` field out, as the numbers are not the advertised policy's.
-fn shadow_denial(asked: &Asked<'_>, decision: &Decision) -> RateLimited {
-    let denied = RateLimited::new(
-        asked.key.as_str(),
-        decision.limit,
-        decision.remaining,
-        decision.retry_after,
-    )
-    .with_rule(asked.limit.name);
-    if decision.fallback {
-        denied.with_cause(DenialCause::BackendUnavailable)
-    } else {
-        denied
-    }
-}
-
 /// The service of [`RateLimitLayer`].
 #[derive(Clone)]
 pub struct RateLimitService<S> {
@@ -737,15 +702,14 @@ where
                 return inner.call(request).await;
             }
             let mut response = match shared.decide(&asked).await {
-                Verdict::Admitted(decisions) => {
+                Verdict::Admitted(admitted) => {
                     // A leaky bucket admits a request for later: wait for its turn.
-                    if let Some(delay) = decisions.iter().map(|d| d.delay).max() {
-                        if !delay.is_zero() {
-                            tokio::time::sleep(delay).await;
-                        }
+                    let delay = admitted.delay();
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
                     }
                     let mut response = inner.call(request).await?;
-                    shared.admitted(&mut response, &asked, &decisions);
+                    shared.admitted(&mut response, &asked, admitted.decisions());
                     response
                 }
                 Verdict::Denied(at, denied) if shared.shadow => {

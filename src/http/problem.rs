@@ -215,7 +215,7 @@ impl TooManyRequests {
     /// otherwise.
     pub fn status(&self) -> StatusCode {
         match self.denied.cause {
-            DenialCause::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            DenialCause::BackendUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -224,7 +224,7 @@ impl TooManyRequests {
     /// `"cost_exceeds_capacity"`.
     pub fn code(&self) -> &'static str {
         match self.denied.cause {
-            DenialCause::BackendUnavailable => "rate_limiter_unavailable",
+            DenialCause::BackendUnavailable { .. } => "rate_limiter_unavailable",
             DenialCause::CostExceedsCapacity { .. } => "cost_exceeds_capacity",
             // The local fallback limiter denies by its share of the quota: to
             // the client, a spent quota like any other.
@@ -260,7 +260,7 @@ impl TooManyRequests {
         let policy = self.policy();
         let retry = self.retry_after_secs().unwrap_or(0);
         match self.denied.cause {
-            DenialCause::BackendUnavailable => format!(
+            DenialCause::BackendUnavailable { .. } => format!(
                 "rate limit `{policy}` cannot be checked while the rate limiter is unavailable; \
                  retry after {retry}s"
             ),

@@ -48,7 +48,7 @@ use super::redis::{
 use crate::breaker::{Breaker, BreakerConfig, CircuitState};
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::quota::Quota;
 
 /// The script of every algorithm, flagged so that a call may touch keys of
@@ -160,22 +160,27 @@ impl ClusterBackend {
         breaker_config: BreakerConfig,
     ) -> Result<Self, Error> {
         if urls.is_empty() {
-            return Err(Error::Config(
-                "a Redis Cluster needs at least one node URL".into(),
-            ));
+            return Err(ConfigError::MissingAddress {
+                what: "a Redis Cluster",
+                needs: "at least one node URL",
+                example: ".cluster([\"redis://10.0.0.1:7000\"])",
+            }
+            .into());
         }
         let secure = urls.iter().any(|u| u.starts_with("rediss://"));
         if tls.is_set() && !secure {
-            return Err(Error::Config(
-                "TLS certificates were given for Redis Cluster URLs without TLS; use `rediss://`"
-                    .into(),
-            ));
+            return Err(ConfigError::TlsWithoutRediss {
+                what: "Redis Cluster URLs",
+            }
+            .into());
         }
         #[cfg(not(feature = "tls"))]
         if secure {
-            return Err(Error::Config(
-                "`rediss://` needs the `tls` feature of ratelimit; enable it in Cargo.toml".into(),
-            ));
+            return Err(ConfigError::FeatureOff {
+                what: "`rediss://`",
+                feature: "tls",
+            }
+            .into());
         }
         let builder = ClusterClient::builder(urls.to_vec())
             .connection_timeout(timeout)
@@ -193,9 +198,10 @@ impl ClusterBackend {
         } else {
             builder
         };
-        let client = builder.build().map_err(|e| {
-            let urls: Vec<String> = urls.iter().map(|u| super::redis::redacted(u)).collect();
-            Error::Config(format!("invalid Redis Cluster URLs {urls:?}: {e}"))
+        let client = builder.build().map_err(|source| ConfigError::InvalidUrl {
+            what: "Redis Cluster URLs",
+            urls: urls.iter().map(|u| super::redis::redacted(u)).collect(),
+            source,
         })?;
         let seed = super::redis::open_client(&urls[0], tls)?;
         Ok(Self {

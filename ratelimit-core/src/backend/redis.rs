@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use crate::algorithm::gcra;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::quota::{Algorithm, Quota};
 
 /// The most decisions one script call carries. A cap well under the number
@@ -56,9 +56,12 @@ pub(crate) const MAX_IN_FLIGHT: usize = 16;
 /// the work Redis is left with, stay bounded however long Redis is slow.
 pub(crate) const MAX_QUEUED: usize = 4_096;
 
-/// What a Redis limiter needs a Tokio runtime for, said when it has none.
-const NO_RUNTIME: &str = "a Redis limiter decides on a Tokio runtime, which runs its connection \
-     and batching; call it from within one (`#[tokio::main]`, `Runtime::block_on`)";
+/// A Redis limiter decides on a Tokio runtime, which runs its connection and
+/// batching tasks: said when it has none, or when that runtime has shut down
+/// (the batching task is gone).
+const NO_RUNTIME: Error = Error::NoRuntime {
+    what: "a Redis limiter (its connection and batching)",
+};
 
 /// The script for EVALSHA, built once per process: its definitions, then the
 /// call. `Script` sends EVALSHA and, on NOSCRIPT (after a restart or
@@ -385,31 +388,34 @@ pub(crate) fn redacted(url: &str) -> String {
 /// password.
 pub(crate) fn open_client(url: &str, tls: &crate::tls::TlsConfig) -> Result<redis::Client, Error> {
     use redis::IntoConnectionInfo as _;
-    let invalid = |e: &dyn std::fmt::Display| {
-        Error::Config(format!("invalid Redis URL `{}`: {e}", redacted(url)))
+    let invalid = |source| {
+        Error::from(ConfigError::InvalidUrl {
+            what: "Redis URL",
+            urls: vec![redacted(url)],
+            source,
+        })
     };
-    let info = url.into_connection_info().map_err(|e| invalid(&e))?;
+    let info = url.into_connection_info().map_err(invalid)?;
     let secure = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
     if tls.is_set() && !secure {
-        return Err(invalid(
-            &"TLS certificates were given for a URL without TLS; use `rediss://`",
-        ));
+        return Err(ConfigError::TlsWithoutRediss { what: "a URL" }.into());
     }
     #[cfg(feature = "tls")]
     if secure {
         crate::tls::ensure_crypto_provider();
         if tls.is_set() {
-            return redis::Client::build_with_tls(info, tls.certificates())
-                .map_err(|e| invalid(&e));
+            return redis::Client::build_with_tls(info, tls.certificates()).map_err(invalid);
         }
     }
     #[cfg(not(feature = "tls"))]
     if secure {
-        return Err(invalid(
-            &"`rediss://` needs the `tls` feature of ratelimit; enable it in Cargo.toml",
-        ));
+        return Err(ConfigError::FeatureOff {
+            what: "`rediss://`",
+            feature: "tls",
+        }
+        .into());
     }
-    redis::Client::open(info).map_err(|e| invalid(&e))
+    redis::Client::open(info).map_err(invalid)
 }
 
 /// One key's request: what the script needs besides the key.
@@ -717,22 +723,26 @@ impl Endpoint {
     /// database.
     pub(crate) fn sentinel(master: &str, sentinels: &[String]) -> Result<Self, Error> {
         use redis::IntoConnectionInfo as _;
-        let invalid = |e: &dyn std::fmt::Display| {
-            let urls: Vec<String> = sentinels.iter().map(|u| redacted(u)).collect();
-            Error::Config(format!("invalid Redis Sentinel URLs {urls:?}: {e}"))
+        let invalid = |source| {
+            Error::from(ConfigError::InvalidUrl {
+                what: "Redis Sentinel URLs",
+                urls: sentinels.iter().map(|u| redacted(u)).collect(),
+                source,
+            })
         };
         if master.is_empty() || sentinels.is_empty() {
-            return Err(Error::Config(
-                "Redis Sentinel needs the master's name and at least one Sentinel URL, \
-                 such as `.sentinel(\"mymaster\", [\"redis://10.0.0.1:26379\"])`"
-                    .into(),
-            ));
+            return Err(ConfigError::MissingAddress {
+                what: "Redis Sentinel",
+                needs: "the master's name and at least one Sentinel URL",
+                example: ".sentinel(\"mymaster\", [\"redis://10.0.0.1:26379\"])",
+            }
+            .into());
         }
         let infos = sentinels
             .iter()
             .map(|url| url.as_str().into_connection_info())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| invalid(&e))?;
+            .map_err(invalid)?;
         let node = redis::sentinel::SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(infos[0].redis_settings().clone());
         // redis-rs takes a `String` without its TLS feature and any
@@ -744,7 +754,7 @@ impl Endpoint {
             Some(node),
             redis::sentinel::SentinelServerType::Master,
         )
-        .map_err(|e| invalid(&e))?;
+        .map_err(invalid)?;
         Ok(Endpoint::Sentinel {
             client: tokio::sync::Mutex::new(client),
             master: master.to_owned(),
@@ -952,8 +962,7 @@ impl RedisBackend {
 
     #[cold]
     async fn renew_lane(&self) -> Result<Arc<Lane>, Error> {
-        let runtime =
-            tokio::runtime::Handle::try_current().map_err(|_| Error::Config(NO_RUNTIME.into()))?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NO_RUNTIME)?;
         let mut last_resolve = self.renewing.lock().await;
         let current = self.current();
         let stale = match &current {
@@ -1056,7 +1065,7 @@ impl RedisBackend {
             .try_send(job)
             .map_err(|e| match e {
                 TrySendError::Full(_) => Error::Overloaded(MAX_QUEUED),
-                TrySendError::Closed(_) => Error::Config(NO_RUNTIME.into()),
+                TrySendError::Closed(_) => NO_RUNTIME,
             })
     }
 
@@ -1195,7 +1204,8 @@ pub(crate) async fn await_answer<T>(
 ) -> Result<T, Error> {
     match tokio::time::timeout(timeout, answer).await {
         Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(Error::UnexpectedReply("the batch was dropped".into())),
+        // The batching task is gone without an answer: its runtime shut down.
+        Ok(Err(_)) => Err(NO_RUNTIME),
         Err(_) => Err(Error::Timeout(timeout)),
     }
 }

@@ -1,21 +1,27 @@
-//! The failure path: the circuit breaker in front of every backend call, and
-//! the failure policy that answers when the backend cannot. This is the only
-//! place a backend fault becomes an answer for a caller.
+//! The policy step: the only place a check's answer is built and counted.
+//! The round trip's answer becomes an admission or a denial here, a backend
+//! fault becomes the failure policy's answer, and shadow mode turns a
+//! denial into a would-be denial. Also the circuit breaker in front of every
+//! backend call.
 //!
 //! Every answer given here is given without I/O, so each takes a unit of the
 //! task's Tokio budget: a caller looping on a dead backend yields like one
 //! looping on a socket, so timers, the batching task and reconnection keep
 //! running on its thread.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{answered_in_process, Dimension, Limiter};
+use tracing::Instrument as _;
+
+use super::request::{Admitted, Decisions, Request};
+use super::round_trip::Answer;
+use super::{answered_in_process, Limiter};
 use crate::decision::Decision;
-use crate::error::{DenialCause, Error, RateLimited};
+use crate::error::{DenialCause, Error, ErrorKind, RateLimited};
 use crate::metrics::Outcome;
 use crate::quota::Quota;
 
-/// What [`Limiter::acquire`] (and so `#[rate_limit]`) does when the backend
+/// What [`Limiter::check`] (and so `#[rate_limit]`) does when the backend
 /// fails, times out, is overloaded, or its circuit breaker is open. A backend
 /// error is never reported as a denial by the quota: a denial under a failure
 /// policy says so in its [`DenialCause`], and an admission says so in
@@ -66,100 +72,188 @@ impl Limiter {
         }
     }
 
-    /// The failure policy's answer to one request the backend could not
-    /// decide.
-    pub(super) async fn fall_back(
+    /// Decides `requests`: the one place a check's outcome is built and
+    /// counted. Requests in shadow mode are decided after the enforced ones
+    /// (see [`Request::shadow`]).
+    pub(super) async fn check_requests(
         &self,
-        quota: &Quota,
-        key: &str,
-        cost: u64,
-        error: Error,
-        policy: FailurePolicy,
-    ) -> (Result<Decision, RateLimited>, Outcome) {
-        answered_in_process().await;
-        self.warn_throttled(key, &error, policy);
-        match policy {
-            FailurePolicy::Open => (
-                Ok(Decision::fail_open(quota.capacity())),
-                Outcome::FallbackAllowed,
-            ),
-            FailurePolicy::Closed => (
-                Err(self.unavailable(key, quota.capacity())),
-                Outcome::FallbackDenied,
-            ),
-            FailurePolicy::Local => match self.decide_locally(&[(quota, key, cost)]) {
-                Ok(mut decisions) => (Ok(decisions.remove(0)), Outcome::FallbackAllowed),
-                Err((_, denied)) => (Err(denied), Outcome::FallbackDenied),
-            },
+        requests: &[Request<'_>],
+    ) -> Result<Admitted, RateLimited> {
+        if requests.is_empty() {
+            return Ok(Admitted::new(Decisions::Many(Vec::new())));
+        }
+        let shadow = requests.iter().filter(|r| r.shadow).count();
+        if shadow == 0 || shadow == requests.len() {
+            return match self.decide_group(requests, shadow > 0).await {
+                Ok(decisions) => Ok(Admitted::new(decisions)),
+                Err(denied) if shadow > 0 => {
+                    Ok(Admitted::new(Decisions::Many(Vec::new())).with_would_deny(denied))
+                }
+                Err(denied) => Err(denied),
+            };
+        }
+        let (enforced, shadowed): (Vec<Request<'_>>, Vec<Request<'_>>) =
+            requests.iter().partition(|r| !r.shadow);
+        let enforced_decisions = self.decide_group(&enforced, false).await?;
+        match self.decide_group(&shadowed, true).await {
+            Ok(shadow_decisions) => {
+                // Back in the order asked.
+                let (mut enforced_decisions, mut shadow_decisions) = (
+                    enforced_decisions.as_slice().iter(),
+                    shadow_decisions.as_slice().iter(),
+                );
+                let decisions = requests
+                    .iter()
+                    .filter_map(|r| {
+                        if r.shadow {
+                            shadow_decisions.next()
+                        } else {
+                            enforced_decisions.next()
+                        }
+                    })
+                    .copied()
+                    .collect();
+                Ok(Admitted::new(Decisions::Many(decisions)))
+            }
+            Err(denied) => Ok(Admitted::new(enforced_decisions).with_would_deny(denied)),
         }
     }
 
-    /// The failure policies' answer to an all-or-nothing check the backend
-    /// could not decide, each dimension under its own policy (`default`
-    /// when it names none), all or nothing: a dimension failing closed
-    /// denies the check; the dimensions with the local policy are decided
-    /// together by the local limiter; those failing open admit. Denials name
-    /// the dimension that denied.
-    pub(super) async fn fall_back_all(
+    /// Decides `requests` all or nothing, applying their failure policies
+    /// when the backend cannot answer. A denial is counted (as a would-be
+    /// denial when `shadow`), logged and returned.
+    async fn decide_group(
         &self,
-        dimensions: &[Dimension<'_>],
-        error: Error,
-        default: FailurePolicy,
+        requests: &[Request<'_>],
         shadow: bool,
-    ) -> Result<Vec<Decision>, RateLimited> {
-        let denied = Outcome::FallbackDenied.shadowed(shadow);
-        answered_in_process().await;
-        let policy_of = |d: &Dimension<'_>| d.on_error.unwrap_or(default);
-        let first = dimensions.first();
-        self.warn_throttled(
-            first.map_or("", |d| d.key),
-            &error,
-            first.map_or(default, policy_of),
-        );
-        let named = |denied: RateLimited, rule: &'static str| {
-            if rule.is_empty() {
-                denied
-            } else {
-                denied.with_rule(rule)
-            }
-        };
-        if let Some(closed) = dimensions
-            .iter()
-            .find(|d| policy_of(d) == FailurePolicy::Closed)
-        {
-            self.inner.stats.record(closed.rule, denied);
-            return Err(named(
-                self.unavailable(closed.key, closed.quota.capacity()),
-                closed.rule,
-            ));
+    ) -> Result<Decisions, RateLimited> {
+        if let Some(denied) = self.refused(requests, shadow) {
+            answered_in_process().await;
+            return Err(denied);
         }
-        let local: Vec<(usize, (&Quota, &str, u64))> = dimensions
+        let first = &requests[0];
+        let span = tracing::debug_span!(
+            "ratelimit.check",
+            rule = first.rule,
+            key = first.key,
+            cost = first.cost,
+            limits = requests.len(),
+            backend = self.inner.backend.name()
+        );
+        match self.round_trip(requests).instrument(span).await {
+            Ok(Answer::Admitted(decisions)) => {
+                for r in requests {
+                    self.inner.stats.record(r.rule, Outcome::Allowed);
+                }
+                Ok(decisions)
+            }
+            Ok(Answer::Denied { index, decision }) => {
+                let request = &requests[index];
+                let denied = RateLimited::from_decision(request.key, &decision);
+                Err(self.denied(request, denied, Outcome::Denied, shadow))
+            }
+            Err(error) => self.fall_back(requests, error, shadow).await,
+        }
+    }
+
+    /// The denial of a check that can never be decided as asked: a cost
+    /// above its quota's capacity (never admittable), or a key named twice
+    /// (the caller's mistake, counted as an error). `None` for a valid check.
+    fn refused(&self, requests: &[Request<'_>], shadow: bool) -> Option<RateLimited> {
+        for (i, r) in requests.iter().enumerate() {
+            let capacity = r.quota.capacity();
+            if r.cost > capacity {
+                let denied = RateLimited::never_admittable(r.key, capacity, r.cost);
+                return Some(self.denied(r, denied, Outcome::Denied, shadow));
+            }
+            if requests[..i].iter().any(|e| e.key == r.key) {
+                tracing::error!(
+                    key = r.key,
+                    rule = r.rule,
+                    "a check names the same key twice; denied: give each limit a key of its own"
+                );
+                let denied = RateLimited::new(r.key, capacity, 0, Duration::MAX)
+                    .with_cause(DenialCause::DuplicateKey);
+                return Some(self.denied(r, denied, Outcome::Error, shadow));
+            }
+        }
+        None
+    }
+
+    /// `denied` by `request`: named after its rule (when it has a name),
+    /// counted under it as `outcome` (as a would-be denial when `shadow`),
+    /// and logged.
+    fn denied(
+        &self,
+        request: &Request<'_>,
+        denied: RateLimited,
+        outcome: Outcome,
+        shadow: bool,
+    ) -> RateLimited {
+        let denied = if request.rule.is_empty() {
+            denied
+        } else {
+            denied.with_rule(request.rule)
+        };
+        let outcome = match outcome {
+            Outcome::Error => Outcome::Error,
+            outcome => outcome.shadowed(shadow),
+        };
+        self.inner.stats.record(request.rule, outcome);
+        self.log_denial(&denied, shadow);
+        denied
+    }
+
+    /// The failure policies' answer to a check the backend could not
+    /// decide, each request under its own policy (the limiter's when it
+    /// names none), all or nothing: a request failing closed denies the
+    /// check; the requests with the local policy are decided together by
+    /// the local limiter; those failing open admit.
+    async fn fall_back(
+        &self,
+        requests: &[Request<'_>],
+        error: Error,
+        shadow: bool,
+    ) -> Result<Decisions, RateLimited> {
+        answered_in_process().await;
+        let default = self.inner.failure_policy;
+        let policy_of = |r: &Request<'_>| r.on_error.unwrap_or(default);
+        let first = &requests[0];
+        self.warn_throttled(first.key, &error, policy_of(first));
+        if let Some(closed) = requests
             .iter()
-            .enumerate()
-            .filter(|(_, d)| policy_of(d) == FailurePolicy::Local)
-            .map(|(i, d)| (i, (d.quota, d.key, d.cost)))
+            .find(|r| policy_of(r) == FailurePolicy::Closed)
+        {
+            let denied = self.unavailable(closed.key, closed.quota.capacity(), error.kind());
+            return Err(self.denied(closed, denied, Outcome::FallbackDenied, shadow));
+        }
+        let local: Vec<usize> = (0..requests.len())
+            .filter(|&i| policy_of(&requests[i]) == FailurePolicy::Local)
             .collect();
-        let requests: Vec<(&Quota, &str, u64)> = local.iter().map(|(_, r)| *r).collect();
-        let mut decided = match self.decide_locally(&requests) {
+        let batch: Vec<(&Quota, &str, u64)> = local
+            .iter()
+            .map(|&i| (requests[i].quota, requests[i].key, requests[i].cost))
+            .collect();
+        let mut decided = match self.decide_locally(&batch) {
             Ok(decisions) => decisions.into_iter(),
             Err((index, refused)) => {
-                let rule = dimensions[local[index].0].rule;
-                self.inner.stats.record(rule, denied);
-                return Err(named(refused, rule));
+                let request = &requests[local[index]];
+                return Err(self.denied(request, refused, Outcome::FallbackDenied, shadow));
             }
         };
-        self.inner
-            .stats
-            .record(first.map_or("", |d| d.rule), Outcome::FallbackAllowed);
-        Ok(dimensions
-            .iter()
-            .map(|d| match policy_of(d) {
-                FailurePolicy::Local => decided
-                    .next()
-                    .unwrap_or_else(|| Decision::fail_open(d.quota.capacity())),
-                _ => Decision::fail_open(d.quota.capacity()),
-            })
-            .collect())
+        for r in requests {
+            self.inner.stats.record(r.rule, Outcome::FallbackAllowed);
+        }
+        let mut decisions = requests.iter().map(|r| match policy_of(r) {
+            FailurePolicy::Local => decided
+                .next()
+                .unwrap_or_else(|| Decision::fail_open(r.quota.capacity())),
+            _ => Decision::fail_open(r.quota.capacity()),
+        });
+        Ok(match (requests.len(), decisions.next()) {
+            (1, Some(decision)) => Decisions::One(decision),
+            (_, first) => Decisions::Many(first.into_iter().chain(decisions).collect()),
+        })
     }
 
     /// Decides `requests` all or nothing on the local limiter, each with the
@@ -216,8 +310,8 @@ impl Limiter {
         }
     }
 
-    fn unavailable(&self, key: &str, capacity: u64) -> RateLimited {
+    fn unavailable(&self, key: &str, capacity: u64, kind: ErrorKind) -> RateLimited {
         RateLimited::new(key, capacity, 0, self.inner.closed_retry_after)
-            .with_cause(DenialCause::BackendUnavailable)
+            .with_cause(DenialCause::BackendUnavailable { kind })
     }
 }

@@ -696,3 +696,113 @@ pub async fn logged<F: std::future::Future>(work: F) -> (F::Output, String) {
     let text = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
     (output, text)
 }
+
+/// What a check gave one request, denials by the quota included, as a plain
+/// value: Redis, the memory backend and the deny cache are compared field by
+/// field through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decided {
+    pub allowed: bool,
+    pub limit: u64,
+    pub remaining: u64,
+    pub retry_after: Duration,
+    pub reset_after: Duration,
+    pub delay: Duration,
+    pub fallback: bool,
+}
+
+impl From<&ratelimit::Decision> for Decided {
+    fn from(d: &ratelimit::Decision) -> Self {
+        Decided {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after: d.retry_after,
+            reset_after: d.reset_after,
+            delay: d.delay,
+            fallback: d.fallback,
+        }
+    }
+}
+
+impl From<ratelimit::Decision> for Decided {
+    fn from(d: ratelimit::Decision) -> Self {
+        Decided::from(&d)
+    }
+}
+
+impl From<&ratelimit::RateLimited> for Decided {
+    fn from(denied: &ratelimit::RateLimited) -> Self {
+        Decided {
+            allowed: false,
+            limit: denied.limit,
+            remaining: denied.remaining,
+            retry_after: denied.retry_after,
+            reset_after: denied.reset_after,
+            delay: Duration::ZERO,
+            fallback: false,
+        }
+    }
+}
+
+/// The tests' shorthands over [`ratelimit::Limiter::check`], failing closed
+/// so that a backend fault is never taken for an answer.
+#[allow(async_fn_in_trait)]
+pub trait Decide {
+    /// `cost` of `quota` from `key`: admitted, or denied by the quota, is
+    /// `Ok`; any other denial (a backend fault, failing closed, with its
+    /// kind; a cost above the capacity) is `Err`.
+    async fn decide(
+        &self,
+        quota: &ratelimit::Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decided, ratelimit::RateLimited>;
+
+    /// Several requests, all or nothing, failing closed: each one's decision
+    /// when all admit, else the denial.
+    async fn decide_all(
+        &self,
+        requests: &[ratelimit::Request<'_>],
+    ) -> Result<Vec<Decided>, ratelimit::RateLimited>;
+}
+
+impl Decide for ratelimit::Limiter {
+    async fn decide(
+        &self,
+        quota: &ratelimit::Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decided, ratelimit::RateLimited> {
+        let request = ratelimit::Request::new(quota, key)
+            .cost(cost)
+            .on_error(ratelimit::FailurePolicy::Closed);
+        match self.check(request).await {
+            Ok(admitted) => Ok(Decided::from(&admitted.decisions()[0])),
+            Err(denied) if denied.cause == ratelimit::DenialCause::Quota => {
+                Ok(Decided::from(&denied))
+            }
+            Err(denied) => Err(denied),
+        }
+    }
+
+    async fn decide_all(
+        &self,
+        requests: &[ratelimit::Request<'_>],
+    ) -> Result<Vec<Decided>, ratelimit::RateLimited> {
+        let closed: Vec<ratelimit::Request<'_>> = requests
+            .iter()
+            .map(|r| r.on_error(ratelimit::FailurePolicy::Closed))
+            .collect();
+        let admitted = self.check(&closed[..]).await?;
+        Ok(admitted.decisions().iter().map(Decided::from).collect())
+    }
+}
+
+/// The kind of backend fault a closed denial names, if it is one.
+pub fn fault(denied: &ratelimit::RateLimited) -> Option<ratelimit::ErrorKind> {
+    match denied.cause {
+        ratelimit::DenialCause::BackendUnavailable { kind } => Some(kind),
+        _ => None,
+    }
+}

@@ -5,9 +5,9 @@
 //! calls, and a tighter per-address limit on one route.
 //!
 //! Runs on the embedded memory backend:
-//!     cargo run --example axum_server --features axum
+//!     cargo run -p ratelimit-tests --example axum_server --features axum
 //! on Redis when `REDIS_URL` is set, and on the port in `PORT` (default 3000):
-//!     REDIS_URL=redis://127.0.0.1:6379 PORT=8080 cargo run --example axum_server --features axum
+//!     REDIS_URL=redis://127.0.0.1:6379 PORT=8080 cargo run -p ratelimit-tests --example axum_server --features axum
 //!
 //! Then try, from another terminal:
 //!

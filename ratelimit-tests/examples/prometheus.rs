@@ -1,7 +1,7 @@
 //! The limiter's metrics in Prometheus text format, through the `metrics`
 //! facade: install any exporter and the counters appear.
 //!
-//!     cargo run --example prometheus
+//!     cargo run -p ratelimit-tests --example prometheus
 //!
 //! A service would serve `handle.render()` at `/metrics` (or let the
 //! exporter's own HTTP listener do it).
@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
-use ratelimit::{rate_limit, FailurePolicy, Limiter, RateLimited};
+use ratelimit::{rate_limit, FailurePolicy, Limiter, RateLimited, Request};
 
 #[rate_limit(key = "search:<user>", capacity = 3, rate = "1/min")]
 async fn search(user: u32) -> Result<(), RateLimited> {
@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let quota = ratelimit::Quota::per_second(10)?;
     for _ in 0..5 {
-        let _ = unreachable.acquire(&quota, "k", 1).await;
+        let _ = unreachable.check(Request::new(&quota, "k")).await;
     }
 
     println!("{}", handle.render());

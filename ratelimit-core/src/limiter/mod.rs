@@ -1,0 +1,408 @@
+//! The limiter: one request pipeline. A check goes through the policy step
+//! (`policy.rs`: invalid requests, shadow mode, the failure policy, counting),
+//! the round trip (`round_trip.rs`: the deny cache, leases, the circuit
+//! breaker, the backend), and reporting (`report.rs`); `builder.rs`
+//! configures it and `request.rs` holds what callers ask and get.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::memory::MemoryBackend;
+use crate::backend::Backend;
+use crate::breaker::{Breaker, CircuitState};
+use crate::clock::{Clock, MonotonicClock};
+use crate::decision::Decision;
+use crate::deny_cache::DenyCache;
+use crate::error::{ConfigError, Error, RateLimited};
+use crate::lease::Leases;
+use crate::metrics::{Stats, StatsSnapshot};
+use crate::quota::Quota;
+
+mod builder;
+mod policy;
+mod report;
+mod request;
+mod round_trip;
+
+pub use builder::LimiterBuilder;
+pub use policy::FailurePolicy;
+pub use request::{Admitted, Request};
+
+/// The default key prefix, so limiter keys are easy to find and to keep apart
+/// from an application's own keys.
+pub const DEFAULT_PREFIX: &str = "rl:";
+
+/// The default bound on the keys the memory backend keeps
+/// ([`LimiterBuilder::memory_max_keys`]).
+pub const DEFAULT_MEMORY_MAX_KEYS: usize = 1_000_000;
+
+/// The default bound on every backend call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A rate limiter: a backend plus how to use it. Cheap to clone; clones share
+/// the backend (and the Redis connection), the circuit breaker and the counters.
+///
+/// ```
+/// use ratelimit_core::{Limiter, Quota, Request};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let limiter = Limiter::memory();
+/// let quota = Quota::per_second(2)?;
+/// assert!(limiter.check(Request::new(&quota, "user:7")).await.is_ok());
+/// assert!(limiter.check(Request::new(&quota, "user:7")).await.is_ok());
+/// let denied = limiter.check(Request::new(&quota, "user:7")).await.unwrap_err();
+/// assert!(denied.retry_after <= std::time::Duration::from_millis(500));
+/// assert_eq!(limiter.stats().denied, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    failure_policy: FailurePolicy,
+    closed_retry_after: Duration,
+    local_share: f64,
+    /// The in-process limiter behind [`FailurePolicy::Local`].
+    local: MemoryBackend,
+    breaker: Breaker,
+    /// Denials kept in process until their `retry_after` (remote backends only).
+    deny_cache: Option<DenyCache>,
+    /// The deny cache's clock: the caller's clock when configured.
+    cache_clock: Arc<dyn Clock>,
+    /// The backend call timeout, also the longest a caller waits for another
+    /// caller's backend call on the same key.
+    timeout: Duration,
+    /// Tokens leased from the backend, served in process.
+    leases: Leases,
+    lease_ttl: Duration,
+    /// Named rules, changeable while running.
+    rules: crate::rules::Rules,
+    stats: Stats,
+    /// Log one denial in this many (0: none).
+    denial_log_every: u64,
+    /// Second (since the epoch) of the last backend-failure warning, so an
+    /// outage logs about once a second rather than once per call.
+    last_warning: AtomicU64,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("backend", &self.inner.backend.name())
+            .field("failure_policy", &self.inner.failure_policy)
+            .field("circuit", &self.inner.breaker.state())
+            .finish()
+    }
+}
+
+impl Limiter {
+    /// Starts a [`LimiterBuilder`].
+    pub fn builder() -> LimiterBuilder {
+        LimiterBuilder::default()
+    }
+
+    /// An in-process limiter with default settings. The limit holds within
+    /// this process only.
+    pub fn memory() -> Self {
+        Self::builder()
+            .memory()
+            .build()
+            .unwrap_or_else(|_| unreachable_config())
+    }
+
+    /// From the environment: the master Redis Sentinel names
+    /// `REDIS_SENTINEL_MASTER`, found through `REDIS_SENTINELS`
+    /// (comma-separated `host:port`, or URLs) when that is set; else Redis
+    /// at `REDIS_URL` when it is set; else the memory backend.
+    ///
+    /// Nothing is connected yet: call [`ping`](Self::ping) at start-up, so a
+    /// wrong password, an untrusted certificate or a missing permission
+    /// stops the service there.
+    ///
+    /// ```no_run
+    /// # async fn start() -> Result<(), ratelimit_core::Error> {
+    /// let limiter = ratelimit_core::Limiter::from_env()?;
+    /// limiter.ping().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_env() -> Result<Self, Error> {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(sentinels) = var("REDIS_SENTINELS") {
+            let master = var("REDIS_SENTINEL_MASTER").ok_or(Error::Config(
+                ConfigError::MissingVariable {
+                    set: "REDIS_SENTINELS",
+                    missing: "REDIS_SENTINEL_MASTER",
+                    what: "the master's name, such as `mymaster`",
+                },
+            ))?;
+            let urls: Vec<String> = sentinels
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    if s.contains("://") {
+                        s.to_owned()
+                    } else {
+                        format!("redis://{s}")
+                    }
+                })
+                .collect();
+            return Self::builder().sentinel(master, urls).build();
+        }
+        match var("REDIS_URL") {
+            Some(url) => Self::builder().redis(url).build(),
+            None => Ok(Self::memory()),
+        }
+    }
+
+    /// The backend's name: `"memory"` or `"redis"`.
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.name()
+    }
+
+    /// The named rules this limiter resolves quotas from.
+    pub fn rules(&self) -> &crate::rules::Rules {
+        &self.inner.rules
+    }
+
+    /// The circuit breaker's state.
+    pub fn circuit_state(&self) -> CircuitState {
+        self.inner
+            .backend
+            .circuit_state()
+            .unwrap_or_else(|| self.inner.breaker.state())
+    }
+
+    /// What this limiter (and its clones) decided so far.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    /// Decides one request or several (a slice, an array or a `Vec` of
+    /// [`Request`]s) at one instant, all or nothing: either every request
+    /// admits and each takes its cost, or none takes anything and the
+    /// denial names the request that denied, with the longest `retry_after`
+    /// among those that denied.
+    ///
+    /// - A denial by a quota is `Err(RateLimited)` with the exact
+    ///   `retry_after`.
+    /// - A backend fault is answered by each request's [`FailurePolicy`]
+    ///   ([`Request::on_error`], else the limiter's), all or nothing: a
+    ///   request failing closed denies the check
+    ///   ([`DenialCause::BackendUnavailable`](crate::DenialCause::BackendUnavailable));
+    ///   the requests with the local policy are decided together by the
+    ///   local limiter; those failing open admit, with
+    ///   [`Decision::fallback`] set.
+    /// - A cost above its capacity can never be admitted: it is denied with
+    ///   [`DenialCause::CostExceedsCapacity`](crate::DenialCause::CostExceedsCapacity)
+    ///   and a `retry_after` of [`Duration::MAX`]. A check naming one key
+    ///   twice is denied with [`DenialCause::DuplicateKey`](crate::DenialCause::DuplicateKey)
+    ///   and logged as an error.
+    /// - A request whose denial is in the deny cache is denied with no
+    ///   backend call.
+    /// - Requests in [shadow mode](Request::shadow) never deny: their
+    ///   would-be denial is in [`Admitted::would_deny`].
+    ///
+    /// ```
+    /// use ratelimit_core::{Limiter, Quota, Request};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::memory();
+    /// let per_user = Quota::per_minute(10)?;
+    /// let per_ip = Quota::per_minute(1)?;
+    /// // One limit.
+    /// limiter.check(Request::new(&per_user, "user:7")).await?;
+    /// // Several, all or nothing.
+    /// let both = |ip| [Request::new(&per_user, "user:7"), Request::new(&per_ip, ip)];
+    /// limiter.check(both("ip:1")).await?;
+    /// let denied = limiter.check(both("ip:1")).await.unwrap_err();
+    /// assert_eq!(denied.key, "ip:1");
+    /// // The user's quota was not touched by the denied check.
+    /// assert_eq!(limiter.inspect(&per_user, "user:7", 0).await?.remaining, 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn check<'a>(
+        &self,
+        requests: impl AsRef<[Request<'a>]>,
+    ) -> Result<Admitted, RateLimited> {
+        // Boxed as a `dyn Future`: the pipeline's futures nest deep (policy,
+        // round trip, deny cache, breaker, batcher, redis-rs), and a caller's
+        // future that held them by type (an axum handler's, a spawned
+        // task's) would carry that depth into every `Send` check of its own,
+        // past the compiler's recursion limit. One allocation per check.
+        let check: Pin<Box<dyn Future<Output = Result<Admitted, RateLimited>> + Send + '_>> =
+            Box::pin(self.check_requests(requests.as_ref()));
+        check.await
+    }
+
+    /// Verifies that this limiter can decide now, and names the cause when
+    /// it cannot: the connection (refused, a host that does not resolve), the
+    /// credentials, TLS (the certificate's fault), the kind of server (a
+    /// cluster node given as one Redis, a replica given as the master, and
+    /// the reverse), the script's load, and the ACL permission for the keys
+    /// under the prefix. One round trip or a few; nothing is written.
+    ///
+    /// Call it at start-up, so a misconfiguration stops the service there
+    /// instead of running every call on the [`FailurePolicy`], and from a
+    /// readiness endpoint. [`Error::kind`] tells a misconfiguration
+    /// ([`ErrorKind::is_misconfiguration`](crate::ErrorKind::is_misconfiguration))
+    /// from an outage. The memory backend is always ready.
+    ///
+    /// ```
+    /// use ratelimit_core::Limiter;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::from_env()?;
+    /// limiter.ping().await?;
+    /// # Ok::<(), ratelimit_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.inner.backend.ping().await
+    }
+
+    /// The decision a request of `cost` from `key` would get now, with
+    /// nothing consumed or written (on Redis, one script call that decides
+    /// and writes nothing): for operators and dashboards, not for the
+    /// request path. A backend fault is an `Err`; no failure policy applies.
+    /// A cost above the capacity is `allowed: false` with a `retry_after` of
+    /// [`Duration::MAX`], as [`check`](Self::check) denies it.
+    ///
+    /// ```
+    /// use ratelimit_core::{Limiter, Quota, Request};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::memory();
+    /// let quota = Quota::per_minute(3)?;
+    /// limiter.check(Request::new(&quota, "user:7").cost(3)).await?;
+    /// let seen = limiter.inspect(&quota, "user:7", 1).await?;
+    /// assert!(!seen.allowed && seen.remaining == 0);
+    /// limiter.reset("user:7").await?;
+    /// assert_eq!(limiter.inspect(&quota, "user:7", 1).await?.remaining, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn inspect(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
+        if cost > quota.capacity() {
+            // Never admittable: the key's figures, with no wait that helps.
+            let state = self.inner.backend.peek(quota, key, 0).await?;
+            return Ok(Decision {
+                allowed: false,
+                retry_after: Duration::MAX,
+                ..state
+            });
+        }
+        self.inner.backend.peek(quota, key, cost).await
+    }
+
+    /// Gives `key` its whole quota back, under any quota: deletes its state
+    /// in the backend, and forgets what this limiter keeps of it in process
+    /// (cached denials, leased tokens). Other instances' deny caches hold
+    /// their denials of the key until they expire (at most their
+    /// `retry_after`). A backend fault is an `Err`.
+    pub async fn reset(&self, key: &str) -> Result<(), Error> {
+        self.inner.backend.reset(key).await?;
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.forget(key);
+        }
+        self.inner.leases.remove(key);
+        Ok(())
+    }
+
+    /// Whether `self` and `other` are clones of one limiter.
+    #[doc(hidden)]
+    pub fn __same(&self, other: &Limiter) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// The default configuration is valid; this is never reached.
+#[cold]
+fn unreachable_config() -> Limiter {
+    Limiter {
+        inner: Arc::new(Inner::new(
+            Backend::Memory(MemoryBackend::bounded(
+                Arc::new(MonotonicClock::new()),
+                DEFAULT_MEMORY_MAX_KEYS,
+            )),
+            &LimiterBuilder::default(),
+            Arc::new(MonotonicClock::new()),
+        )),
+    }
+}
+
+/// Called when a decision was answered without waiting on anything (the
+/// memory backend, a cached denial, a leased token): takes a unit of the
+/// task's Tokio budget, and yields once the budget is spent, as Tokio's own
+/// channels and sockets do. Without it, a task calling in a loop on a denied
+/// key would keep its thread until the denial expires, and every other task
+/// there (those waiting on Redis replies too) would wait as long. Outside a
+/// Tokio runtime it returns at once.
+async fn answered_in_process() {
+    tokio::task::consume_budget().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held_keys(limiter: &Limiter) -> usize {
+        match &limiter.inner.backend {
+            Backend::Memory(memory) => memory.len(),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a memory limiter"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_memory_backend_holds_at_most_its_bound_under_a_flood_of_distinct_keys() {
+        let limiter = Limiter::builder().memory_max_keys(5_000).build().unwrap();
+        // One token an hour: no key refills during the test, so no key can
+        // be dropped as full; only the bound keeps memory in check.
+        let hourly = Quota::per_hour(1).unwrap();
+        let mut peak = 0;
+        for ip in 0..100_000 {
+            let key = format!("ip:{ip}");
+            limiter.check(Request::new(&hourly, &key)).await.unwrap();
+            peak = peak.max(held_keys(&limiter));
+        }
+        assert!(peak <= 5_000, "100,000 distinct keys held {peak}");
+        assert!(
+            limiter
+                .check(Request::new(&hourly, "ip:99999"))
+                .await
+                .is_err(),
+            "the newest key was forgotten"
+        );
+    }
+
+    #[test]
+    fn the_default_memory_limiter_is_bounded() {
+        let limiter = Limiter::memory();
+        let Backend::Memory(memory) = &limiter.inner.backend else {
+            unreachable!("a memory limiter")
+        };
+        assert_eq!(memory.max_keys(), DEFAULT_MEMORY_MAX_KEYS);
+        let built = Limiter::builder().build().unwrap();
+        let Backend::Memory(memory) = &built.inner.backend else {
+            unreachable!("a memory limiter")
+        };
+        assert_eq!(memory.max_keys(), DEFAULT_MEMORY_MAX_KEYS);
+        assert!(matches!(
+            Limiter::builder().memory_max_keys(0).build(),
+            Err(Error::Config(ConfigError::NotPositive {
+                setting: "memory_max_keys"
+            }))
+        ));
+    }
+}

@@ -1,0 +1,65 @@
+//! Reporting what the limiter did beyond the counters: sampled denial logs,
+//! and throttled warnings while the backend fails.
+
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::{FailurePolicy, Limiter};
+use crate::error::{Error, RateLimited};
+
+impl Limiter {
+    /// Logs one denial in `denial_log_every`: a flood of denials must not
+    /// flood the logs.
+    pub(super) fn log_denial(&self, denied: &RateLimited, shadow: bool) {
+        let every = self.inner.denial_log_every;
+        if every == 0 || !self.inner.stats.denials_seen().is_multiple_of(every) {
+            return;
+        }
+        tracing::info!(
+            rule = denied.rule.unwrap_or(""),
+            key = %denied.key,
+            retry_after = ?denied.retry_after,
+            cause = ?denied.cause,
+            shadow,
+            sampled_one_in = every,
+            "rate limited"
+        );
+    }
+
+    pub(super) fn warn_throttled(&self, key: &str, error: &Error, policy: FailurePolicy) {
+        let second = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = self.inner.last_warning.load(Ordering::Relaxed);
+        if last != second
+            && self
+                .inner
+                .last_warning
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let backend = self.inner.backend.name();
+            let kind = error.kind();
+            if kind.is_misconfiguration() {
+                tracing::error!(
+                    backend,
+                    key,
+                    ?policy,
+                    %kind,
+                    %error,
+                    "rate limit backend refuses this limiter's configuration; applying the failure \
+                     policy until it is fixed (logged at most once a second)"
+                );
+            } else {
+                tracing::warn!(
+                    backend,
+                    key,
+                    ?policy,
+                    %kind,
+                    %error,
+                    "rate limit backend failed; applying the failure policy (logged at most once a second)"
+                );
+            }
+        }
+    }
+}

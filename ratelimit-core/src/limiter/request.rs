@@ -1,0 +1,183 @@
+//! What a caller asks the limiter for ([`Request`]) and what an admitted
+//! check answers ([`Admitted`]).
+
+use std::time::Duration;
+
+use super::FailurePolicy;
+use crate::decision::Decision;
+use crate::error::RateLimited;
+use crate::quota::Quota;
+
+/// One limit to decide: `cost` tokens (1 unless [`cost`](Self::cost) says
+/// otherwise) of `quota` from `key`, with the rule's name, its failure
+/// policy, a token lease and shadow mode. [`Limiter::check`](super::Limiter::check)
+/// decides one request or several together.
+///
+/// ```
+/// use ratelimit_core::{FailurePolicy, Limiter, Quota, Request};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let limiter = Limiter::memory();
+/// let uploads = Quota::per_minute(10)?;
+/// let request = Request::new(&uploads, "user:7")
+///     .cost(4)
+///     .rule("uploads")
+///     .on_error(FailurePolicy::Closed);
+/// let admitted = limiter.check(request).await?;
+/// assert_eq!(admitted.decision().map(|d| d.remaining), Some(6));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[must_use = "a request does nothing until it is checked"]
+pub struct Request<'a> {
+    pub(crate) quota: &'a Quota,
+    pub(crate) key: &'a str,
+    pub(crate) cost: u64,
+    pub(crate) rule: &'static str,
+    pub(crate) on_error: Option<FailurePolicy>,
+    pub(crate) lease: u64,
+    pub(crate) shadow: bool,
+}
+
+impl<'a> Request<'a> {
+    /// One token of `quota` from `key` (without the limiter's prefix), under
+    /// the limiter's failure policy.
+    pub const fn new(quota: &'a Quota, key: &'a str) -> Self {
+        Self {
+            quota,
+            key,
+            cost: 1,
+            rule: "",
+            on_error: None,
+            lease: 0,
+            shadow: false,
+        }
+    }
+
+    /// Takes `cost` tokens instead of one. A cost of zero reads the key's
+    /// state and consumes nothing; a cost above the quota's capacity is
+    /// denied as never admittable
+    /// ([`DenialCause::CostExceedsCapacity`](crate::DenialCause::CostExceedsCapacity)).
+    pub const fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Names the rule: the `rule` label of the metrics, and
+    /// [`RateLimited::rule`] of a denial.
+    pub const fn rule(mut self, rule: &'static str) -> Self {
+        self.rule = rule;
+        self
+    }
+
+    /// Uses `policy` instead of the limiter's when the backend fails.
+    pub const fn on_error(mut self, policy: FailurePolicy) -> Self {
+        self.on_error = Some(policy);
+        self
+    }
+
+    /// Token leases: takes up to `tokens` tokens in one backend call and
+    /// serves them in process until they run out or the lease expires
+    /// ([`LimiterBuilder::lease_ttl`](super::LimiterBuilder::lease_ttl)).
+    /// The global bound holds exactly; unused leased tokens are lost at
+    /// expiry, which can under-admit. A lease serves a check of this one
+    /// request, on a remote backend, for the algorithms other than the leaky
+    /// bucket (whose admissions carry each call's own delay) and the sliding
+    /// log (which keeps each admission's instant); otherwise each call asks
+    /// the backend.
+    pub const fn lease(mut self, tokens: u64) -> Self {
+        self.lease = tokens;
+        self
+    }
+
+    /// Shadow mode, for rolling a new limit out: the request is decided and
+    /// recorded as usual, but never denies. A would-be denial is counted as
+    /// `shadow_denied` (not `denied`) and reported in
+    /// [`Admitted::would_deny`]; like a denial, it consumes nothing of the
+    /// requests in shadow mode. In a check with requests that are enforced,
+    /// those are decided first, all or nothing, and the requests in shadow
+    /// mode are decided after them only if they admit.
+    pub const fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+}
+
+/// A request is a check of one limit.
+impl<'a> AsRef<[Request<'a>]> for Request<'a> {
+    fn as_ref(&self) -> &[Request<'a>] {
+        std::slice::from_ref(self)
+    }
+}
+
+/// What an admitted [`check`](super::Limiter::check) took: the decision of
+/// each request, in the order asked, and shadow mode's would-be denial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    decisions: Decisions,
+    would_deny: Option<RateLimited>,
+}
+
+/// One decision inline: most checks are of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decisions {
+    One(Decision),
+    Many(Vec<Decision>),
+}
+
+impl Decisions {
+    pub(crate) fn as_slice(&self) -> &[Decision] {
+        match self {
+            Decisions::One(decision) => std::slice::from_ref(decision),
+            Decisions::Many(decisions) => decisions,
+        }
+    }
+}
+
+impl Admitted {
+    pub(crate) fn new(decisions: Decisions) -> Self {
+        Self {
+            decisions,
+            would_deny: None,
+        }
+    }
+
+    pub(crate) fn with_would_deny(mut self, denied: RateLimited) -> Self {
+        self.would_deny = Some(denied);
+        self
+    }
+
+    /// The first decision of [`decisions`](Self::decisions): the request's,
+    /// for a check of one. `None` when the check asked nothing, or when its
+    /// requests are all in shadow mode and would deny.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decisions().first()
+    }
+
+    /// The decision of each request that took its cost, in the order asked:
+    /// every request's, unless requests in shadow mode would deny
+    /// ([`would_deny`](Self::would_deny)); those consumed nothing and are
+    /// left out.
+    pub fn decisions(&self) -> &[Decision] {
+        self.decisions.as_slice()
+    }
+
+    /// Shadow mode's would-be denial: the denial the requests in shadow
+    /// mode would have been given (which key, which rule, when to retry).
+    /// The call goes ahead.
+    pub fn would_deny(&self) -> Option<&RateLimited> {
+        self.would_deny.as_ref()
+    }
+
+    /// How long the call must wait for its turn before it runs: the longest
+    /// [`Decision::delay`] (the leaky bucket's), zero for every other
+    /// algorithm. `#[rate_limit]` sleeps for it before running the body.
+    pub fn delay(&self) -> Duration {
+        self.decisions()
+            .iter()
+            .map(|d| d.delay)
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+}

@@ -1,0 +1,211 @@
+//! One round trip: the backend's answer to a check, through the deny cache,
+//! the token leases, the circuit breaker and the timeout. No failure policy
+//! applies here: a fault is an `Err` for the policy step (`policy.rs`), and
+//! nothing here counts or logs an outcome.
+//!
+//! A check of one request is the one-element case of a check of several;
+//! it differs only where one key allows more: leases, and waiting for
+//! another caller's answer on the same key (see `deny_cache`).
+
+use super::request::{Decisions, Request};
+use super::{answered_in_process, Limiter};
+use crate::decision::Decision;
+use crate::deny_cache::Consulted;
+use crate::error::Error;
+use crate::quota::{Algorithm, Quota};
+
+/// What the backend (or what this process knows of it) answered.
+pub(super) enum Answer {
+    /// Every request admitted, and each took its cost.
+    Admitted(Decisions),
+    /// The request at `index` denied, with the longest wait among those that
+    /// denied: the check cannot succeed before it. None took anything.
+    Denied { index: usize, decision: Decision },
+}
+
+impl Answer {
+    fn of_one(decision: Decision) -> Self {
+        if decision.allowed {
+            Answer::Admitted(Decisions::One(decision))
+        } else {
+            Answer::Denied { index: 0, decision }
+        }
+    }
+
+    fn of_all(decisions: Vec<Decision>) -> Self {
+        let denied = decisions
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !d.allowed)
+            .max_by_key(|(_, d)| d.retry_after)
+            .map(|(index, decision)| (index, *decision));
+        match denied {
+            None => Answer::Admitted(Decisions::Many(decisions)),
+            Some((index, decision)) => Answer::Denied { index, decision },
+        }
+    }
+}
+
+impl Limiter {
+    /// The answer to `requests` (distinct keys, each cost within its
+    /// capacity), all or nothing.
+    pub(super) async fn round_trip(&self, requests: &[Request<'_>]) -> Result<Answer, Error> {
+        match requests {
+            [one] if self.leases(one) => self.decide_leased(one).await.map(Answer::of_one),
+            [one] => self
+                .decide_one(one.quota, one.key, one.cost)
+                .await
+                .map(Answer::of_one),
+            _ => self.decide_all(requests).await,
+        }
+    }
+
+    /// Whether `request` is served from token leases.
+    fn leases(&self, request: &Request<'_>) -> bool {
+        request.lease > request.cost
+            && self.inner.backend.can_fail()
+            && !matches!(
+                request.quota.algorithm(),
+                Algorithm::LeakyBucket | Algorithm::SlidingLog
+            )
+    }
+
+    /// One key: from the deny cache when it knows the answer, else from the
+    /// backend, whose answer the cache learns.
+    async fn decide_one(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
+        let backend = &self.inner.backend;
+        if !backend.can_fail() {
+            let decision = backend.decide(quota, key, cost).await;
+            answered_in_process().await;
+            return decision;
+        }
+        self.inner.leases.forget_other_quota(quota, key);
+        let Some(cache) = &self.inner.deny_cache else {
+            return self.guarded(backend.decide(quota, key, cost)).await;
+        };
+        let clock = &*self.inner.cache_clock;
+        let probe = match cache
+            .consult(quota, key, cost, clock, self.inner.timeout)
+            .await
+        {
+            Consulted::Denied(cached) => {
+                self.inner.stats.cache_hit();
+                answered_in_process().await;
+                return Ok(cached);
+            }
+            Consulted::Failed(error) => return Err(error),
+            Consulted::Ask(probe) => probe,
+        };
+        // The backend decides between these two instants; the cache keeps
+        // both (see `deny_cache`).
+        let asked = cache.asked(key, clock.now_micros());
+        let result = self.guarded(backend.decide(quota, key, cost)).await;
+        let now = clock.now_micros();
+        cache.record(quota, key, cost, asked, now, &result, probe);
+        result
+    }
+
+    /// Serves the request from a live lease, or leases up to its `lease`
+    /// tokens from the backend (falling back to its cost alone when that
+    /// many are not there).
+    async fn decide_leased(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        let Request {
+            quota, key, cost, ..
+        } = *request;
+        let now = self.inner.cache_clock.now_micros();
+        if let Some(left) = self.inner.leases.take(quota, key, cost, now) {
+            answered_in_process().await;
+            return Ok(Decision::from_micros(true, quota.capacity(), left, 0, 0, 0));
+        }
+        let lease = request.lease.min(quota.capacity()).max(cost);
+        let decision = self.decide_one(quota, key, lease).await?;
+        if decision.allowed {
+            // Cut so the lease never serves a token the algorithm could not
+            // have admitted when it was counted (see `lease`): `now` is read
+            // before the call, so these end no later than they should.
+            let mut expires = now.saturating_add(self.inner.lease_ttl.as_micros() as u64);
+            let reset = now.saturating_add(decision.reset_after.as_micros() as u64);
+            let window = quota.window().map_or(0, |w| w.as_micros() as u64);
+            let owed_until = match quota.algorithm() {
+                Algorithm::FixedWindow => {
+                    expires = expires.min(reset);
+                    None
+                }
+                // Its reset is a window after the end of the current one.
+                Algorithm::SlidingWindow => {
+                    expires = expires.min(reset.saturating_sub(window));
+                    None
+                }
+                _ => Some(reset),
+            };
+            self.inner
+                .leases
+                .put(quota, key, lease - cost, now, expires, owed_until);
+            return Ok(decision);
+        }
+        if lease == cost {
+            return Ok(decision);
+        }
+        self.decide_one(quota, key, cost).await
+    }
+
+    /// Several keys at one instant, all or nothing. A key whose denial the
+    /// deny cache knows denies the check with no backend call: the check
+    /// could not be admitted before that denial ends, whatever the others
+    /// hold.
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Answer, Error> {
+        let batch: Vec<(&Quota, &str, u64)> =
+            requests.iter().map(|r| (r.quota, r.key, r.cost)).collect();
+        let backend = &self.inner.backend;
+        if !backend.can_fail() {
+            let decisions = backend.decide_all(&batch).await;
+            answered_in_process().await;
+            return decisions.map(Answer::of_all);
+        }
+        let cache = self.inner.deny_cache.as_ref();
+        if let Some(cache) = cache {
+            let now = self.inner.cache_clock.now_micros();
+            let cached = requests
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| Some((i, cache.peek(r.quota, r.key, r.cost, now)?)))
+                .max_by_key(|(_, decision)| decision.retry_after);
+            if let Some((index, decision)) = cached {
+                self.inner.stats.cache_hit();
+                answered_in_process().await;
+                return Ok(Answer::Denied { index, decision });
+            }
+        }
+        for r in requests {
+            self.inner.leases.forget_other_quota(r.quota, r.key);
+        }
+        let asked: Option<Vec<_>> = cache.map(|cache| {
+            let now = self.inner.cache_clock.now_micros();
+            requests.iter().map(|r| cache.asked(r.key, now)).collect()
+        });
+        let decisions = self.guarded(backend.decide_all(&batch)).await?;
+        if let (Some(cache), Some(asked)) = (cache, asked) {
+            // A check that admitted consumed on every key. In one that was
+            // denied, a key denied is denied on its own too; one that
+            // admitted consumed nothing, or got its tokens back (across Redis
+            // Cluster slots, by a refund), which may let a cached denial
+            // succeed sooner: it is forgotten after the denials are learned,
+            // since a `forget` keeps answers asked for before it out.
+            let now = self.inner.cache_clock.now_micros();
+            let all_admitted = decisions.iter().all(|d| d.allowed);
+            for ((r, decision), asked) in requests.iter().zip(&decisions).zip(asked) {
+                if all_admitted || !decision.allowed {
+                    cache.learn(r.quota, r.key, r.cost, asked, now, decision);
+                }
+            }
+            if !all_admitted {
+                for (r, decision) in requests.iter().zip(&decisions) {
+                    if decision.allowed {
+                        cache.forget(r.key);
+                    }
+                }
+            }
+        }
+        Ok(Answer::of_all(decisions))
+    }
+}
