@@ -4,11 +4,11 @@
 use std::borrow::Borrow;
 use std::fmt::Display;
 
-pub use ratelimit_core::{FailurePolicy, KeyBuilder, Limiter, Quota, RateLimited};
+pub use ratelimit_core::{Algorithm, FailurePolicy, KeyBuilder, Limiter, Quota, RateLimited};
 
 use std::time::Duration;
 
-use ratelimit_core::{Algorithm, DenialCause, Request};
+use ratelimit_core::{DenialCause, Request};
 
 /// One `#[rate_limit]` attribute, built in a `static` at compile time: how
 /// its calls are named and decided. Its quota is a `static` of its own
@@ -49,10 +49,9 @@ impl Rule {
         }
     }
 
-    /// The algorithm of the attribute's own quota, an index of
-    /// `Algorithm::ALL`.
-    pub const fn algorithm(mut self, algorithm: usize) -> Self {
-        self.algorithm = Algorithm::ALL[algorithm];
+    /// The algorithm of the attribute's own quota.
+    pub const fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
         self
     }
 
@@ -99,38 +98,17 @@ impl Rule {
     }
 }
 
-/// The attribute's own quota, from parts it checked at compile time.
-/// `algorithm` indexes `Algorithm::ALL` and must be the algorithm called
-/// `algorithm_name`, which the build checks, as this runs in a `static`.
+/// The attribute's own quota, from parts it checked at compile time. It
+/// runs in a `static`, so an invalid quota that slipped through would fail
+/// the build, never a request.
 pub const fn quota(
-    algorithm: usize,
-    algorithm_name: &'static str,
+    algorithm: Algorithm,
     capacity: u64,
     tokens: u64,
     period_us: u64,
     window_us: u64,
 ) -> Quota {
-    assert!(
-        same(Algorithm::ALL[algorithm].name(), algorithm_name),
-        "the `#[rate_limit]` attribute and the `ratelimit` runtime disagree on algorithms; \
-         use the same version of `ratelimit` and `ratelimit-macros`"
-    );
     Quota::__checked(algorithm, capacity, tokens, period_us, window_us)
-}
-
-const fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
 }
 
 /// The limiter used when the attribute names none.
@@ -277,10 +255,7 @@ impl<'a> Call<'a> {
         cost: u64,
     ) -> Self {
         let shown = key.len();
-        if quota.algorithm() != rule.algorithm {
-            key.push('~');
-            key.push_str(quota.algorithm().name());
-        }
+        keep_apart(&mut key, rule.algorithm, &quota);
         Self {
             limiter,
             rule,
@@ -405,4 +380,17 @@ pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimit
         tokio::time::sleep(delay).await;
     }
     Ok(())
+}
+
+/// A key decided under a quota of an algorithm other than `home` (the one
+/// its attribute or HTTP limit was written with: a named rule or a quota
+/// expression can change it at run time) gets the suffix `~<algorithm>`:
+/// each algorithm keeps state of its own shape, and a key never meets
+/// another algorithm's state. Escaped values never hold `~`, so no value can
+/// forge the suffix.
+pub(crate) fn keep_apart(key: &mut String, home: Algorithm, quota: &Quota) {
+    if quota.algorithm() != home {
+        key.push('~');
+        key.push_str(quota.algorithm().name());
+    }
 }

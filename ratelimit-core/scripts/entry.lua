@@ -16,7 +16,7 @@
 --          follows (negative for an 'all' run), then the groups, which never
 --          span two runs; a run's writes land before the next run reads
 -- then groups of 7 fields, each for the next `count` keys in KEYS order:
---   count, algorithm (the index of Algorithm::ALL), cost, now in µs or ''
+--   count, algorithm (its id: prelude.lua, `Algorithm::wire_id`), cost, now in µs or ''
 --   for Redis TIME, and the algorithm's numbers p1..p3
 -- Concurrent decisions on one quota form one group, so a key costs Redis one
 -- argument, not seven. The keys of a group are distinct (the caller starts a

@@ -1,5 +1,6 @@
--- Fixed window (2): at most `limit` per window aligned to the epoch. The twin
--- of src/algorithm/fixed_window.rs. The count and the window's expiry are
+-- Fixed window: at most `limit` per window aligned to the epoch. The twin of
+-- src/algorithm/fixed_window.rs. Uses from prelude.lua: ALGORITHMS and the
+-- ids, each_key, parse, answer, keep, int. The count and the window's expiry are
 -- written by one PSETEX, so a counter can never be left without expiry.
 --
 -- p1 limit, p2 window in µs. State: "<start_us>:<count>", the instant the
@@ -12,7 +13,7 @@ local function window_end(start, current, window)
   return start - start % window + window
 end
 
-ALGORITHMS[2] = each_key(function(key, stored, now, cost, commit, limit, window)
+ALGORITHMS[FIXED_WINDOW] = each_key(function(key, stored, now, cost, commit, limit, window)
   local current = now - now % window
   local start, count = current, 0
   local s_start, s_count = parse(stored, '^(%d+):(%d+)$')

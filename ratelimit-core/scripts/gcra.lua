@@ -1,7 +1,11 @@
--- GCRA (1), which is also how the token bucket is kept (0): the instant it is
--- full again, one number instead of a level and a time, with the same
--- admissions; and the leaky bucket as a queue on the same arithmetic (5). The
--- twin of src/algorithm/gcra.rs.
+-- GCRA, which is also how the token bucket is kept: the instant it is full
+-- again, one number instead of a level and a time, with the same admissions;
+-- and the leaky bucket as a queue on the same arithmetic. The twin of
+-- src/algorithm/gcra.rs.
+--
+-- Uses from prelude.lua: ALGORITHMS and the ids, the per-call state (out, n,
+-- denied, KEYS), keep, release, int, expiry_ms, FOREIGN, call. Defines
+-- parse_full_at for refund.lua.
 --
 -- p1 rate tokens (reduced numerator), p2 rate period in µs (reduced
 -- denominator), p3 capacity.
@@ -28,7 +32,7 @@ local function parse_full_at(stored)
   return tonumber(a), tonumber(b)
 end
 
-ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period, capacity)
+ALGORITHMS[GCRA] = function(first, last, values, now, cost, commit, tokens, period, capacity)
   local depth = capacity * period
   local inc = cost * period
   for i = first, last do
@@ -80,5 +84,5 @@ ALGORITHMS[1] = function(first, last, values, now, cost, commit, tokens, period,
     end
   end
 end
-ALGORITHMS[0] = ALGORITHMS[1]
-ALGORITHMS[5] = ALGORITHMS[1]
+ALGORITHMS[TOKEN_BUCKET] = ALGORITHMS[GCRA]
+ALGORITHMS[LEAKY_BUCKET] = ALGORITHMS[GCRA]

@@ -1,7 +1,9 @@
 -- One script holds every algorithm: this prelude, then one file per algorithm
 -- (each adds functions to ALGORITHMS), then refund.lua and entry.lua, which
 -- decides for every key the call names. See entry.lua for the arguments and
--- the reply.
+-- the reply. The files are one chunk, concatenated in that order (backend/
+-- redis.rs), so each uses the locals of the files before it; each says
+-- which at its top.
 --
 -- Every algorithm is a function that decides for a group of keys:
 --   ALGORITHMS[a](first, last, values, now, cost, commit, p1, p2, p3)
@@ -36,6 +38,11 @@ local call, try_call, floor, format, match = nil, nil, nil, nil, nil
 -- are the reply and the other state of one call below.
 local KEYS = nil
 
+-- The algorithms' ids, as the caller sends them (`Algorithm::wire_id` in
+-- quota.rs): the keys of ALGORITHMS and of REFUNDS (refund.lua).
+local TOKEN_BUCKET, GCRA, FIXED_WINDOW, SLIDING_LOG, SLIDING_WINDOW, LEAKY_BUCKET = 0, 1, 2, 3, 4, 5
+
+-- Each algorithm's file adds its function here, under its id.
 local ALGORITHMS = {}
 
 -- The reply, each key's numbers in KEYS order, and its length.

@@ -1,7 +1,8 @@
 -- Refunds: give back `cost` just taken from a key, when a later dimension of
 -- an all-or-nothing check on another Redis Cluster slot denied. Never gives
--- back more than was taken, and never beyond a full quota. REFUNDS[i] has the
--- form refund(key, now, cost, p1, p2, p3).
+-- back more than was taken, and never beyond a full quota. REFUNDS[id] has the
+-- form refund(key, now, cost, p1, p2, p3), under the algorithms' ids of
+-- prelude.lua. Uses parse_full_at (gcra.lua) and call (prelude.lua).
 
 local REFUNDS = {}
 
@@ -19,12 +20,12 @@ local function refund_gcra(key, now, cost, tokens, period)
   if rem > 0 then value = value .. ':' .. int(rem) end
   store(key, value, div_ceil(debt, tokens))
 end
-REFUNDS[0] = refund_gcra
-REFUNDS[1] = refund_gcra
-REFUNDS[5] = refund_gcra
+REFUNDS[TOKEN_BUCKET] = refund_gcra
+REFUNDS[GCRA] = refund_gcra
+REFUNDS[LEAKY_BUCKET] = refund_gcra
 
 -- Fixed window: the current window's count falls by the cost.
-REFUNDS[2] = function(key, now, cost, limit, window)
+REFUNDS[FIXED_WINDOW] = function(key, now, cost, limit, window)
   local s_start, s_count = load(key, '^(%d+):(%d+)$')
   if not s_start or s_start < now - now % window then return end
   local count = s_count - cost
@@ -40,7 +41,7 @@ end
 -- Sliding log: the admissions its tagged decision added are removed, by
 -- name, so a refund never takes another caller's admission and applying it
 -- twice removes nothing more. An untagged request is never refunded.
-REFUNDS[3] = function(key, now, cost, limit, window, tag)
+REFUNDS[SLIDING_LOG] = function(key, now, cost, limit, window, tag)
   if tag == 0 then return end
   local members = {}
   for i = 1, cost do
@@ -53,7 +54,7 @@ REFUNDS[3] = function(key, now, cost, limit, window, tag)
 end
 
 -- Sliding window: the current window's count falls by the cost.
-REFUNDS[4] = function(key, now, cost, limit, window)
+REFUNDS[SLIDING_WINDOW] = function(key, now, cost, limit, window)
   local s_start, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
   if not s_start or s_start < now - now % window then return end
   local current = s_current - cost

@@ -1,12 +1,11 @@
--- Sliding log (3): exactly `limit` in any window of length `window`. The twin
--- of src/algorithm/sliding_log.rs. A sorted set scored by the admitted
+-- Sliding log: exactly `limit` in any window of length `window`. The twin of
+-- src/algorithm/sliding_log.rs. Uses from prelude.lua: ALGORITHMS and the
+-- ids, each_key, answer, call and the per-call state. A sorted set scored by the admitted
 -- instant, one unique member per admission; an instant t is inside the window
 -- while now < t + window. Deciding only reads; the write trims the log.
 --
 -- p1 limit, p2 window in µs, p3 a tag naming this request's admissions (0:
 -- none), so that a refund removes exactly them (see refund.lua).
-
-local SLIDING_LOG = 3
 
 -- ZADD arguments per command at most: Lua's unpack is bounded by its stack.
 local ZADD_CHUNK = 2000

@@ -1,12 +1,13 @@
--- Sliding window counter (4): this window's count plus the previous window's,
+-- Sliding window counter: this window's count plus the previous window's,
 -- weighted by the share of it the sliding window still covers, in whole
--- milliseconds. The twin of src/algorithm/sliding_window.rs.
+-- milliseconds. The twin of src/algorithm/sliding_window.rs. Uses from
+-- prelude.lua: ALGORITHMS and the ids, each_key, parse, answer, keep, int.
 --
 -- p1 limit, p2 window in µs. State: "<start_us>:<current>:<previous>", the
 -- instant the current window began: a count begun inside the current window
 -- is current under any quota, one begun in the window before is previous.
 
-ALGORITHMS[4] = each_key(function(key, stored, now, cost, commit, limit, window)
+ALGORITHMS[SLIDING_WINDOW] = each_key(function(key, stored, now, cost, commit, limit, window)
   local window_ms = window / 1000
   local this = now - now % window
   local start, current, previous = this, 0, 0

@@ -37,7 +37,7 @@ pub use limiter::{
 };
 pub use metrics::StatsSnapshot;
 #[doc(hidden)]
-pub use quota::__unit_micros;
+pub use quota::__span_micros;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};
 #[cfg(feature = "redis")]
 pub use rule_source::{

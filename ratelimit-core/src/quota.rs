@@ -97,6 +97,27 @@ impl Rate {
     pub fn per_second_f64(&self) -> f64 {
         self.tokens as f64 * MICROS_PER_SECOND as f64 / self.period_us as f64
     }
+
+    /// The shortest whole number of seconds in which the rate adds a whole
+    /// number of tokens: 1 for `5/s`, 6 for one token every 1.2 s, 60 for
+    /// `7/min`. What a policy advertised per window of seconds (the HTTP
+    /// `RateLimit-Policy` field) can say exactly.
+    ///
+    /// ```
+    /// use ratelimit_core::Rate;
+    ///
+    /// assert_eq!("5/s".parse::<Rate>()?.whole_seconds(), 1);
+    /// assert_eq!("1/1200ms".parse::<Rate>()?.whole_seconds(), 6);
+    /// assert_eq!("7/min".parse::<Rate>()?.whole_seconds(), 60);
+    /// # Ok::<(), ratelimit_core::QuotaError>(())
+    /// ```
+    pub fn whole_seconds(&self) -> u64 {
+        let per_second = u128::from(self.tokens) * u128::from(MICROS_PER_SECOND);
+        let period_us = u128::from(self.period_us);
+        // `per_second * s / period_us` is whole when `s` is a multiple of this.
+        let step = period_us / gcd(per_second, period_us);
+        u64::try_from(step).unwrap_or(u64::MAX)
+    }
 }
 
 impl fmt::Debug for Rate {
@@ -153,23 +174,24 @@ impl fmt::Display for Rate {
 }
 
 /// Parses `"5/s"`, `"100/min"`, `"3600/h"`, `"1000/d"`, `"2.5/s"`, `"10/30s"` and
-/// `"1/500ms"`. Units: `us`, `ms`, `s` (`sec`, `second`), `m` (`min`, `minute`),
-/// `h` (`hour`), `d` (`day`), plurals accepted.
+/// `"1/500ms"` (the units of [`parse_span`]), and a bare number of tokens per
+/// second (`"2"`, `"2.5"`), as the attribute's `rate = 2.5` and the rules'
+/// `rate=2.5` write it.
+///
+/// ```
+/// use ratelimit_core::Rate;
+///
+/// assert_eq!("2.5".parse::<Rate>()?, "5/2s".parse::<Rate>()?);
+/// # Ok::<(), ratelimit_core::QuotaError>(())
+/// ```
 impl FromStr for Rate {
     type Err = QuotaError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let invalid = || QuotaError::InvalidRate(text.to_owned());
-        let (amount, per) = text.split_once('/').ok_or_else(invalid)?;
+        let (amount, per) = text.split_once('/').unwrap_or((text, "s"));
         let (mantissa, scale) = parse_decimal(amount.trim()).ok_or_else(invalid)?;
-        let per = per.trim();
-        let digits_end = per.find(|c: char| !c.is_ascii_digit()).unwrap_or(per.len());
-        let multiple: u128 = if digits_end == 0 {
-            1
-        } else {
-            per[..digits_end].parse().map_err(|_| invalid())?
-        };
-        let unit_us = unit_micros(per[digits_end..].trim()).ok_or_else(invalid)?;
+        let (multiple, unit_us) = parse_span(per).ok_or_else(invalid)?;
         let period = multiple
             .checked_mul(u128::from(unit_us))
             .and_then(|p| p.checked_mul(scale))
@@ -179,6 +201,32 @@ impl FromStr for Rate {
         }
         Self::from_parts(mantissa, period)
     }
+}
+
+/// A span of time as rates, windows and waits write it: a whole count (1
+/// when left out) of a unit, `"500ms"`, `"10s"`, `"m"`. Units: `us`, `ms`,
+/// `s` (`sec`, `second`), `m` (`min`, `minute`), `h` (`hour`), `d` (`day`),
+/// plurals accepted. Gives the count and the unit's microseconds; `None`
+/// when the text is not of that form.
+pub(crate) fn parse_span(text: &str) -> Option<(u128, u64)> {
+    let text = text.trim();
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let count = match &text[..digits_end] {
+        "" => 1,
+        digits => digits.parse().ok()?,
+    };
+    Some((count, unit_micros(text[digits_end..].trim())?))
+}
+
+/// A span of time for the `#[rate_limit]` attribute's options (`"2s"`),
+/// in microseconds: `Some` of a count and unit [`Rate`]'s strings accept,
+/// `None` when the text is not one, or the span overflows.
+#[doc(hidden)]
+pub fn __span_micros(text: &str) -> Option<u128> {
+    let (count, unit) = parse_span(text)?;
+    count.checked_mul(u128::from(unit))
 }
 
 /// `"2.50"` -> (250, 100): the value is `mantissa / scale`.
@@ -194,13 +242,6 @@ fn parse_decimal(text: &str) -> Option<(u128, u128)> {
     let digits = format!("{int}{frac}");
     let mantissa = digits.parse::<u128>().ok()?;
     Some((mantissa, 10u128.pow(frac.len() as u32)))
-}
-
-/// The microseconds in one `unit` of a rate or window string (`"ms"`, `"s"`,
-/// `"min"`...), for the `#[rate_limit]` attribute's own duration options.
-#[doc(hidden)]
-pub fn __unit_micros(unit: &str) -> Option<u64> {
-    unit_micros(unit)
 }
 
 fn unit_micros(unit: &str) -> Option<u64> {
@@ -270,6 +311,20 @@ impl Algorithm {
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    /// The algorithm's id in the Lua scripts' arguments (`scripts/prelude.lua`
+    /// names the same ids). Fixed: Redis keeps no id, but a fleet mixing
+    /// versions sends ids to one server.
+    pub(crate) const fn wire_id(self) -> u64 {
+        match self {
+            Algorithm::TokenBucket => 0,
+            Algorithm::Gcra => 1,
+            Algorithm::FixedWindow => 2,
+            Algorithm::SlidingLog => 3,
+            Algorithm::SlidingWindow => 4,
+            Algorithm::LeakyBucket => 5,
         }
     }
 
@@ -442,17 +497,11 @@ impl Quota {
     /// (the units of [`Rate`]'s strings). Windows are whole milliseconds.
     pub fn parse_window(text: &str) -> Result<Duration, QuotaError> {
         let invalid = || QuotaError::InvalidWindow(text.to_owned());
-        let text = text.trim();
-        let digits_end = text
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len());
-        let count: u64 = if digits_end == 0 {
-            1
-        } else {
-            text[..digits_end].parse().map_err(|_| invalid())?
-        };
-        let unit = unit_micros(text[digits_end..].trim()).ok_or_else(invalid)?;
-        let micros = count.checked_mul(unit).ok_or(QuotaError::TooLarge)?;
+        let (count, unit) = parse_span(text).ok_or_else(invalid)?;
+        let micros = count
+            .checked_mul(u128::from(unit))
+            .and_then(|us| u64::try_from(us).ok())
+            .ok_or(QuotaError::TooLarge)?;
         if micros == 0 || !micros.is_multiple_of(1_000) {
             return Err(invalid());
         }
@@ -460,19 +509,18 @@ impl Quota {
     }
 
     /// Builds a quota from parts that the `#[rate_limit]` attribute already
-    /// checked at compile time; `algorithm` indexes [`Algorithm::ALL`].
+    /// checked at compile time.
     ///
     /// The attribute calls it in a `static`, so an invalid quota that slipped
     /// through would fail the build, never a request.
     #[doc(hidden)]
     pub const fn __checked(
-        algorithm: usize,
+        algorithm: Algorithm,
         capacity: u64,
         tokens: u64,
         period_us: u64,
         window_us: u64,
     ) -> Self {
-        let algorithm = Algorithm::ALL[algorithm];
         assert!(capacity > 0 && tokens > 0 && period_us > 0);
         assert!(tokens <= MAX_EXACT && period_us <= MAX_EXACT);
         if algorithm.is_windowed() {
@@ -743,6 +791,31 @@ pub enum QuotaError {
 
 #[cfg(test)]
 mod tests {
+    /// The Lua scripts name each algorithm's id; they must be the ids the
+    /// Rust side sends.
+    #[test]
+    fn the_scripts_name_the_ids_the_limiter_sends() {
+        let prelude = include_str!("../scripts/prelude.lua");
+        let line = prelude
+            .lines()
+            .find(|l| l.starts_with("local TOKEN_BUCKET,"))
+            .expect("the ids' line in prelude.lua");
+        let (names, ids) = line["local ".len()..].split_once(" = ").unwrap();
+        let named: Vec<(String, u64)> = names
+            .split(", ")
+            .zip(ids.split(", "))
+            .map(|(name, id)| (name.to_lowercase(), id.parse().unwrap()))
+            .collect();
+        assert_eq!(named.len(), Algorithm::ALL.len(), "{line}");
+        for algorithm in Algorithm::ALL {
+            assert!(
+                named.contains(&(algorithm.name().to_owned(), algorithm.wire_id())),
+                "{algorithm} is not {} in {line}",
+                algorithm.wire_id()
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

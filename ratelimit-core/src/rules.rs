@@ -254,14 +254,10 @@ fn whole_number(option: &'static str, value: &str) -> Result<u64, RuleError> {
     value.parse().map_err(|_| QuotaError::TooLarge.into())
 }
 
-/// `100/min`, or a bare number of tokens per second as in the attribute.
+/// `100/min`, or a bare number of tokens per second as in the attribute
+/// (both are [`Rate`]'s strings).
 fn rate_value(value: &str) -> Result<Rate, QuotaError> {
-    if value.contains('/') {
-        return value.parse();
-    }
-    format!("{value}/s")
-        .parse()
-        .map_err(|_| QuotaError::InvalidRate(value.to_owned()))
+    value.parse()
 }
 
 /// Why a rule's text form does not parse. The text form is `name=value`

@@ -173,7 +173,7 @@ fn deny(function: &Function, private: &TokenStream, call: TokenStream) -> TokenS
 /// static __RATELIMIT_RULE: ::ratelimit::__private::Rule = ::ratelimit::__private::Rule::new(
 ///     ::core::concat!(::core::module_path!(), "::", "submit_order")).named("order_submit");
 /// static __RATELIMIT_QUOTA: ::ratelimit::__private::Quota =
-///     ::ratelimit::__private::quota(0, "token_bucket", 10, 1, 500000, 0);
+///     ::ratelimit::__private::quota(::ratelimit::__private::Algorithm::TokenBucket, 10, 1, 500000, 0);
 /// let __ratelimit_limiter_tmp: &::ratelimit::__private::Limiter =
 ///     ::ratelimit::__private::global_limiter();
 /// let __ratelimit_limiter: &::ratelimit::__private::Limiter = __ratelimit_limiter_tmp;
@@ -228,9 +228,9 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
         rule_options.extend(quote!(.named(#rule)));
     }
     if let QuotaArg::Fixed(fixed) = &check.quota {
-        if fixed.algorithm.0 != 0 {
-            let algorithm = Literal::usize_unsuffixed(fixed.algorithm.0);
-            rule_options.extend(quote!(.algorithm(#algorithm)));
+        if !fixed.algorithm.is_default() {
+            let algorithm = fixed.algorithm.variant();
+            rule_options.extend(quote!(.algorithm(#private::Algorithm::#algorithm)));
         }
     }
     if let Some(policy) = check.on_error {
@@ -258,8 +258,7 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
     };
     let (quota_static, quota) = match &check.quota {
         QuotaArg::Fixed(fixed) => {
-            let algorithm = Literal::usize_unsuffixed(fixed.algorithm.0);
-            let algorithm_name = fixed.algorithm.name();
+            let algorithm = fixed.algorithm.variant();
             let capacity = Literal::u64_unsuffixed(fixed.capacity);
             let tokens = Literal::u64_unsuffixed(fixed.rate.tokens());
             let period_us = Literal::u64_unsuffixed(crate::valid::period_us(&fixed.rate));
@@ -267,8 +266,7 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
             (
                 quote! {
                     static #quota_name: #private::Quota = #private::quota(
-                        #algorithm,
-                        #algorithm_name,
+                        #private::Algorithm::#algorithm,
                         #capacity,
                         #tokens,
                         #period_us,
@@ -510,6 +508,11 @@ mod tests {
             r#"key = "k", rule = "r", algorithm = gcra, capacity = 1, rate = 1"#,
             "async fn f() -> Result<(), E> { Ok(()) }",
         );
-        assert!(out.contains(". named (\"r\") . algorithm (1)"), "{out}");
+        assert!(
+            out.contains(
+                ". named (\"r\") . algorithm (:: ratelimit :: __private :: Algorithm :: Gcra)"
+            ),
+            "{out}"
+        );
     }
 }

@@ -73,11 +73,11 @@ impl fmt::Display for TemplateError {
     }
 }
 
-/// Whether `c` can appear in an escaped value. Mirrors
-/// `ratelimit_core::key::is_value_char`, plus `%` which starts escapes and
-/// digests: a separator must be none of these.
+/// Whether `c` can appear in an escaped value: the runtime's value
+/// characters, plus `%`, which starts escapes and digests. A separator must
+/// be none of these.
 fn can_appear_in_value(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '%')
+    ratelimit_core::key::is_value_char(c) || c == '%'
 }
 
 impl Template {

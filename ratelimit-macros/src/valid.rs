@@ -101,11 +101,10 @@ pub(crate) enum Cost {
     Expr(Expr),
 }
 
-/// `algorithm = ...`: an index into `ratelimit_core::Algorithm::ALL` (the
-/// generated code passes the index and the name, and the runtime checks at
-/// compile time that they agree).
+/// `algorithm = ...`: the runtime's algorithm, which the generated code
+/// names by its variant (`Algorithm::TokenBucket`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Algorithm(pub usize);
+pub(crate) struct Algorithm(ratelimit_core::Algorithm);
 
 fn algorithms() -> impl Iterator<Item = &'static str> {
     ratelimit_core::Algorithm::ALL.into_iter().map(|a| a.name())
@@ -113,7 +112,30 @@ fn algorithms() -> impl Iterator<Item = &'static str> {
 
 impl Algorithm {
     fn runtime(self) -> ratelimit_core::Algorithm {
-        ratelimit_core::Algorithm::ALL[self.0]
+        self.0
+    }
+
+    /// The default, `token_bucket`.
+    pub(crate) fn is_default(self) -> bool {
+        self.0 == ratelimit_core::Algorithm::TokenBucket
+    }
+
+    /// The runtime's variant: `token_bucket` is `TokenBucket`. Named by the
+    /// generated code, so an attribute and a runtime that disagree on
+    /// algorithms fail to build.
+    pub(crate) fn variant(self) -> proc_macro2::Ident {
+        let camel: String = self
+            .name()
+            .split('_')
+            .map(|word| {
+                let mut chars = word.chars();
+                chars
+                    .next()
+                    .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
+                    .unwrap_or_default()
+            })
+            .collect();
+        proc_macro2::Ident::new(&camel, proc_macro2::Span::call_site())
     }
 
     pub(crate) fn name(self) -> &'static str {
@@ -135,8 +157,11 @@ impl Algorithm {
 
     fn parse(ident: &Ident) -> syn::Result<Self> {
         let written = ident.unraw().to_string();
-        if let Some(index) = algorithms().position(|a| a == written) {
-            return Ok(Algorithm(index));
+        if let Some(algorithm) = ratelimit_core::Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == written)
+        {
+            return Ok(Algorithm(algorithm));
         }
         let expected = algorithms()
             .map(|a| format!("`{a}`"))
@@ -168,14 +193,10 @@ impl From<QuotaError> for RateError {
     }
 }
 
-/// Parses `rate = "100/min"` and the other forms with the runtime's own parser.
+/// Parses `rate = "100/min"`, `rate = 2.5` and the other forms with the
+/// runtime's own parser (a bare number is tokens per second).
 fn parse_rate(text: &str) -> Result<Rate, RateError> {
     text.parse::<Rate>().map_err(RateError::from)
-}
-
-/// `rate = 2` or `rate = 2.5`: `digits` tokens per second, exactly.
-fn rate_per_second(digits: &str) -> Result<Rate, RateError> {
-    parse_rate(&format!("{digits}/s"))
 }
 
 /// The rate's period in microseconds (at most 2^52, so the cast is exact).
@@ -566,7 +587,7 @@ fn fixed_quota(args: &Args) -> syn::Result<Fixed> {
     };
     let algorithm = match &args.algorithm {
         Some(ident) => Algorithm::parse(ident)?,
-        None => Algorithm(0),
+        None => Algorithm(ratelimit_core::Algorithm::TokenBucket),
     };
     // An option the algorithm does not take is an error at its value.
     let (unwanted, wanted) = if algorithm.is_windowed() {
@@ -829,16 +850,10 @@ fn wait_limit(arg: &crate::attr::OnLimitArg) -> syn::Result<Option<u64>> {
                 ));
             };
             let value = max.value();
-            let trimmed = value.trim();
-            let digits_end = trimmed
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(trimmed.len());
-            trimmed[..digits_end]
-                .parse::<u128>()
-                .ok()
-                .zip(ratelimit_core::__unit_micros(trimmed[digits_end..].trim()).map(u128::from))
-                .and_then(|(count, unit)| count.checked_mul(unit))
-                .filter(|&us| us > 0 && us <= u128::from(u64::MAX))
+            // The runtime's own spans; a unit alone is not a wait.
+            let counted = value.trim().starts_with(|c: char| c.is_ascii_digit());
+            ratelimit_core::__span_micros(&value)
+                .filter(|&us| counted && us > 0 && us <= u128::from(u64::MAX))
                 .map(|us| Some(us as u64))
                 .ok_or_else(|| {
                     syn::Error::new(
@@ -899,10 +914,10 @@ fn rate_value(expr: &Expr) -> syn::Result<Rate> {
         Expr::Lit(ExprLit { lit, .. }) => {
             let rate = match lit {
                 Lit::Int(int) => match int.base10_digits().parse::<u128>() {
-                    Ok(_) => rate_per_second(int.base10_digits()),
+                    Ok(_) => parse_rate(int.base10_digits()),
                     Err(_) => Err(RateError::TooLarge),
                 },
-                Lit::Float(float) => rate_per_second(float.base10_digits()),
+                Lit::Float(float) => parse_rate(float.base10_digits()),
                 Lit::Str(text) => parse_rate(&text.value()),
                 _ => return Err(syn::Error::new_spanned(expr, expected)),
             };
@@ -1016,23 +1031,15 @@ mod tests {
 
     #[test]
     fn numeric_rates_are_tokens_per_second() {
-        assert_eq!(fraction(rate_per_second("2")), Ok((1, 500_000)), "rate = 2");
+        assert_eq!(fraction(parse_rate("2")), Ok((1, 500_000)), "rate = 2");
         assert_eq!(
-            fraction(rate_per_second("0.5")),
+            fraction(parse_rate("0.5")),
             Ok((1, 2_000_000)),
             "rate = 0.5"
         );
-        assert_eq!(
-            fraction(rate_per_second("2.5")),
-            Ok((1, 400_000)),
-            "rate = 2.5"
-        );
-        assert_eq!(
-            fraction(rate_per_second("3")),
-            Ok((3, 1_000_000)),
-            "rate = 3"
-        );
-        assert_eq!(rate_per_second("0"), Err(RateError::Zero), "rate = 0");
+        assert_eq!(fraction(parse_rate("2.5")), Ok((1, 400_000)), "rate = 2.5");
+        assert_eq!(fraction(parse_rate("3")), Ok((3, 1_000_000)), "rate = 3");
+        assert_eq!(parse_rate("0"), Err(RateError::Zero), "rate = 0");
     }
 
     fn check(attr: &str, item: &str) -> syn::Result<Check> {

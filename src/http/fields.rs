@@ -67,7 +67,7 @@ pub(crate) fn advertised(quota: &Quota) -> (u64, u64) {
     let period_us = rate.period().as_micros().max(1);
     let smallest = u128::from(ceil_secs(quota.replenish_all()).max(1));
     // `per_second * w / period_us` is whole when `w` is a multiple of `step`.
-    let step = period_us / gcd(per_second, period_us);
+    let step = u128::from(rate.whole_seconds());
     let exact = smallest.div_ceil(step).saturating_mul(step);
     let w = if exact <= (2 * smallest).max(60) {
         exact
@@ -77,13 +77,6 @@ pub(crate) fn advertised(quota: &Quota) -> (u64, u64) {
     let q = per_second.saturating_mul(w) / period_us;
     let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX).min(SF_INTEGER_MAX);
     (clamp(q), clamp(w).max(1))
-}
-
-fn gcd(mut a: u128, mut b: u128) -> u128 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a.max(1)
 }
 
 /// Whether `name` can be a policy name: a non-empty Structured Field String,

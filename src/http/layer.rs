@@ -523,12 +523,7 @@ impl Shared {
                 }
                 let quota = spec.quota.resolve(&self.limiter, parts);
                 let mut key = key.finish();
-                // Escaped values never hold `~`, so this suffix cannot be
-                // forged by a request.
-                if quota.algorithm() != limit.home {
-                    key.push('~');
-                    key.push_str(quota.algorithm().name());
-                }
+                crate::__private::keep_apart(&mut key, limit.home, &quota);
                 Some(Asked { limit, quota, key })
             })
             .collect()

@@ -358,6 +358,13 @@ impl ClusterBackend {
                 owner[usize::from(slot)] = index;
             }
         }
+        // A node that is no longer a master (killed, failed over) gets no
+        // calls, so its breaker would stay as it was left: forgotten, so the
+        // limiter's state is the current masters'.
+        self.breakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|node, _| lanes.iter().any(|(address, _)| address == node));
         let routing = Arc::new(Routing {
             owner,
             lanes,

@@ -190,9 +190,11 @@ impl ScriptCall {
 
 /// Runs `call`, as FCALL while `functions` allows, loading the library when
 /// the server has not got it (first use, a restart, `FUNCTION FLUSH`), and
-/// otherwise, or when Redis is out of memory, as EVALSHA. A flush landing between a load and the call it
-/// serves makes the call fail as before the load, so each is tried a couple
-/// more times rather than reported as a backend failure.
+/// otherwise, or when Redis is out of memory, as EVALSHA. Errors are told
+/// apart by redis-rs's kinds and Redis's codes, never by their text. A flush
+/// landing between a load and the call it serves makes the call fail as
+/// before the load, so each is tried a couple more times rather than
+/// reported as a backend failure.
 pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
     call: &ScriptCall,
     connection: &mut C,
@@ -219,20 +221,39 @@ async fn invoke_once<C: redis::aio::ConnectionLike>(
     let mut loads = 0;
     while !functions.refused.load(Ordering::Relaxed) {
         match call.fcall().query_async(connection).await {
-            Err(error) if function_missing(&error) && loads < 3 => {
+            // A generic error: the function is missing (never loaded here,
+            // flushed, a restart), or FCALL cannot run (Redis before 7.0, the
+            // command renamed away). Told apart by codes alone: the load
+            // fails where FUNCTION is unknown, and FCALL failing again after
+            // two loads (one may meet a flush landing between the load and
+            // the call) cannot run here; EVALSHA decides from then on (and
+            // answers with a call's own error, if that is what it was).
+            Err(error) if error.code() == Some("ERR") => {
+                if loads == 2 {
+                    functions.refuse(&error);
+                    break;
+                }
                 loads += 1;
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
                 match load.query_async::<redis::Value>(connection).await {
                     Ok(_) => {}
-                    Err(error) if functions_refused(&error) => functions.refuse(&error),
                     Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
-                    // Refused for now (over `maxmemory`, say): this call goes
-                    // by EVALSHA, which needs no load, and the next tries again.
-                    Err(_) => break,
+                    // Over `maxmemory`: this call goes by EVALSHA, which
+                    // needs no load, and the next tries again.
+                    Err(error) if error.code() == Some("OOM") => break,
+                    // No FUNCTION command, not allowed, or a Lua that
+                    // rejects the library.
+                    Err(error) => functions.refuse(&error),
                 }
             }
-            Err(error) if functions_refused(&error) => functions.refuse(&error),
+            // Not allowed to call functions, or the keys: EVALSHA either
+            // decides or is refused the keys too, and says so.
+            Err(error)
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+            {
+                functions.refuse(&error)
+            }
             // Over `maxmemory`, Redis refuses a function that may write
             // before it runs, while the plain script runs until it writes:
             // a call that only denies is still answered that way.
@@ -254,28 +275,6 @@ async fn invoke_once<C: redis::aio::ConnectionLike>(
             result => return result,
         }
     }
-}
-
-/// The server has no function of the library's name: it was never loaded
-/// there, or was flushed, or the server restarted without it.
-fn function_missing(error: &redis::RedisError) -> bool {
-    error.to_string().contains("Function not found")
-}
-
-/// The server will not run the library: no FCALL or FUNCTION (Redis older
-/// than 7.0, or the command renamed away), an ACL user not allowed either
-/// (a user not allowed the keys is refused by EVALSHA too, and told so), or
-/// a Lua that rejects the library.
-fn functions_refused(error: &redis::RedisError) -> bool {
-    let text = error.to_string().to_lowercase();
-    let command_not_allowed = error.kind()
-        == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
-        && (text.contains("'fcall'") || text.contains("'function"));
-    command_not_allowed
-        || text.contains("unknown command")
-        || text.contains("unknown subcommand")
-        || text.contains("error compiling")
-        || text.contains("error registering")
 }
 
 /// What a server told `HELLO` of itself: its mode (`standalone`,
@@ -446,10 +445,7 @@ impl Request {
             [rate.tokens(), rate.period_us(), quota.capacity()]
         };
         Self {
-            algorithm: Algorithm::ALL
-                .iter()
-                .position(|a| *a == algorithm)
-                .unwrap_or(0) as u64,
+            algorithm: algorithm.wire_id(),
             cost,
             now,
             params,
