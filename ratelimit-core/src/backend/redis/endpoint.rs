@@ -1,0 +1,168 @@
+//! Where the limiter's Redis is: a URL (with TLS for `rediss://`), or the
+//! master a set of Sentinels names; and how addresses are shown without
+//! their passwords.
+
+use std::time::Duration;
+
+use crate::error::{ConfigError, Error};
+
+/// `url` with any password replaced by `***`, for errors and logs: a Redis
+/// URL carries the password of its user (`redis://user:secret@host`).
+pub(crate) fn redacted(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    match url[scheme_end..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &url[scheme_end..scheme_end + at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let hidden = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{}{hidden}{}", &url[..scheme_end], &url[scheme_end + at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// A client for `url`, with `tls`'s certificates for a `rediss://` URL; an
+/// invalid URL is a configuration error that names the URL without its
+/// password.
+pub(crate) fn open_client(url: &str, tls: &crate::tls::TlsConfig) -> Result<redis::Client, Error> {
+    use redis::IntoConnectionInfo as _;
+    let invalid = |source| {
+        Error::from(ConfigError::InvalidUrl {
+            what: "Redis URL",
+            urls: vec![redacted(url)],
+            source,
+        })
+    };
+    let info = url.into_connection_info().map_err(invalid)?;
+    let secure = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+    if tls.is_set() && !secure {
+        return Err(ConfigError::TlsWithoutRediss { what: "a URL" }.into());
+    }
+    #[cfg(feature = "tls")]
+    if secure {
+        crate::tls::ensure_crypto_provider();
+        if tls.is_set() {
+            return redis::Client::build_with_tls(info, tls.certificates()).map_err(invalid);
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    if secure {
+        return Err(ConfigError::FeatureOff {
+            what: "`rediss://`",
+            feature: "tls",
+        }
+        .into());
+    }
+    redis::Client::open(info).map_err(invalid)
+}
+
+/// Where the Redis to decide on is: one address, or the master a set of
+/// Sentinels name (asked again after a failure, to follow a failover).
+pub(crate) enum Endpoint {
+    Fixed(redis::Client),
+    Sentinel {
+        client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+        /// The master's name, and the Sentinels, whose `+switch-master`
+        /// announcements a watcher follows.
+        master: String,
+        sentinels: Vec<redis::ConnectionInfo>,
+    },
+}
+
+impl Endpoint {
+    /// The endpoint for `sentinels` (their URLs), serving `master`. The
+    /// master's connections take the first URL's user, password and
+    /// database.
+    pub(crate) fn sentinel(master: &str, sentinels: &[String]) -> Result<Self, Error> {
+        use redis::IntoConnectionInfo as _;
+        let invalid = |source| {
+            Error::from(ConfigError::InvalidUrl {
+                what: "Redis Sentinel URLs",
+                urls: sentinels.iter().map(|u| redacted(u)).collect(),
+                source,
+            })
+        };
+        if master.is_empty() || sentinels.is_empty() {
+            return Err(ConfigError::MissingAddress {
+                what: "Redis Sentinel",
+                needs: "the master's name and at least one Sentinel URL",
+                example: ".sentinel(\"mymaster\", [\"redis://10.0.0.1:26379\"])",
+            }
+            .into());
+        }
+        let infos = sentinels
+            .iter()
+            .map(|url| url.as_str().into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(infos[0].redis_settings().clone());
+        // redis-rs takes a `String` without its TLS feature and any
+        // `AsRef<str>` with it: an owned name suits both.
+        #[allow(clippy::unnecessary_to_owned)]
+        let client = redis::sentinel::SentinelClient::build(
+            infos.clone(),
+            master.to_owned(),
+            Some(node),
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(invalid)?;
+        Ok(Endpoint::Sentinel {
+            client: tokio::sync::Mutex::new(client),
+            master: master.to_owned(),
+            sentinels: infos,
+        })
+    }
+
+    /// A client for the Redis to use now; with Sentinel, the master they
+    /// name now.
+    pub(crate) async fn client(&self, timeout: Duration) -> Result<redis::Client, Error> {
+        match self {
+            Endpoint::Fixed(client) => Ok(client.clone()),
+            Endpoint::Sentinel {
+                client: sentinel, ..
+            } => {
+                let ask = async { sentinel.lock().await.async_get_client().await };
+                Ok(tokio::time::timeout(timeout, ask)
+                    .await
+                    .map_err(|_| Error::Timeout(timeout))??)
+            }
+        }
+    }
+
+    pub(super) fn follows_failovers(&self) -> bool {
+        matches!(self, Endpoint::Sentinel { .. })
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_appear_in_a_redacted_url() {
+        for (url, shown) in [
+            (
+                "rediss://svc:s3cret@127.0.0.1:7411",
+                "rediss://svc:***@127.0.0.1:7411",
+            ),
+            ("redis://:s3cret@host/0", "redis://:***@host/0"),
+            ("redis://token@host", "redis://***@host"),
+            ("redis://host:6379/2", "redis://host:6379/2"),
+            ("redis+unix:///tmp/r.sock", "redis+unix:///tmp/r.sock"),
+            ("redis://u:p@ss@host", "redis://u:***@host"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+    }
+}

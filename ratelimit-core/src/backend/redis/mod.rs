@@ -1,0 +1,386 @@
+//! The Redis backend: one Lua script holds every algorithm; each call decides
+//! for one or more keys atomically, on multiplexed, auto-reconnecting
+//! connections.
+//!
+//! Concurrent decisions are batched: while a few script calls are in flight,
+//! the decisions that arrive wait and then go together in the next call (up
+//! to [`MAX_BATCH`]), on one of [`BATCH_CONNECTIONS`] connections in turn.
+//! All-or-nothing checks join the same batches, each decided on its own
+//! within the call (the script's 'runs' mode). With no queue, a decision
+//! goes at once, alone.
+//! Redis's own work per decision is what bounds throughput, and one script
+//! call deciding for many keys costs far less than as many calls.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use once_cell::sync::Lazy;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::quota::Quota;
+
+pub(crate) use batcher::{await_answer, run_batches, Job, MAX_QUEUED};
+pub(crate) use endpoint::{open_client, Endpoint};
+pub(crate) use script::{invoke, Functions, ScriptCall};
+pub(crate) use server::{check_server, hello};
+pub(crate) use wire::{decode_one, invocation, Request};
+// What the cluster backend shares with this one beyond the above.
+use batcher::{send_batch, Check, Work, BATCH_CONNECTIONS, MAX_IN_FLIGHT, NO_RUNTIME};
+use sentinel::watch_switches;
+#[cfg(feature = "cluster")]
+pub(crate) use {
+    endpoint::redacted,
+    script::{eval_call, script_body},
+    wire::{batch_invocation, decode_all, decode_reply},
+};
+
+mod batcher;
+mod endpoint;
+mod script;
+mod sentinel;
+mod server;
+mod wire;
+
+/// The connections and the batching task of one Tokio runtime. They live
+/// as long as that runtime: when it shuts down, its tasks are dropped, the
+/// queue closes, and the next decision makes a new lane on its own runtime.
+struct Lane {
+    queue: mpsc::Sender<Work>,
+    /// For inspections and resets, which go alone.
+    connection: ConnectionManager,
+    /// The address the connections go to.
+    address: redis::ConnectionAddr,
+    /// Set when a call failed and the endpoint follows failovers: the next
+    /// decision asks the Sentinels where the master is now.
+    stale: Arc<AtomicBool>,
+    /// Whether this master runs the script as a function.
+    functions: Arc<Functions>,
+    /// The Sentinels' announced switches, and how many this lane has seen:
+    /// one more sends the next decision to ask them where the master is.
+    switches: Arc<AtomicU64>,
+    seen: AtomicU64,
+}
+
+impl Lane {
+    fn live(&self) -> bool {
+        !self.queue.is_closed()
+            && !self.stale.load(Ordering::Acquire)
+            && self.switches.load(Ordering::Acquire) == self.seen.load(Ordering::Acquire)
+    }
+}
+
+pub(crate) struct RedisBackend {
+    endpoint: Endpoint,
+    /// Made on first use, inside the caller's Tokio runtime, which the
+    /// connection managers and the batching task run on.
+    lane: RwLock<Option<Arc<Lane>>>,
+    /// One lane is made at a time, and Sentinels are asked at most once per
+    /// `RESOLVE_EVERY` after a failure.
+    renewing: tokio::sync::Mutex<Option<std::time::Instant>>,
+    prefix: String,
+    timeout: Duration,
+    /// The caller's clock, when configured; Redis `TIME` otherwise.
+    clock: Option<Arc<dyn Clock>>,
+    /// Switches the Sentinels announced, counted by a watcher started with
+    /// the first lane.
+    switches: Arc<AtomicU64>,
+    watching: AtomicBool,
+}
+
+/// The key a ping reads (under the limiter's prefix), and the quota it reads
+/// it with: nothing is written.
+pub(crate) const PING_KEY: &str = "ratelimit:ping";
+pub(crate) static PING_QUOTA: Lazy<Quota> =
+    Lazy::new(|| Quota::per_second(1).expect("1/s is a valid quota"));
+
+/// After a failure on a Sentinel-served master, how often the Sentinels are
+/// asked where the master is now.
+const RESOLVE_EVERY: Duration = Duration::from_millis(100);
+
+impl RedisBackend {
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        prefix: String,
+        timeout: Duration,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Self {
+        Self {
+            endpoint,
+            lane: RwLock::new(None),
+            renewing: tokio::sync::Mutex::new(None),
+            prefix,
+            timeout,
+            clock,
+            switches: Arc::new(AtomicU64::new(0)),
+            watching: AtomicBool::new(false),
+        }
+    }
+
+    /// A new connection manager to `client`; it connects on first use.
+    fn new_connection(&self, client: &redis::Client) -> Result<ConnectionManager, Error> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(0)
+            .set_max_delay(Duration::from_secs(1));
+        ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(Error::from)
+    }
+
+    fn current(&self) -> Option<Arc<Lane>> {
+        self.lane
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The live lane, or a new one on the caller's runtime when there is none,
+    /// its runtime has shut down, or (with Sentinel) a call failed.
+    async fn lane(&self) -> Result<Arc<Lane>, Error> {
+        match self.current() {
+            Some(lane) if lane.live() => Ok(lane),
+            // Boxed: the cold path (a Sentinel query) would otherwise make
+            // every decision's future as deep and as large as redis-rs's.
+            _ => Box::pin(self.renew_lane()).await,
+        }
+    }
+
+    #[cold]
+    async fn renew_lane(&self) -> Result<Arc<Lane>, Error> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NO_RUNTIME)?;
+        let mut last_resolve = self.renewing.lock().await;
+        let current = self.current();
+        let stale = match &current {
+            Some(lane) if lane.live() => return Ok(lane.clone()),
+            Some(lane) if !lane.queue.is_closed() => {
+                // Stale: ask the Sentinels, at most once per RESOLVE_EVERY;
+                // meanwhile calls go to the master as last known.
+                if last_resolve.is_some_and(|at| at.elapsed() < RESOLVE_EVERY) {
+                    return Ok(lane.clone());
+                }
+                Some(lane.clone())
+            }
+            _ => None,
+        };
+        *last_resolve = Some(std::time::Instant::now());
+        if let Endpoint::Sentinel {
+            master, sentinels, ..
+        } = &self.endpoint
+        {
+            if !self.watching.swap(true, Ordering::AcqRel) {
+                runtime.spawn(watch_switches(
+                    sentinels.clone(),
+                    master.clone(),
+                    Arc::downgrade(&self.switches),
+                    self.timeout,
+                ));
+            }
+        }
+        // Read before asking: a switch announced meanwhile is seen again.
+        let switches = self.switches.load(Ordering::Acquire);
+        let client = self.endpoint.client(self.timeout).await?;
+        let address = client.get_connection_info().addr().clone();
+        if let Some(lane) = stale {
+            if lane.address == address {
+                // The master did not move: its connections reconnect by
+                // themselves.
+                lane.stale.store(false, Ordering::Release);
+                lane.seen.store(switches, Ordering::Release);
+                return Ok(lane);
+            }
+            tracing::warn!(master = %address, "the Redis master moved; deciding on the new one");
+        }
+        let connections = (0..BATCH_CONNECTIONS)
+            .map(|_| self.new_connection(&client))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Before the first decision on a server: it must be what this
+        // limiter expects (not a cluster node, not a replica). The
+        // connection is made here too, so a refused password or certificate
+        // is this call's error rather than a timeout.
+        let traits = hello(&mut connections[0].clone(), self.timeout).await?;
+        check_server(
+            &address.to_string(),
+            traits,
+            "standalone",
+            self.endpoint.follows_failovers(),
+        )?;
+        let (queue, receiver) = mpsc::channel(MAX_QUEUED);
+        let stale = Arc::new(AtomicBool::new(false));
+        let functions = Arc::new(Functions::default());
+        let lane = Arc::new(Lane {
+            queue,
+            connection: connections[0].clone(),
+            address,
+            stale: stale.clone(),
+            functions: functions.clone(),
+            switches: self.switches.clone(),
+            seen: AtomicU64::new(switches),
+        });
+        let on_failure = self.endpoint.follows_failovers().then_some(stale);
+        runtime.spawn(run_batches(
+            receiver,
+            connections,
+            on_failure,
+            MAX_IN_FLIGHT,
+            move |connection, batch| send_batch(connection, functions.clone(), batch),
+        ));
+        *self.lane.write().unwrap_or_else(PoisonError::into_inner) = Some(lane.clone());
+        Ok(lane)
+    }
+
+    /// Marks `lane` stale after a failed call, when the endpoint follows
+    /// failovers.
+    fn failed(&self, lane: &Lane) {
+        if self.endpoint.follows_failovers() {
+            lane.stale.store(true, Ordering::Release);
+        }
+    }
+
+    /// Queues `job` for the next batch, without waiting.
+    async fn enqueue(&self, job: Work) -> Result<(), Error> {
+        let job = match self.lane().await?.queue.try_send(job) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
+            // The runtime shut down since `lane` looked: once more, on a new lane.
+            Err(TrySendError::Closed(job)) => job,
+        };
+        Box::pin(self.renew_lane())
+            .await?
+            .queue
+            .try_send(job)
+            .map_err(|e| match e {
+                TrySendError::Full(_) => Error::Overloaded(MAX_QUEUED),
+                TrySendError::Closed(_) => NO_RUNTIME,
+            })
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        let mut full = String::with_capacity(self.prefix.len() + key.len());
+        full.push_str(&self.prefix);
+        full.push_str(key);
+        full
+    }
+
+    fn now(&self) -> Option<u64> {
+        self.clock.as_ref().map(|clock| clock.now_micros())
+    }
+
+    pub(crate) async fn decide(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            key: self.full_key(key),
+            quota: *quota,
+            request: Request::new(quota, cost, self.now()),
+            reply,
+        };
+        self.enqueue(Work::One(job)).await?;
+        await_answer(self.timeout, answer).await
+    }
+
+    /// Decides for every key at once, admitting all or none, in the next
+    /// batch's script call. The keys must be distinct.
+    pub(crate) async fn decide_all(
+        &self,
+        requests: &[(&Quota, &str, u64)],
+    ) -> Result<Vec<Decision>, Error> {
+        if requests.is_empty() {
+            // Nothing to decide: no run of no keys is ever sent.
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let (reply, answer) = oneshot::channel();
+        let check = Check {
+            keys: requests
+                .iter()
+                .map(|(_, key, _)| self.full_key(key))
+                .collect(),
+            quotas: requests.iter().map(|(quota, _, _)| **quota).collect(),
+            requests: requests
+                .iter()
+                .map(|(quota, _, cost)| Request::new(quota, *cost, now))
+                .collect(),
+            reply,
+        };
+        self.enqueue(Work::All(check)).await?;
+        await_answer(self.timeout, answer).await
+    }
+
+    /// Runs one script call on `lane`'s connection, within the timeout; a
+    /// failure may mean the master moved.
+    async fn call(
+        &self,
+        lane: &Lane,
+        invocation: &ScriptCall,
+        connection: &mut ConnectionManager,
+    ) -> Result<Vec<i64>, Error> {
+        let reply = tokio::time::timeout(
+            self.timeout,
+            invoke(invocation, connection, &lane.functions),
+        )
+        .await
+        .map_err(|_| Error::Timeout(self.timeout))
+        .and_then(|reply| reply.map_err(Error::from));
+        if reply.is_err() {
+            self.failed(lane);
+        }
+        reply
+    }
+}
+
+impl RedisBackend {
+    /// The decision a request of `cost` would get now, with nothing written.
+    pub(crate) async fn peek(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
+        let key = self.full_key(key);
+        let invocation = invocation("peek", [(&key, Request::new(quota, cost, self.now()))]);
+        let reply = self.call(&lane, &invocation, &mut connection).await?;
+        decode_one(&reply, quota, cost, &key)
+    }
+
+    /// Verifies that this limiter can decide on the server now: connected,
+    /// authenticated, over TLS where asked, the right kind of server, the
+    /// script loaded, and the keys under the prefix (and `TIME`) permitted.
+    pub(crate) async fn ping(&self) -> Result<(), Error> {
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
+        let traits = hello(&mut connection, self.timeout).await?;
+        check_server(
+            &lane.address.to_string(),
+            traits,
+            "standalone",
+            self.endpoint.follows_failovers(),
+        )?;
+        let key = self.full_key(PING_KEY);
+        let invocation = invocation("peek", [(&key, Request::new(&PING_QUOTA, 0, self.now()))]);
+        let reply = self.call(&lane, &invocation, &mut connection).await?;
+        decode_one(&reply, &PING_QUOTA, 0, &key).map(|_| ())
+    }
+
+    /// Deletes `key`'s state: its quota is whole again.
+    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
+        let mut del = redis::cmd("DEL");
+        del.arg(self.full_key(key));
+        tokio::time::timeout(self.timeout, del.query_async::<i64>(&mut connection))
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))??;
+        Ok(())
+    }
+}

@@ -1,0 +1,230 @@
+//! The script: the Lua files as one EVALSHA script and as one function
+//! library, and how a call is sent (FCALL while the server runs the library,
+//! else EVALSHA).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use once_cell::sync::Lazy;
+
+/// The script for EVALSHA, built once per process: its definitions, then the
+/// call. `Script` sends EVALSHA and, on NOSCRIPT (after a restart or
+/// `SCRIPT FLUSH`), loads the script and retries once. Used where Redis
+/// functions are not (see [`LIBRARY`]).
+pub(crate) static SCRIPT: Lazy<redis::Script> =
+    Lazy::new(|| redis::Script::new(concat!(script_body!(), eval_call!())));
+
+/// The script's text, file by file: one list for the standalone script, the
+/// cluster's flagged one and the function library (a macro, as `concat!`
+/// takes only literals).
+macro_rules! script_body {
+    () => {
+        concat!(
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/prelude.lua")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gcra.lua")),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/fixed_window.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/sliding_log.lua"
+            )),
+            include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/sliding_window.lua"
+            )),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/refund.lua")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/entry.lua")),
+        )
+    };
+}
+pub(crate) use script_body;
+
+/// What makes the script's definitions a script call (see entry.lua): the
+/// global KEYS, which the prelude's local of that name hides.
+macro_rules! eval_call {
+    () => {
+        "return decide_call(_G.KEYS, ARGV)\n"
+    };
+}
+pub(crate) use eval_call;
+
+/// The same definitions as a Redis function library (Redis 7.0 and later,
+/// Valkey), loaded once per server by `FUNCTION LOAD`: Redis then runs them
+/// once, at load, where EVALSHA runs them on every call, which measured a
+/// large share of what a call costs Redis (`benches/floors.sh`). Named after
+/// the script's hash, so that two versions of this crate sharing a Redis each
+/// call their own; flagged for keys of several slots, which a cluster batch
+/// needs and a single-slot call does not mind.
+pub(crate) struct Library {
+    /// The function's name, also the library's.
+    function: String,
+    /// The library's source, for `FUNCTION LOAD`.
+    code: String,
+}
+
+pub(crate) static LIBRARY: Lazy<Library> = Lazy::new(|| {
+    let function = format!("ratelimit_{}", &SCRIPT.get_hash()[..16]);
+    let code = format!(
+        "#!lua name={function}\n{}\nredis.register_function{{function_name='{function}', \
+         callback=decide_call, flags={{'allow-cross-slot-keys'}}}}\n",
+        script_body!()
+    );
+    Library { function, code }
+});
+
+/// Whether one server (a master, or the masters of one cluster) runs the
+/// library: until it refuses it (a Redis older than 7.0, an ACL user without
+/// `FCALL` or `FUNCTION LOAD`), calls go as FCALL, and from then on as
+/// EVALSHA.
+#[derive(Debug, Default)]
+pub(crate) struct Functions {
+    refused: AtomicBool,
+}
+
+impl Functions {
+    /// From now on, EVALSHA. The log names the error's code alone: a reply
+    /// to an unknown command quotes the call's arguments, which hold keys.
+    fn refuse(&self, error: &redis::RedisError) {
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                code = error.code().unwrap_or("none"),
+                "this Redis does not run the limiter as a function (FCALL or FUNCTION LOAD \
+                 refused); calling it by EVALSHA"
+            );
+        }
+    }
+}
+
+/// One call of the script: its keys and arguments, sent as FCALL of the
+/// library or as EVALSHA of `script`.
+pub(crate) struct ScriptCall {
+    script: &'static redis::Script,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    pub(crate) fn new(script: &'static redis::Script) -> Self {
+        Self {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    pub(crate) fn key<T: redis::ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    pub(crate) fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    fn fcall(&self) -> redis::Cmd {
+        let mut fcall = redis::cmd("FCALL");
+        fcall
+            .arg(&LIBRARY.function)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        fcall
+    }
+
+    fn evalsha(&self) -> redis::ScriptInvocation<'static> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.key(&self.keys).arg(&self.args);
+        invocation
+    }
+}
+
+/// Runs `call`, as FCALL while `functions` allows, loading the library when
+/// the server has not got it (first use, a restart, `FUNCTION FLUSH`), and
+/// otherwise, or when Redis is out of memory, as EVALSHA. Errors are told
+/// apart by redis-rs's kinds and Redis's codes, never by their text. A flush
+/// landing between a load and the call it serves makes the call fail as
+/// before the load, so each is tried a couple more times rather than
+/// reported as a backend failure.
+pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
+    call: &ScriptCall,
+    connection: &mut C,
+    functions: &Functions,
+) -> Result<Vec<i64>, redis::RedisError> {
+    match invoke_once(call, connection, functions).await {
+        // A refused connection sent nothing: it is the reconnection attempt
+        // a connection manager made at an earlier failure, which it reports
+        // to the next call while it starts a new one. Sent again, the call
+        // waits for that new attempt, so the first call after a restart is
+        // decided rather than failed (and the breaker kept closed).
+        Err(error) if error.is_connection_refusal() => {
+            invoke_once(call, connection, functions).await
+        }
+        result => result,
+    }
+}
+
+pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
+    call: &ScriptCall,
+    connection: &mut C,
+    functions: &Functions,
+) -> Result<Vec<i64>, redis::RedisError> {
+    let mut loads = 0;
+    while !functions.refused.load(Ordering::Relaxed) {
+        match call.fcall().query_async(connection).await {
+            // A generic error: the function is missing (never loaded here,
+            // flushed, a restart), or FCALL cannot run (Redis before 7.0, the
+            // command renamed away). Told apart by codes alone: the load
+            // fails where FUNCTION is unknown, and FCALL failing again after
+            // two loads (one may meet a flush landing between the load and
+            // the call) cannot run here; EVALSHA decides from then on (and
+            // answers with a call's own error, if that is what it was).
+            Err(error) if error.code() == Some("ERR") => {
+                if loads == 2 {
+                    functions.refuse(&error);
+                    break;
+                }
+                loads += 1;
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
+                match load.query_async::<redis::Value>(connection).await {
+                    Ok(_) => {}
+                    Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
+                    // Over `maxmemory`: this call goes by EVALSHA, which
+                    // needs no load, and the next tries again.
+                    Err(error) if error.code() == Some("OOM") => break,
+                    // No FUNCTION command, not allowed, or a Lua that
+                    // rejects the library.
+                    Err(error) => functions.refuse(&error),
+                }
+            }
+            // Not allowed to call functions, or the keys: EVALSHA either
+            // decides or is refused the keys too, and says so.
+            Err(error)
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+            {
+                functions.refuse(&error)
+            }
+            // Over `maxmemory`, Redis refuses a function that may write
+            // before it runs, while the plain script runs until it writes:
+            // a call that only denies is still answered that way.
+            Err(error) if error.code() == Some("OOM") => break,
+            result => return result,
+        }
+    }
+    let invocation = call.evalsha();
+    let mut attempts = 0;
+    loop {
+        match invocation.invoke_async(connection).await {
+            Err(error)
+                if attempts < 2
+                    && error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                attempts += 1;
+            }
+            result => return result,
+        }
+    }
+}

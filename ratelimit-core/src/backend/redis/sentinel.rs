@@ -1,0 +1,80 @@
+//! Following a Sentinel-managed master through switchovers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::RESOLVE_EVERY;
+
+/// Follows the Sentinels' `+switch-master` announcements of `master`, as
+/// Redis's guidelines for Sentinel clients ask, so a switchover moves the
+/// decisions to the new master at once, without waiting for a failure on
+/// the old one (which a manual failover leaves answering for seconds). Each
+/// announcement, and each new subscription (a switch may have been missed
+/// while none was held), bumps `switches`; lanes made before then ask the
+/// Sentinels again. Ends once the backend is gone.
+pub(super) async fn watch_switches(
+    sentinels: Vec<redis::ConnectionInfo>,
+    master: String,
+    switches: std::sync::Weak<AtomicU64>,
+    timeout: Duration,
+) {
+    use futures_util::StreamExt as _;
+    let bump = |switches: &std::sync::Weak<AtomicU64>| match switches.upgrade() {
+        Some(switches) => {
+            switches.fetch_add(1, Ordering::AcqRel);
+            true
+        }
+        None => false,
+    };
+    loop {
+        for sentinel in &sentinels {
+            let Ok(client) = redis::Client::open(sentinel.clone()) else {
+                continue;
+            };
+            let Ok(Ok(pubsub)) = tokio::time::timeout(timeout, client.get_async_pubsub()).await
+            else {
+                continue;
+            };
+            let (mut sink, mut messages) = pubsub.split();
+            let subscribed = tokio::time::timeout(timeout, sink.subscribe("+switch-master")).await;
+            if !matches!(subscribed, Ok(Ok(()))) {
+                continue;
+            }
+            if !bump(&switches) {
+                return;
+            }
+            let mut alive = tokio::time::interval(Duration::from_secs(1));
+            alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    message = messages.next() => {
+                        let Some(message) = message else { break };
+                        // "<master name> <old ip> <old port> <new ip> <new port>"
+                        let payload = message.get_payload_bytes();
+                        let named = payload.split(|&b| b == b' ').next() == Some(master.as_bytes());
+                        if named {
+                            tracing::info!(%master, "Sentinel announced a new master; following it");
+                            if !bump(&switches) {
+                                return;
+                            }
+                        }
+                    }
+                    _ = alive.tick() => {
+                        if switches.strong_count() == 0 {
+                            return;
+                        }
+                        // A connection that died silently is found out.
+                        let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
+                        if !matches!(pong, Ok(Ok(_))) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if switches.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(RESOLVE_EVERY).await;
+    }
+}

@@ -1,0 +1,233 @@
+//! The script's arguments and replies: requests encoded as groups of
+//! fields, replies decoded into decisions.
+
+use std::collections::HashSet;
+
+use crate::algorithm::gcra;
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::quota::{Algorithm, Quota};
+
+use super::script::{ScriptCall, SCRIPT};
+
+/// One key's request: what the script needs besides the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub algorithm: u64,
+    pub cost: u64,
+    /// The caller's clock, or `None` for Redis `TIME`.
+    pub now: Option<u64>,
+    pub params: [u64; 3],
+}
+
+impl Request {
+    pub(crate) fn new(quota: &Quota, cost: u64, now: Option<u64>) -> Self {
+        Self::tagged(quota, cost, now, 0)
+    }
+
+    /// A request whose admission the sliding log records under `tag`
+    /// (non-zero, below 2^53, unique to this request), so that a refund
+    /// with the same tag removes exactly what it added, however often it is
+    /// applied. Other algorithms ignore the tag.
+    pub(crate) fn tagged(quota: &Quota, cost: u64, now: Option<u64>, tag: u64) -> Self {
+        let rate = quota.rate();
+        let algorithm = quota.algorithm();
+        let params = if algorithm.is_windowed() {
+            [quota.capacity(), quota.window_us(), tag]
+        } else {
+            [rate.tokens(), rate.period_us(), quota.capacity()]
+        };
+        Self {
+            algorithm: algorithm.wire_id(),
+            cost,
+            now,
+            params,
+        }
+    }
+
+    /// Adds the group of seven fields that stands for `count` keys with
+    /// this request.
+    pub(super) fn push_group(&self, count: usize, invocation: &mut ScriptCall) {
+        invocation.arg(count).arg(self.algorithm).arg(self.cost);
+        match self.now {
+            Some(now) => invocation.arg(now),
+            None => invocation.arg(""),
+        };
+        for p in self.params {
+            invocation.arg(p);
+        }
+    }
+}
+
+/// Prepares one script call in `mode` for `requests`, in order: their keys,
+/// and one group of fields for each run of equal requests on distinct keys
+/// (concurrent decisions on one quota make one group, so Redis reads one
+/// argument a key). A key named again starts a new group: the script reads a
+/// group's values before any of its decisions writes.
+pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
+    mode: &str,
+    requests: impl IntoIterator<Item = (&'a K, Request)>,
+) -> ScriptCall {
+    let mut invocation = ScriptCall::new(&SCRIPT);
+    invocation.arg(mode);
+    let (keys, groups) = grouped(requests);
+    for key in keys {
+        invocation.key(key);
+    }
+    for (count, request) in groups {
+        request.push_group(count, &mut invocation);
+    }
+    invocation
+}
+
+/// Prepares one 'batch' call of `script` (the script flagged for keys of
+/// several slots) for `requests`, whose keys all live on the Redis Cluster
+/// node serving `routing`: that key alone is in KEYS, which is what the
+/// cluster client routes by; the keys go in ARGV, then the groups.
+#[cfg(feature = "cluster")]
+pub(crate) fn batch_invocation<'a, K: AsRef<str> + 'a>(
+    script: &'static redis::Script,
+    routing: &str,
+    requests: impl IntoIterator<Item = (&'a K, Request)>,
+) -> ScriptCall {
+    let mut invocation = ScriptCall::new(script);
+    let (keys, groups) = grouped(requests);
+    invocation.key(routing).arg("batch").arg(keys.len());
+    for key in keys {
+        invocation.arg(key);
+    }
+    for (count, request) in groups {
+        request.push_group(count, &mut invocation);
+    }
+    invocation
+}
+
+/// The keys of `requests` in order, and the groups that stand for them: a
+/// count of keys and their request, for each run of equal requests on
+/// distinct keys.
+pub(super) fn grouped<'a, K: AsRef<str> + 'a>(
+    requests: impl IntoIterator<Item = (&'a K, Request)>,
+) -> (Vec<&'a str>, Vec<(usize, Request)>) {
+    let mut keys = Vec::new();
+    let mut groups = Vec::new();
+    let mut run: Option<Request> = None;
+    let mut run_keys: HashSet<&str> = HashSet::new();
+    for (key, request) in requests {
+        let key = key.as_ref();
+        if let Some(current) = run {
+            if current != request || run_keys.contains(key) {
+                groups.push((run_keys.len(), current));
+                run_keys.clear();
+            }
+        }
+        run = Some(request);
+        run_keys.insert(key);
+        keys.push(key);
+    }
+    if let Some(current) = run {
+        groups.push((run_keys.len(), current));
+    }
+    (keys, groups)
+}
+
+/// How many numbers the script answers for one key of `algorithm`: the
+/// bucket algorithms answer with the debt their decision follows from.
+pub(super) fn answer_len(algorithm: Algorithm) -> usize {
+    if algorithm.is_windowed() {
+        5
+    } else {
+        1
+    }
+}
+
+/// Reads each key's decision from a script reply, in order: `keys` gives
+/// each key's quota, cost and full name. A reply of the wrong length is one
+/// error for the whole call.
+pub(crate) fn decode_reply<'a>(
+    reply: &[i64],
+    keys: impl IntoIterator<Item = (&'a Quota, u64, &'a str)>,
+) -> Result<Vec<Result<Decision, Error>>, Error> {
+    let unexpected = || Error::UnexpectedReply(format!("{reply:?}"));
+    let mut rest = reply;
+    let mut decisions = Vec::new();
+    for (quota, cost, key) in keys {
+        let len = answer_len(quota.algorithm());
+        if rest.len() < len {
+            return Err(unexpected());
+        }
+        let (answer, tail) = rest.split_at(len);
+        rest = tail;
+        decisions.push(decode(quota, cost, key, answer));
+    }
+    if !rest.is_empty() {
+        return Err(unexpected());
+    }
+    Ok(decisions)
+}
+
+/// The decisions of an all-or-nothing call on `requests`, whose full key
+/// names are `keys`: every one, or the first error.
+#[cfg(feature = "cluster")]
+pub(crate) fn decode_all(
+    reply: &[i64],
+    requests: &[(&Quota, &str, u64)],
+    keys: &[String],
+) -> Result<Vec<Decision>, Error> {
+    decode_reply(
+        reply,
+        requests
+            .iter()
+            .zip(keys)
+            .map(|((quota, _, cost), key)| (*quota, *cost, key.as_str())),
+    )?
+    .into_iter()
+    .collect()
+}
+
+/// The decision of a script call on one key.
+pub(crate) fn decode_one(
+    reply: &[i64],
+    quota: &Quota,
+    cost: u64,
+    key: &str,
+) -> Result<Decision, Error> {
+    decode_reply(reply, [(quota, cost, key)])?
+        .pop()
+        .unwrap_or_else(|| Err(Error::UnexpectedReply(format!("{reply:?}"))))
+}
+
+/// One key's decision from its answer, whose length `answer_len` gave: one
+/// number (the debt) for the bucket algorithms, five for the windows.
+pub(super) fn decode(
+    quota: &Quota,
+    cost: u64,
+    key: &str,
+    answer: &[i64],
+) -> Result<Decision, Error> {
+    let algorithm = quota.algorithm();
+    match *answer {
+        [-1, ..] => Err(Error::ForeignValue {
+            key: key.to_owned(),
+            algorithm,
+        }),
+        [debt] if debt >= 0 => Ok(gcra::decide_debt(
+            quota,
+            debt as u64,
+            cost,
+            algorithm == Algorithm::LeakyBucket,
+        )),
+        [allowed @ (0 | 1), remaining, retry, reset, delay]
+            if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 =>
+        {
+            Ok(Decision::from_micros(
+                allowed == 1,
+                quota.capacity(),
+                remaining as u64,
+                retry as u64,
+                reset as u64,
+                delay as u64,
+            ))
+        }
+        _ => Err(Error::UnexpectedReply(format!("{answer:?}"))),
+    }
+}
