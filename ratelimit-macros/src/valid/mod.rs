@@ -1,0 +1,622 @@
+//! Checks the function and each attribute's options, and turns them into the
+//! facts `expand` writes out: a quota in exact integers, key parts bound to
+//! parameters, a cost.
+//!
+//! Every check that can be made at compile time is made here, so the generated
+//! `Rule::new` never fails and a mistake is reported at its token.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::ext::IdentExt as _;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Pat};
+
+use ratelimit_core::Rate;
+
+use crate::attr::{closest, Args, KeyArg};
+use crate::key::{Placeholder, Segment, Template, TemplateError};
+
+mod literals;
+mod quota;
+mod signature;
+
+use literals::{failure_policy, positive_integer, rule_name, shadow_mode, wait_limit};
+use quota::{fixed_quota, per_call_quota};
+use signature::{binding_path, member};
+
+pub(crate) use quota::{period_us, Algorithm};
+pub(crate) use signature::function;
+
+/// What the attribute needs to know about the function it is on.
+pub(crate) struct Function<'a> {
+    pub name: &'a Ident,
+    params: Vec<Param<'a>>,
+    /// Where a return type that cannot carry a denial is reported: the first
+    /// and last tokens of the error type of a visible `Result<T, E>`, else of
+    /// the whole type.
+    pub return_span: (Span, Span),
+}
+
+enum Param<'a> {
+    /// `self`, `&self`, `&mut self`, `self: Arc<Self>`...
+    Receiver,
+    /// `user_id: u64`, `mut user_id: u64`
+    Named(&'a Ident),
+    /// `(a, b): (u64, u64)`: its bindings cannot be named by a key.
+    Pattern(&'a Pat),
+}
+
+/// One attribute, checked.
+pub(crate) struct Check {
+    pub krate: TokenStream,
+    pub quota: QuotaArg,
+    /// `rule = "..."`: the name looked up in the limiter's rules.
+    pub rule: Option<LitStr>,
+    pub key: Key,
+    pub cost: Cost,
+    /// `exempt = <expression>`: when true, the call skips the limit.
+    pub exempt: Option<Expr>,
+    pub limiter: Option<Expr>,
+    /// `on_error = ...`: the `FailurePolicy` variant.
+    pub on_error: Option<&'static str>,
+    /// `mode = shadow`.
+    pub shadow: bool,
+    /// `lease = N`: tokens taken per backend call and served in process.
+    pub lease: Option<u64>,
+    /// `on_limit = wait(max = ...)`, in microseconds.
+    pub wait_us: Option<u64>,
+}
+
+/// Where a call's quota comes from.
+pub(crate) enum QuotaArg {
+    /// The attribute's numbers, checked at compile time (the defaults of a
+    /// named rule).
+    Fixed(Fixed),
+    /// `quota = <expression>`, evaluated at each call.
+    PerCall(Expr),
+}
+
+/// A quota stated in the attribute.
+pub(crate) struct Fixed {
+    pub algorithm: Algorithm,
+    /// The bucket size, or the window's limit.
+    pub capacity: u64,
+    /// The refill rate, or the limit per window.
+    pub rate: Rate,
+    /// Zero for bucket algorithms.
+    pub window_us: u64,
+}
+
+pub(crate) enum Key {
+    /// `key = "..."`: parts in order; `span` is the literal's.
+    Template { parts: Vec<KeyPart>, span: Span },
+    /// `key = <expression>`
+    Expr(Expr),
+}
+
+pub(crate) enum KeyPart {
+    Literal(String),
+    /// The expression a placeholder stands for, such as `self.tenant.id`.
+    Value(TokenStream),
+}
+
+pub(crate) enum Cost {
+    Fixed(u64),
+    Expr(Expr),
+}
+
+impl Function<'_> {
+    /// Checks one attribute's options against this function.
+    pub(crate) fn check(&self, args: Args) -> syn::Result<Check> {
+        let key = match &args.key {
+            Some(key) => key,
+            None => {
+                return Err(args.error_at_attribute(
+                    "`#[rate_limit]` needs a `key`; add `key = \"name:<param>\"`, which says \
+                     whose bucket a call takes from",
+                ))
+            }
+        };
+        let rule = args.rule.as_ref().map(rule_name).transpose()?;
+        let quota = match &args.quota {
+            Some(expr) => per_call_quota(&args, expr)?,
+            None => QuotaArg::Fixed(fixed_quota(&args)?),
+        };
+        let key = match key {
+            KeyArg::Template(lit) => self.key_template(lit)?,
+            KeyArg::Expr(expr) => Key::Expr(expr.clone()),
+        };
+        let cost = match &args.cost {
+            None => Cost::Fixed(1),
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Int(lit), ..
+            })) => {
+                let cost = lit.base10_parse::<u64>()?;
+                if let QuotaArg::Fixed(fixed) = &quota {
+                    let capacity_name = if fixed.algorithm.is_windowed() {
+                        "limit"
+                    } else {
+                        "capacity"
+                    };
+                    let capacity = fixed.capacity;
+                    if cost > capacity {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "`cost = {cost}` is greater than `{capacity_name} = {capacity}`, \
+                                 so no call could ever be admitted; lower the cost or raise the \
+                                 {capacity_name}"
+                            ),
+                        ));
+                    }
+                }
+                Cost::Fixed(cost)
+            }
+            Some(expr) => Cost::Expr(expr.clone()),
+        };
+        let lease = match &args.lease {
+            None => None,
+            Some(expr) => {
+                let tokens = positive_integer(expr, "lease")?;
+                if let QuotaArg::Fixed(fixed) = &quota {
+                    if fixed.algorithm.name() == "leaky_bucket" {
+                        return Err(syn::Error::new_spanned(
+                            expr,
+                            "`leaky_bucket` cannot lease tokens: each admission carries its own \
+                             delay; remove `lease` or choose another algorithm",
+                        ));
+                    }
+                }
+                Some(tokens)
+            }
+        };
+        Ok(Check {
+            lease,
+            krate: match &args.krate {
+                Some(path) => path.to_token_stream(),
+                None => facade_path(),
+            },
+            quota,
+            rule,
+            key,
+            cost,
+            exempt: args.exempt.clone(),
+            limiter: args.limiter.clone(),
+            on_error: args.on_error.as_ref().map(failure_policy).transpose()?,
+            shadow: args
+                .mode
+                .as_ref()
+                .map(shadow_mode)
+                .transpose()?
+                .unwrap_or(false),
+            wait_us: args
+                .on_limit
+                .as_ref()
+                .map(wait_limit)
+                .transpose()?
+                .flatten(),
+        })
+    }
+
+    fn key_template(&self, lit: &LitStr) -> syn::Result<Key> {
+        let template = Template::parse(&lit.value())
+            .map_err(|err: TemplateError| syn::Error::new(lit.span(), err))?;
+        let mut parts = Vec::with_capacity(template.segments.len());
+        for segment in template.segments {
+            match segment {
+                Segment::Literal(text) => parts.push(KeyPart::Literal(text)),
+                Segment::Placeholder(placeholder) => {
+                    // Tokens take the literal's span, so the compiler's errors
+                    // about a placeholder (no such field, not `Display`)
+                    // point at the template.
+                    let root = self.placeholder_root(&placeholder, lit)?;
+                    let fields = placeholder
+                        .fields
+                        .iter()
+                        .map(|field| member(field, lit.span()));
+                    parts.push(KeyPart::Value(quote!(#root #(. #fields)*)));
+                }
+            }
+        }
+        Ok(Key::Template {
+            parts,
+            span: lit.span(),
+        })
+    }
+
+    /// The parameter a placeholder names, with the literal's span.
+    fn placeholder_root(
+        &self,
+        placeholder: &Placeholder,
+        lit: &LitStr,
+    ) -> syn::Result<TokenStream> {
+        let root = placeholder.root.as_str();
+        let function = self.name.unraw();
+        let fail = |message: String| Err(syn::Error::new(lit.span(), message));
+        if root == "self" {
+            if self.params.iter().any(|p| matches!(p, Param::Receiver)) {
+                return Ok(quote_spanned!(lit.span()=> self));
+            }
+            let mut message =
+                format!("`{placeholder}` needs a `self` parameter, and `{function}` has none");
+            if let Some(expected) = self.expected() {
+                message.push_str(&format!("; expected one of {expected}"));
+            }
+            return fail(message);
+        }
+        for param in &self.params {
+            match param {
+                Param::Named(ident) if ident.unraw() == root => {
+                    let mut ident = (*ident).clone();
+                    ident.set_span(lit.span());
+                    return Ok(ident.into_token_stream());
+                }
+                Param::Pattern(pat) => {
+                    if let Some(path) = binding_path(pat, root) {
+                        let example = match path {
+                            Some(path) => {
+                                let rest: String =
+                                    placeholder.fields.iter().map(|f| format!(".{f}")).collect();
+                                format!(", such as `<arg{path}{rest}>`")
+                            }
+                            None => String::new(),
+                        };
+                        return fail(format!(
+                            "`{placeholder}` is bound inside a pattern, which a key cannot refer \
+                             to; bind the parameter to a name and use a field of it{example}"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut message = format!("`{placeholder}` is not a parameter of `{function}`");
+        match self.expected() {
+            Some(expected) => message.push_str(&format!("; expected one of {expected}")),
+            None => message.push_str("; it takes no parameters, so use a literal key"),
+        }
+        let names = self.names();
+        if let Some(closest) = closest(root, names.iter().map(String::as_str)) {
+            message.push_str(&format!("; did you mean `{closest}`?"));
+        }
+        fail(message)
+    }
+
+    /// The names a placeholder can start with, in declaration order.
+    fn names(&self) -> Vec<String> {
+        self.params
+            .iter()
+            .filter_map(|param| match param {
+                Param::Receiver => Some("self".to_owned()),
+                Param::Named(ident) => Some(ident.unraw().to_string()),
+                Param::Pattern(_) => None,
+            })
+            .collect()
+    }
+
+    fn expected(&self) -> Option<String> {
+        let names = self.names();
+        let listed = names.iter().map(|name| format!("`{name}`"));
+        (!names.is_empty()).then(|| listed.collect::<Vec<_>>().join(", "))
+    }
+}
+
+/// The facade's package, and the name of its library.
+const FACADE_PACKAGE: &str = "distributed-ratelimit";
+const FACADE_LIBRARY: &str = "ratelimit";
+
+/// The path of the facade in the crate being compiled: under the name its
+/// `Cargo.toml` gives it (`rl = { package = "distributed-ratelimit", .. }`
+/// makes it `::rl`), else `::ratelimit`, the library's own name (a dependency
+/// not renamed, the facade's own tests and examples, and a crate whose
+/// manifest cannot be read).
+fn facade_path() -> TokenStream {
+    use proc_macro_crate::{crate_name, FoundCrate};
+    let name = match crate_name(FACADE_PACKAGE) {
+        // Named after the package, not renamed: known by its library's name.
+        Ok(FoundCrate::Name(name)) if name != FACADE_PACKAGE.replace('-', "_") => name,
+        _ => FACADE_LIBRARY.to_owned(),
+    };
+    let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
+    quote!(::#name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::literals::TOO_LARGE;
+    use super::quota::{parse_rate, RateError};
+    use crate::body::Body;
+    use super::*;
+
+    fn fraction(rate: Result<Rate, RateError>) -> Result<(u64, u64), RateError> {
+        rate.map(|rate| (rate.tokens(), period_us(&rate)))
+    }
+
+    #[test]
+    fn rate_strings_reduce_to_exact_fractions() {
+        let cases = [
+            ("5/s", (1, 200_000)),
+            ("100/min", (1, 600_000)),
+            ("3600/h", (1, 1_000_000)),
+            ("1000/d", (1, 86_400_000)),
+            ("1000000/day", (1, 86_400)),
+            ("7/m", (7, 60_000_000)),
+            ("2.5/s", (1, 400_000)),
+            ("10/30s", (1, 3_000_000)),
+            ("1/500ms", (1, 500_000)),
+            (" 1 / 500ms ", (1, 500_000)),
+            ("3/2 hours", (1, 2_400_000_000)),
+            ("4/µs", (4, 1)),
+            (".5/sec", (1, 2_000_000)),
+            ("5./minute", (1, 12_000_000)),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(fraction(parse_rate(text)), Ok(expected), "rate {text:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_rate_strings_are_rejected_like_the_runtime_does() {
+        for text in [
+            "",
+            "5/",
+            "/s",
+            "5/fortnight",
+            "-5/s",
+            "a/s",
+            "1.2.3/s",
+            "./s",
+            "5/ s2",
+            "1e3/s",
+            "5/-1s",
+        ] {
+            assert_eq!(parse_rate(text), Err(RateError::Invalid), "rate {text:?}");
+        }
+        for text in ["0/s", "0.0/min", "5/0s"] {
+            assert_eq!(parse_rate(text), Err(RateError::Zero), "rate {text:?}");
+        }
+        for text in ["1/100000000000d", "9007199254740993/s"] {
+            assert_eq!(parse_rate(text), Err(RateError::TooLarge), "rate {text:?}");
+        }
+    }
+
+    #[test]
+    fn numeric_rates_are_tokens_per_second() {
+        assert_eq!(fraction(parse_rate("2")), Ok((1, 500_000)), "rate = 2");
+        assert_eq!(
+            fraction(parse_rate("0.5")),
+            Ok((1, 2_000_000)),
+            "rate = 0.5"
+        );
+        assert_eq!(fraction(parse_rate("2.5")), Ok((1, 400_000)), "rate = 2.5");
+        assert_eq!(fraction(parse_rate("3")), Ok((3, 1_000_000)), "rate = 3");
+        assert_eq!(parse_rate("0"), Err(RateError::Zero), "rate = 0");
+    }
+
+    fn check(attr: &str, item: &str) -> syn::Result<Check> {
+        let item: syn::ItemFn = syn::parse_str(item).unwrap();
+        let args: Args = syn::parse_str(attr).unwrap();
+        function(&item.sig, &Body::of(&item))?.check(args)
+    }
+
+    fn error(attr: &str, item: &str) -> String {
+        match check(attr, item) {
+            Ok(_) => panic!("`{attr}` on `{item}` was accepted"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    const SUBMIT: &str =
+        "async fn submit_order(user_id: u64, item: Item) -> Result<(), AppError> { Ok(()) }";
+
+    #[test]
+    fn numeric_rate_literals_are_checked() {
+        let rate = |attr| match check(attr, SUBMIT).ok()?.quota {
+            QuotaArg::Fixed(fixed) => Some((fixed.rate.tokens(), period_us(&fixed.rate))),
+            QuotaArg::PerCall(_) => None,
+        };
+        assert_eq!(
+            rate("key = \"k\", capacity = 1, rate = 2"),
+            Some((1, 500_000))
+        );
+        assert_eq!(
+            rate("key = \"k\", capacity = 1, rate = 0.5"),
+            Some((1, 2_000_000))
+        );
+        assert_eq!(
+            rate("key = \"k\", capacity = 1, rate = 2.5"),
+            Some((1, 400_000))
+        );
+        assert_eq!(
+            error("key = \"k\", capacity = 1, rate = 1e3", SUBMIT),
+            "invalid rate `1e3`; write tokens per second as a decimal number, such as `2.5`, \
+             or a string such as \"100/min\""
+        );
+    }
+
+    #[test]
+    fn quotas_that_cannot_be_exact_are_rejected() {
+        assert_eq!(
+            error("key = \"k\", capacity = 1000000000, rate = \"1/h\"", SUBMIT),
+            TOO_LARGE
+        );
+        assert!(check(
+            "key = \"k\", capacity = 1000000, rate = \"1000000/d\"",
+            SUBMIT
+        )
+        .is_ok());
+        let windowed = |window: &str| {
+            format!("key = \"k\", algorithm = fixed_window, limit = 1, window = \"{window}\"")
+        };
+        assert_eq!(error(&windowed("100000d"), SUBMIT), TOO_LARGE);
+        assert!(check(&windowed("50000d"), SUBMIT).is_ok());
+    }
+
+    #[test]
+    fn placeholders_must_name_a_parameter() {
+        assert_eq!(
+            error("key = \"o:<user>\", capacity = 1, rate = 1", SUBMIT),
+            "`<user>` is not a parameter of `submit_order`; expected one of `user_id`, `item`; \
+             did you mean `user_id`?"
+        );
+        assert_eq!(
+            error("key = \"o:<zzz.id>\", capacity = 1, rate = 1", SUBMIT),
+            "`<zzz.id>` is not a parameter of `submit_order`; expected one of `user_id`, `item`"
+        );
+        assert_eq!(
+            error(
+                "key = \"o:<a>\", capacity = 1, rate = 1",
+                "async fn f() -> Result<(), E> { Ok(()) }"
+            ),
+            "`<a>` is not a parameter of `f`; it takes no parameters, so use a literal key"
+        );
+        assert_eq!(
+            error("key = \"o:<self.tenant>\", capacity = 1, rate = 1", SUBMIT),
+            "`<self.tenant>` needs a `self` parameter, and `submit_order` has none; expected one \
+             of `user_id`, `item`"
+        );
+    }
+
+    #[test]
+    fn placeholders_bound_by_a_pattern_suggest_a_field_path() {
+        let item = "async fn f(x: u8, (a, Point { y, .. }): (u64, Point), [s, ..]: [u8; 2], \
+                    (.., z): (u8, u8)) -> Result<(), E> { Ok(()) }";
+        let cases = [
+            (
+                "a",
+                "`<a>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it, such as `<arg.0>`",
+            ),
+            (
+                "a.id",
+                "`<a.id>` is bound inside a pattern, which a key cannot refer to; bind \
+                      the parameter to a name and use a field of it, such as `<arg.0.id>`",
+            ),
+            (
+                "y",
+                "`<y>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it, such as `<arg.1.y>`",
+            ),
+            // Elements of a slice, or after `..`, have no field path to suggest.
+            (
+                "s",
+                "`<s>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it",
+            ),
+            (
+                "z",
+                "`<z>` is bound inside a pattern, which a key cannot refer to; bind the \
+                   parameter to a name and use a field of it",
+            ),
+        ];
+        for (placeholder, expected) in cases {
+            let attr = format!("key = \"<{placeholder}>\", capacity = 1, rate = 1");
+            assert_eq!(error(&attr, item), expected, "placeholder <{placeholder}>");
+        }
+    }
+
+    #[test]
+    fn placeholders_become_field_accesses_on_the_parameter() {
+        let check = check(
+            "key = \"<self.a.0>:<type>:<mut_id>\", capacity = 1, rate = 1",
+            "async fn f(&self, r#type: u8, mut mut_id: u8) -> Result<(), E> { Ok(()) }",
+        )
+        .unwrap();
+        let Key::Template { parts, .. } = check.key else {
+            panic!("a template")
+        };
+        let values: Vec<String> = parts
+            .iter()
+            .filter_map(|part| match part {
+                KeyPart::Value(tokens) => Some(tokens.to_string()),
+                KeyPart::Literal(_) => None,
+            })
+            .collect();
+        assert_eq!(values, ["self . a . 0", "r#type", "mut_id"]);
+    }
+
+    #[test]
+    fn a_fixed_cost_cannot_exceed_the_capacity() {
+        assert!(check("key = \"k\", capacity = 5, rate = 1, cost = 5", SUBMIT).is_ok());
+        assert_eq!(
+            error("key = \"k\", capacity = 5, rate = 1, cost = 6", SUBMIT),
+            "`cost = 6` is greater than `capacity = 5`, so no call could ever be admitted; \
+             lower the cost or raise the capacity"
+        );
+    }
+
+    #[test]
+    fn a_named_rule_keeps_the_attribute_numbers_as_its_defaults() {
+        let check = check(
+            "key = \"k\", rule = \"api/v1:search\", capacity = 3, rate = 1",
+            SUBMIT,
+        )
+        .unwrap();
+        assert_eq!(check.rule.unwrap().value(), "api/v1:search");
+        assert!(matches!(
+            check.quota,
+            QuotaArg::Fixed(Fixed { capacity: 3, .. })
+        ));
+        assert_eq!(
+            error("key = \"k\", rule = \"\", capacity = 3, rate = 1", SUBMIT),
+            "`rule` cannot be empty; name the rule, such as `rule = \"order_submit\"`"
+        );
+        assert!(error(
+            "key = \"k\", rule = \"a b\", capacity = 3, rate = 1",
+            SUBMIT
+        )
+        .starts_with("invalid rule name `a b`"));
+        assert!(
+            error("key = \"k\", rule = NAME, capacity = 3, rate = 1", SUBMIT)
+                .starts_with("`rule` must be a string literal")
+        );
+        assert!(
+            error("key = \"k\", rule = \"r\", rate = 1", SUBMIT).contains("needs a `capacity`"),
+            "a named rule needs its defaults"
+        );
+    }
+
+    #[test]
+    fn a_per_call_quota_replaces_every_option_that_states_one() {
+        let check = check(
+            "key = \"k\", quota = tier(&user_id), cost = 500, exempt = user_id == 0",
+            SUBMIT,
+        )
+        .unwrap();
+        assert!(matches!(check.quota, QuotaArg::PerCall(_)));
+        assert!(check.exempt.is_some());
+        for option in [
+            "capacity = 1",
+            "rate = 1",
+            "limit = 1",
+            "window = \"1s\"",
+            "algorithm = gcra",
+        ] {
+            let name = option.split(' ').next().unwrap();
+            assert_eq!(
+                error(&format!("key = \"k\", quota = q, {option}"), SUBMIT),
+                format!(
+                    "`quota = ...` chooses each call's quota, so `{name}` cannot be given too; \
+                     remove `{name}`, or remove `quota` for a fixed quota"
+                )
+            );
+        }
+        assert!(error("key = \"k\", quota = q, rule = \"r\"", SUBMIT)
+            .starts_with("`quota = ...` chooses each call's quota, so `rule` cannot name one too"));
+        assert!(error("key = \"k\", quota = 10", SUBMIT)
+            .starts_with("`quota` must be an expression giving a `Quota`"));
+    }
+
+    #[test]
+    fn the_function_must_be_async_and_return_a_type() {
+        let attr = "key = \"k\", capacity = 1, rate = 1";
+        assert!(
+            error(attr, "fn f() -> Result<(), E> { Ok(()) }").contains("requires an `async fn`")
+        );
+        assert!(error(attr, "async fn f() {}").contains("add a return type"));
+        // Whether the type carries a denial is checked by the compiler.
+        for ty in ["io::Result<()>", "ApiResult<u8>", "Option<()>"] {
+            let item = format!("async fn f() -> {ty} {{ todo!() }}");
+            assert!(check(attr, &item).is_ok(), "{item}");
+        }
+    }
+}
