@@ -9,46 +9,65 @@ use syn::ext::IdentExt as _;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitStr, Meta, Path, Token};
 
-mod kw {
-    syn::custom_keyword!(key);
-    syn::custom_keyword!(capacity);
-    syn::custom_keyword!(rate);
-    syn::custom_keyword!(cost);
-    syn::custom_keyword!(limiter);
-    syn::custom_keyword!(algorithm);
-    syn::custom_keyword!(limit);
-    syn::custom_keyword!(window);
-    syn::custom_keyword!(on_error);
-    syn::custom_keyword!(on_limit);
-    syn::custom_keyword!(mode);
-    syn::custom_keyword!(lease);
-    syn::custom_keyword!(max);
-    syn::custom_keyword!(rule);
-    syn::custom_keyword!(quota);
-    syn::custom_keyword!(exempt);
-}
-
-/// Every option, in the order the documentation lists them.
-pub(crate) const OPTIONS: [&str; 16] = [
-    "key",
-    "rule",
-    "capacity",
-    "rate",
-    "algorithm",
-    "limit",
-    "window",
-    "quota",
-    "cost",
-    "exempt",
-    "on_error",
-    "on_limit",
-    "mode",
-    "lease",
-    "limiter",
-    "crate",
+/// Every option, in the order the documentation lists them, with how its
+/// value is read into [`Args`]: a new option is a field of `Args` and an
+/// entry here.
+type ReadOption = fn(&mut Args, ParseStream, Span) -> syn::Result<()>;
+const OPTIONS: [(&str, ReadOption); 16] = [
+    ("key", |args, input, at| {
+        set_once(&mut args.key, key_value(input)?, at, "key")
+    }),
+    ("rule", |args, input, at| {
+        set_once(&mut args.rule, parse_value(input)?, at, "rule")
+    }),
+    ("capacity", |args, input, at| {
+        set_once(&mut args.capacity, parse_value(input)?, at, "capacity")
+    }),
+    ("rate", |args, input, at| {
+        set_once(&mut args.rate, parse_value(input)?, at, "rate")
+    }),
+    ("algorithm", |args, input, at| {
+        set_once(&mut args.algorithm, ident_value(input)?, at, "algorithm")
+    }),
+    ("limit", |args, input, at| {
+        set_once(&mut args.limit, parse_value(input)?, at, "limit")
+    }),
+    ("window", |args, input, at| {
+        set_once(&mut args.window, parse_value(input)?, at, "window")
+    }),
+    ("quota", |args, input, at| {
+        set_once(&mut args.quota, parse_value(input)?, at, "quota")
+    }),
+    ("cost", |args, input, at| {
+        set_once(&mut args.cost, parse_value(input)?, at, "cost")
+    }),
+    ("exempt", |args, input, at| {
+        set_once(&mut args.exempt, parse_value(input)?, at, "exempt")
+    }),
+    ("on_error", |args, input, at| {
+        set_once(&mut args.on_error, ident_value(input)?, at, "on_error")
+    }),
+    ("on_limit", |args, input, at| {
+        set_once(&mut args.on_limit, on_limit_value(input)?, at, "on_limit")
+    }),
+    ("mode", |args, input, at| {
+        set_once(&mut args.mode, ident_value(input)?, at, "mode")
+    }),
+    ("lease", |args, input, at| {
+        set_once(&mut args.lease, parse_value(input)?, at, "lease")
+    }),
+    ("limiter", |args, input, at| {
+        set_once(&mut args.limiter, parse_value(input)?, at, "limiter")
+    }),
+    ("crate", |args, input, at| {
+        input.parse::<Token![=]>()?;
+        let path = input.call(Path::parse_mod_style)?;
+        set_once(&mut args.krate, path, at, "crate")
+    }),
 ];
 
 /// One `#[rate_limit(...)]`.
+#[derive(Default)]
 pub(crate) struct Args {
     /// The attribute itself, for errors about a missing option: `None` for
     /// the attribute being expanded (the call site), `Some` for a stacked one.
@@ -94,7 +113,7 @@ impl Args {
     /// The options of a stacked `#[rate_limit(...)]` found on the item.
     pub(crate) fn from_attribute(attr: &Attribute) -> syn::Result<Self> {
         let mut args = match &attr.meta {
-            Meta::Path(_) => Args::empty(),
+            Meta::Path(_) => Args::default(),
             Meta::List(_) => attr.parse_args::<Args>()?,
             Meta::NameValue(meta) => {
                 return Err(syn::Error::new_spanned(
@@ -108,28 +127,6 @@ impl Args {
         Ok(args)
     }
 
-    fn empty() -> Self {
-        Args {
-            attr: None,
-            key: None,
-            rule: None,
-            capacity: None,
-            rate: None,
-            algorithm: None,
-            limit: None,
-            window: None,
-            quota: None,
-            cost: None,
-            exempt: None,
-            on_error: None,
-            on_limit: None,
-            mode: None,
-            lease: None,
-            limiter: None,
-            krate: None,
-        }
-    }
-
     /// An error underlining the whole attribute.
     pub(crate) fn error_at_attribute(&self, message: &str) -> syn::Error {
         match &self.attr {
@@ -141,100 +138,17 @@ impl Args {
 
 impl Parse for Args {
     fn parse(input: ParseStream) -> syn::Result<Self> {
-        let mut args = Args::empty();
+        let mut args = Args::default();
         while !input.is_empty() {
-            let lookahead = input.lookahead1();
-            if lookahead.peek(kw::key) {
-                let name = input.parse::<kw::key>()?;
-                let value = match parse_value(input)? {
-                    Expr::Lit(ExprLit {
-                        lit: Lit::Str(template),
-                        ..
-                    }) => KeyArg::Template(template),
-                    expr => KeyArg::Expr(expr),
-                };
-                set_once(&mut args.key, value, name.span, "key")?;
-            } else if lookahead.peek(kw::rule) {
-                let name = input.parse::<kw::rule>()?;
-                set_once(&mut args.rule, parse_value(input)?, name.span, "rule")?;
-            } else if lookahead.peek(kw::quota) {
-                let name = input.parse::<kw::quota>()?;
-                set_once(&mut args.quota, parse_value(input)?, name.span, "quota")?;
-            } else if lookahead.peek(kw::exempt) {
-                let name = input.parse::<kw::exempt>()?;
-                set_once(&mut args.exempt, parse_value(input)?, name.span, "exempt")?;
-            } else if lookahead.peek(kw::capacity) {
-                let name = input.parse::<kw::capacity>()?;
-                set_once(
-                    &mut args.capacity,
-                    parse_value(input)?,
-                    name.span,
-                    "capacity",
-                )?;
-            } else if lookahead.peek(kw::rate) {
-                let name = input.parse::<kw::rate>()?;
-                set_once(&mut args.rate, parse_value(input)?, name.span, "rate")?;
-            } else if lookahead.peek(kw::algorithm) {
-                let name = input.parse::<kw::algorithm>()?;
-                input.parse::<Token![=]>()?;
-                let value = input.call(Ident::parse_any)?;
-                set_once(&mut args.algorithm, value, name.span, "algorithm")?;
-            } else if lookahead.peek(kw::limit) {
-                let name = input.parse::<kw::limit>()?;
-                set_once(&mut args.limit, parse_value(input)?, name.span, "limit")?;
-            } else if lookahead.peek(kw::window) {
-                let name = input.parse::<kw::window>()?;
-                set_once(&mut args.window, parse_value(input)?, name.span, "window")?;
-            } else if lookahead.peek(kw::on_error) {
-                let name = input.parse::<kw::on_error>()?;
-                input.parse::<Token![=]>()?;
-                let value = input.call(Ident::parse_any)?;
-                set_once(&mut args.on_error, value, name.span, "on_error")?;
-            } else if lookahead.peek(kw::lease) {
-                let name = input.parse::<kw::lease>()?;
-                set_once(&mut args.lease, parse_value(input)?, name.span, "lease")?;
-            } else if lookahead.peek(kw::mode) {
-                let name = input.parse::<kw::mode>()?;
-                input.parse::<Token![=]>()?;
-                let value = input.call(Ident::parse_any)?;
-                set_once(&mut args.mode, value, name.span, "mode")?;
-            } else if lookahead.peek(kw::on_limit) {
-                let name = input.parse::<kw::on_limit>()?;
-                input.parse::<Token![=]>()?;
-                let behaviour = input.call(Ident::parse_any)?;
-                let (mut max, mut parens) = (None, None);
-                if input.peek(syn::token::Paren) {
-                    let content;
-                    let group = syn::parenthesized!(content in input);
-                    parens = Some(group.span.join());
-                    if !content.is_empty() {
-                        content.parse::<kw::max>()?;
-                        content.parse::<Token![=]>()?;
-                        max = Some(content.parse::<LitStr>()?);
-                    }
-                }
-                let value = OnLimitArg {
-                    behaviour,
-                    max,
-                    parens,
-                };
-                set_once(&mut args.on_limit, value, name.span, "on_limit")?;
-            } else if lookahead.peek(kw::cost) {
-                let name = input.parse::<kw::cost>()?;
-                set_once(&mut args.cost, parse_value(input)?, name.span, "cost")?;
-            } else if lookahead.peek(kw::limiter) {
-                let name = input.parse::<kw::limiter>()?;
-                set_once(&mut args.limiter, parse_value(input)?, name.span, "limiter")?;
-            } else if lookahead.peek(Token![crate]) {
-                let name = input.parse::<Token![crate]>()?;
-                input.parse::<Token![=]>()?;
-                let path = input.call(Path::parse_mod_style)?;
-                set_once(&mut args.krate, path, name.span, "crate")?;
-            } else if input.peek(Ident::peek_any) {
-                return Err(unknown_option(&input.call(Ident::parse_any)?));
-            } else {
-                return Err(lookahead.error());
+            if !input.peek(Ident::peek_any) {
+                return Err(input.error("expected an option, such as `key = \"name:<param>\"`"));
             }
+            let name = input.call(Ident::parse_any)?;
+            let written = name.unraw().to_string();
+            let Some((_, read)) = OPTIONS.iter().find(|(option, _)| *option == written) else {
+                return Err(unknown_option(&name));
+            };
+            read(&mut args, input, name.span())?;
             if input.is_empty() {
                 break;
             }
@@ -242,6 +156,51 @@ impl Parse for Args {
         }
         Ok(args)
     }
+}
+
+/// `= "template"` or `= <expression>`.
+fn key_value(input: ParseStream) -> syn::Result<KeyArg> {
+    Ok(match parse_value(input)? {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(template),
+            ..
+        }) => KeyArg::Template(template),
+        expr => KeyArg::Expr(expr),
+    })
+}
+
+/// `= name`: one identifier, checked by `valid`.
+fn ident_value(input: ParseStream) -> syn::Result<Ident> {
+    input.parse::<Token![=]>()?;
+    input.call(Ident::parse_any)
+}
+
+/// `= deny` or `= wait(max = "2s")`.
+fn on_limit_value(input: ParseStream) -> syn::Result<OnLimitArg> {
+    input.parse::<Token![=]>()?;
+    let behaviour = input.call(Ident::parse_any)?;
+    let (mut max, mut parens) = (None, None);
+    if input.peek(syn::token::Paren) {
+        let content;
+        let group = syn::parenthesized!(content in input);
+        parens = Some(group.span.join());
+        if !content.is_empty() {
+            let name = content.call(Ident::parse_any)?;
+            if name != "max" {
+                return Err(syn::Error::new(
+                    name.span(),
+                    "expected `max`, as in `on_limit = wait(max = \"2s\")`",
+                ));
+            }
+            content.parse::<Token![=]>()?;
+            max = Some(content.parse::<LitStr>()?);
+        }
+    }
+    Ok(OnLimitArg {
+        behaviour,
+        max,
+        parens,
+    })
 }
 
 /// `= <expression>`. A literal passed through `macro_rules!` (`rate = $rate`)
@@ -271,11 +230,11 @@ fn unknown_option(name: &Ident) -> syn::Error {
     let written = name.unraw().to_string();
     let expected = OPTIONS
         .iter()
-        .map(|option| format!("`{option}`"))
+        .map(|(option, _)| format!("`{option}`"))
         .collect::<Vec<_>>()
         .join(", ");
     let mut message = format!("unknown option `{written}`; expected one of {expected}");
-    if let Some(closest) = closest(&written, OPTIONS.iter().copied()) {
+    if let Some(closest) = closest(&written, OPTIONS.iter().map(|(option, _)| *option)) {
         message.push_str(&format!("; did you mean `{closest}`?"));
     }
     syn::Error::new(name.span(), message)
@@ -315,6 +274,22 @@ mod tests {
     }
 
     #[test]
+    fn every_documented_option_is_read_into_its_field() {
+        // Each option of the table, given a value of its kind, lands in Args.
+        let all = r#"key = "k", rule = "r", capacity = 1, rate = 1, algorithm = gcra, limit = 1,
+            window = "1s", quota = q, cost = 1, exempt = e, on_error = open,
+            on_limit = wait(max = "1s"), mode = shadow, lease = 2, limiter = &L, crate = rl"#;
+        let args = parse(all).unwrap();
+        assert_eq!(OPTIONS.len(), 16);
+        assert!(args.key.is_some() && args.rule.is_some() && args.capacity.is_some());
+        assert!(args.rate.is_some() && args.algorithm.is_some() && args.limit.is_some());
+        assert!(args.window.is_some() && args.quota.is_some() && args.cost.is_some());
+        assert!(args.exempt.is_some() && args.on_error.is_some() && args.on_limit.is_some());
+        assert!(args.mode.is_some() && args.lease.is_some() && args.limiter.is_some());
+        assert!(args.krate.is_some());
+    }
+
+    #[test]
     fn a_non_literal_key_is_an_expression() {
         let args = parse("key = format!(\"{}\", a)").unwrap();
         assert!(matches!(args.key, Some(KeyArg::Expr(_))));
@@ -323,6 +298,14 @@ mod tests {
     #[test]
     fn option_errors_say_what_is_wrong() {
         let message = |tokens| parse(tokens).err().expect(tokens).to_string();
+        assert_eq!(
+            message("= 1"),
+            "expected an option, such as `key = \"name:<param>\"`"
+        );
+        assert_eq!(
+            message(r#"on_limit = wait(mux = "1s")"#),
+            "expected `max`, as in `on_limit = wait(max = \"2s\")`"
+        );
         assert_eq!(
             message("capacity = 1, capacity = 2"),
             "duplicate option `capacity`; give each option once"

@@ -324,8 +324,8 @@ fn facade_path() -> TokenStream {
 mod tests {
     use super::literals::TOO_LARGE;
     use super::quota::{parse_rate, RateError};
-    use crate::body::Body;
     use super::*;
+    use crate::body::Body;
 
     fn fraction(rate: Result<Rate, RateError>) -> Result<(u64, u64), RateError> {
         rate.map(|rate| (rate.tokens(), period_us(&rate)))
