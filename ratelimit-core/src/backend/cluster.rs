@@ -43,7 +43,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::redis::{
     await_answer, batch_invocation, decode_all, decode_one, decode_reply, invocation, invoke,
-    run_batches, Functions, Job, Request, ScriptCall, MAX_QUEUED, PING_KEY, PING_QUOTA,
+    run_batches, Functions, Job, KeySpace, Request, ScriptCall, MAX_QUEUED, PING_KEY, PING_QUOTA,
 };
 use crate::breaker::{Breaker, BreakerConfig, CircuitState};
 use crate::clock::Clock;
@@ -123,9 +123,8 @@ pub(crate) struct ClusterBackend {
     stale: Arc<AtomicBool>,
     /// Whether the masters run the script as a function.
     functions: Arc<Functions>,
-    prefix: String,
+    keys: KeySpace,
     timeout: Duration,
-    clock: Option<Arc<dyn Clock>>,
     /// A circuit breaker per master, by address, so a dead master sends its
     /// own keys to the failure policy and no others; the one under "" guards
     /// calls made before the slot map is known.
@@ -167,34 +166,21 @@ impl ClusterBackend {
             }
             .into());
         }
-        let secure = urls.iter().any(|u| u.starts_with("rediss://"));
-        if tls.is_set() && !secure {
-            return Err(ConfigError::TlsWithoutRediss {
-                what: "Redis Cluster URLs",
-            }
-            .into());
-        }
-        #[cfg(not(feature = "tls"))]
-        if secure {
-            return Err(ConfigError::FeatureOff {
-                what: "`rediss://`",
-                feature: "tls",
-            }
-            .into());
-        }
+        // Only certificates need it: the client reads `rediss://` itself.
+        #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+        let secure = super::redis::uses_tls(
+            urls.iter().any(|u| u.starts_with("rediss://")),
+            tls,
+            "Redis Cluster URLs",
+        )?;
         let builder = ClusterClient::builder(urls.to_vec())
             .connection_timeout(timeout)
             .response_timeout(timeout)
             // Sent once; see the module's documentation and `call`.
             .retries(0);
         #[cfg(feature = "tls")]
-        let builder = if secure {
-            crate::tls::ensure_crypto_provider();
-            if tls.is_set() {
-                builder.certs(tls.certificates())
-            } else {
-                builder
-            }
+        let builder = if secure && tls.is_set() {
+            builder.certs(tls.certificates())
         } else {
             builder
         };
@@ -212,9 +198,8 @@ impl ClusterBackend {
             refreshing: tokio::sync::Mutex::new(None),
             stale: Arc::new(AtomicBool::new(false)),
             functions: Arc::new(Functions::default()),
-            prefix,
+            keys: KeySpace { prefix, clock },
             timeout,
-            clock,
             breakers: std::sync::Mutex::new(HashMap::new()),
             breaker_config,
         })
@@ -263,11 +248,11 @@ impl ClusterBackend {
     }
 
     fn full_key(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
+        self.keys.full_key(key)
     }
 
     fn now(&self) -> Option<u64> {
-        self.clock.as_ref().map(|clock| clock.now_micros())
+        self.keys.now()
     }
 
     /// One script call over keys of one slot, sent again (within the

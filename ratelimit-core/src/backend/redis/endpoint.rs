@@ -6,6 +6,29 @@ use std::time::Duration;
 
 use crate::error::{ConfigError, Error};
 
+/// The keys a backend names and the instant it decides at: the limiter's
+/// prefix before each key, and the caller's clock when one is configured
+/// (Redis `TIME` otherwise).
+pub(crate) struct KeySpace {
+    pub(crate) prefix: String,
+    pub(crate) clock: Option<std::sync::Arc<dyn crate::clock::Clock>>,
+}
+
+impl KeySpace {
+    /// `key` under the prefix.
+    pub(crate) fn full_key(&self, key: &str) -> String {
+        let mut full = String::with_capacity(self.prefix.len() + key.len());
+        full.push_str(&self.prefix);
+        full.push_str(key);
+        full
+    }
+
+    /// The caller's clock's instant, or `None` for Redis `TIME`.
+    pub(crate) fn now(&self) -> Option<u64> {
+        self.clock.as_ref().map(|clock| clock.now_micros())
+    }
+}
+
 /// `url` with any password replaced by `***`, for errors and logs: a Redis
 /// URL carries the password of its user (`redis://user:secret@host`).
 pub(crate) fn redacted(url: &str) -> String {
@@ -44,25 +67,35 @@ pub(crate) fn open_client(url: &str, tls: &crate::tls::TlsConfig) -> Result<redi
     };
     let info = url.into_connection_info().map_err(invalid)?;
     let secure = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+    if uses_tls(secure, tls, "a URL")? && tls.is_set() {
+        #[cfg(feature = "tls")]
+        return redis::Client::build_with_tls(info, tls.certificates()).map_err(invalid);
+    }
+    redis::Client::open(info).map_err(invalid)
+}
+
+/// Whether addresses that are `secure` (`rediss://`) use TLS, checked
+/// against the certificates given (`what` names the addresses) and the `tls`
+/// feature; the crypto provider is installed for them.
+pub(crate) fn uses_tls(
+    secure: bool,
+    tls: &crate::tls::TlsConfig,
+    what: &'static str,
+) -> Result<bool, Error> {
     if tls.is_set() && !secure {
-        return Err(ConfigError::TlsWithoutRediss { what: "a URL" }.into());
+        return Err(ConfigError::TlsWithoutRediss { what }.into());
     }
-    #[cfg(feature = "tls")]
     if secure {
-        crate::tls::ensure_crypto_provider();
-        if tls.is_set() {
-            return redis::Client::build_with_tls(info, tls.certificates()).map_err(invalid);
-        }
-    }
-    #[cfg(not(feature = "tls"))]
-    if secure {
+        #[cfg(not(feature = "tls"))]
         return Err(ConfigError::FeatureOff {
             what: "`rediss://`",
             feature: "tls",
         }
         .into());
+        #[cfg(feature = "tls")]
+        crate::tls::ensure_crypto_provider();
     }
-    redis::Client::open(info).map_err(invalid)
+    Ok(secure)
 }
 
 /// Where the Redis to decide on is: one address, or the master a set of

@@ -26,7 +26,7 @@ use crate::error::Error;
 use crate::quota::Quota;
 
 pub(crate) use batcher::{await_answer, run_batches, Job, MAX_QUEUED};
-pub(crate) use endpoint::{open_client, Endpoint};
+pub(crate) use endpoint::{open_client, Endpoint, KeySpace};
 pub(crate) use script::{invoke, Functions, ScriptCall};
 pub(crate) use server::{check_server, hello};
 pub(crate) use wire::{decode_one, invocation, Request};
@@ -35,7 +35,7 @@ use batcher::{send_batch, Check, Work, BATCH_CONNECTIONS, MAX_IN_FLIGHT, NO_RUNT
 use sentinel::watch_switches;
 #[cfg(feature = "cluster")]
 pub(crate) use {
-    endpoint::redacted,
+    endpoint::{redacted, uses_tls},
     script::{eval_call, script_body},
     wire::{batch_invocation, decode_all, decode_reply},
 };
@@ -83,10 +83,8 @@ pub(crate) struct RedisBackend {
     /// One lane is made at a time, and Sentinels are asked at most once per
     /// `RESOLVE_EVERY` after a failure.
     renewing: tokio::sync::Mutex<Option<std::time::Instant>>,
-    prefix: String,
+    keys: KeySpace,
     timeout: Duration,
-    /// The caller's clock, when configured; Redis `TIME` otherwise.
-    clock: Option<Arc<dyn Clock>>,
     /// Switches the Sentinels announced, counted by a watcher started with
     /// the first lane.
     switches: Arc<AtomicU64>,
@@ -114,9 +112,8 @@ impl RedisBackend {
             endpoint,
             lane: RwLock::new(None),
             renewing: tokio::sync::Mutex::new(None),
-            prefix,
+            keys: KeySpace { prefix, clock },
             timeout,
-            clock,
             switches: Arc::new(AtomicU64::new(0)),
             watching: AtomicBool::new(false),
         }
@@ -260,14 +257,11 @@ impl RedisBackend {
     }
 
     fn full_key(&self, key: &str) -> String {
-        let mut full = String::with_capacity(self.prefix.len() + key.len());
-        full.push_str(&self.prefix);
-        full.push_str(key);
-        full
+        self.keys.full_key(key)
     }
 
     fn now(&self) -> Option<u64> {
-        self.clock.as_ref().map(|clock| clock.now_micros())
+        self.keys.now()
     }
 
     pub(crate) async fn decide(
