@@ -45,9 +45,8 @@
 //! only costs a backend call.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -57,6 +56,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
+use crate::sharded::Sharded;
 
 const SHARDS: usize = 16;
 
@@ -68,11 +68,8 @@ const STRIPES: usize = 256;
 /// between two costs (a lease, then a single token) is answered for both.
 const COSTS_PER_KEY: usize = 4;
 
-type Shard = Mutex<HashMap<Box<str>, Known>>;
-
 pub(crate) struct DenyCache {
-    shards: Box<[Shard]>,
-    hasher: RandomState,
+    shards: Sharded<HashMap<Box<str>, Known>>,
     max_per_shard: usize,
     /// Per stripe of keys, counts `forget`s: a reply asked for before a
     /// refund of its key may count tokens since given back, and is not
@@ -362,8 +359,7 @@ impl DenyCache {
     pub(crate) fn new(max_keys: usize) -> Self {
         let counters = || (0..STRIPES).map(|_| AtomicU64::new(0)).collect();
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: Sharded::new(SHARDS, HashMap::new),
             max_per_shard: (max_keys / SHARDS).max(1),
             forgets: counters(),
             admissions: counters(),
@@ -372,8 +368,8 @@ impl DenyCache {
 
     /// Where `key` is kept: its shard and its stripe, from one hash.
     fn place(&self, key: &str) -> (usize, usize) {
-        let hash = self.hasher.hash_one(key);
-        (hash as usize % SHARDS, (hash >> 32) as usize % STRIPES)
+        let hash = self.shards.hash(key);
+        (self.shards.index_of(hash), (hash >> 32) as usize % STRIPES)
     }
 
     /// Taken just before a backend call on `key`, at `now_us`, for `record`.
@@ -462,9 +458,7 @@ impl DenyCache {
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<Box<str>, Known>> {
-        self.shards[shard]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.shards.lock(shard)
     }
 
     /// What is known of a request of `cost` from `key` under `quota` at
@@ -643,10 +637,7 @@ impl DenyCache {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().map_or(0, |s| s.len()))
-            .sum()
+        self.shards.sum(HashMap::len)
     }
 }
 

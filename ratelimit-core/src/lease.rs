@@ -15,15 +15,12 @@
 //! no leases.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 use crate::quota::Quota;
+use crate::sharded::Sharded;
 
 const SHARDS: usize = 16;
-
-type Shard = Mutex<HashMap<Box<str>, Lease>>;
 
 #[derive(Clone, Copy)]
 struct Lease {
@@ -51,8 +48,7 @@ impl Lease {
 }
 
 pub(crate) struct Leases {
-    shards: Box<[Shard]>,
-    hasher: RandomState,
+    shards: Sharded<HashMap<Box<str>, Lease>>,
     max_per_shard: usize,
     /// Whether any lease was ever taken: until then, no decision pays for a
     /// look at the leases.
@@ -62,17 +58,14 @@ pub(crate) struct Leases {
 impl Leases {
     pub(crate) fn new(max_keys: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: Sharded::new(SHARDS, HashMap::new),
             max_per_shard: (max_keys / SHARDS).max(1),
             used: AtomicBool::new(false),
         }
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Lease>> {
-        self.shards[self.hasher.hash_one(key) as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.shards.lock_key(key)
     }
 
     /// Takes `cost` from `key`'s live lease under `quota`; the tokens left in

@@ -23,6 +23,7 @@ mod quota;
 #[cfg(feature = "redis")]
 mod rule_source;
 mod rules;
+mod sharded;
 mod tls;
 
 pub use breaker::{BreakerConfig, CircuitState};

@@ -2,13 +2,13 @@
 //! as the Redis script.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::quota::Quota;
+use crate::sharded::Sharded;
 
 /// Shards keep threads deciding on different keys off each other's lock.
 const SHARDS: usize = 64;
@@ -23,13 +23,12 @@ const MIN_PER_SHARD: usize = 16;
 const MIN_SWEEP: usize = 256;
 
 pub(crate) struct MemoryBackend {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Sharded<Shard>,
     /// The most keys a shard keeps; beyond it, the keys nearest to expiry
     /// are dropped, so memory stays bounded under any number of distinct
     /// keys. A key forgotten before its bucket refilled is admitted again as
     /// a fresh one: under-limiting, never an error.
     max_per_shard: usize,
-    hasher: RandomState,
     clock: Arc<dyn Clock>,
 }
 
@@ -49,33 +48,19 @@ impl MemoryBackend {
     pub(crate) fn bounded(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let max_keys = max_keys.max(1);
         let count = (max_keys / MIN_PER_SHARD).clamp(1, SHARDS);
-        let shards = (0..count)
-            .map(|_| {
-                Mutex::new(Shard {
-                    buckets: HashMap::new(),
-                    sweep_at: MIN_SWEEP,
-                })
-            })
-            .collect();
+        let shards = Sharded::new(count, || Shard {
+            buckets: HashMap::new(),
+            sweep_at: MIN_SWEEP,
+        });
         Self {
             shards,
             max_per_shard: max_keys / count,
-            hasher: RandomState::new(),
             clock,
         }
     }
 
-    fn index(&self, key: &str) -> usize {
-        self.hasher.hash_one(key) as usize % self.shards.len()
-    }
-
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        let index = self.index(key);
-        // The lock guards plain data updated without panicking, so a poisoned
-        // lock (a panic elsewhere while held) still holds consistent state.
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.shards.lock_key(key)
     }
 
     pub(crate) fn decide(&self, quota: &Quota, key: &str, cost: u64) -> Decision {
@@ -138,21 +123,15 @@ impl MemoryBackend {
     /// the copies stored only if every key admits. The keys must be distinct.
     pub(crate) fn decide_all(&self, requests: &[(&Quota, &str, u64)]) -> Vec<Decision> {
         let now = self.clock.now_micros();
-        let indexes: Vec<usize> = requests.iter().map(|(_, key, _)| self.index(key)).collect();
+        let indexes: Vec<usize> = requests
+            .iter()
+            .map(|(_, key, _)| self.shards.index(key))
+            .collect();
         let mut order = indexes.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
-            .iter()
-            .map(|&i| {
-                (
-                    i,
-                    self.shards[i]
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                )
-            })
-            .collect();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|&i| (i, self.shards.lock(i))).collect();
         let mut decided = Vec::with_capacity(requests.len());
         for ((quota, key, cost), index) in requests.iter().zip(&indexes) {
             let shard = &guards[guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0)].1;
@@ -179,21 +158,13 @@ impl MemoryBackend {
     /// The most keys this backend holds.
     #[cfg(test)]
     pub(crate) fn max_keys(&self) -> usize {
-        self.max_per_shard * self.shards.len()
+        self.max_per_shard * self.shards.count()
     }
 
     /// Keys currently held (buckets not yet known to be full).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                s.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .buckets
-                    .len()
-            })
-            .sum()
+        self.shards.sum(|shard| shard.buckets.len())
     }
 }
 
