@@ -12,6 +12,7 @@ mod backend;
 mod breaker;
 mod clock;
 mod decision;
+mod denial;
 mod deny_cache;
 mod error;
 mod global;
@@ -29,7 +30,8 @@ mod tls;
 pub use breaker::{BreakerConfig, CircuitState};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use decision::Decision;
-pub use error::{ConfigError, DenialCause, Error, ErrorKind, RateLimited};
+pub use denial::{DenialCause, RateLimited};
+pub use error::{ConfigError, Error, ErrorKind};
 pub use global::{global, install};
 pub use key::KeyBuilder;
 pub use limiter::{

@@ -17,7 +17,8 @@ use super::request::{Admitted, Decisions, Request};
 use super::round_trip::Answer;
 use super::{answered_in_process, Limiter};
 use crate::decision::Decision;
-use crate::error::{DenialCause, Error, ErrorKind, RateLimited};
+use crate::denial::{DenialCause, RateLimited};
+use crate::error::{Error, ErrorKind};
 use crate::metrics::Outcome;
 use crate::quota::Quota;
 

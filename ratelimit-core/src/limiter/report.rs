@@ -5,7 +5,8 @@ use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{FailurePolicy, Limiter};
-use crate::error::{Error, RateLimited};
+use crate::denial::RateLimited;
+use crate::error::Error;
 
 impl Limiter {
     /// Logs one denial in `denial_log_every`: a flood of denials must not

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::FailurePolicy;
 use crate::decision::Decision;
-use crate::error::RateLimited;
+use crate::denial::RateLimited;
 use crate::quota::Quota;
 
 /// One limit to decide: `cost` tokens (1 unless [`cost`](Self::cost) says

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 mod rate;
 
-pub use rate::Rate;
 #[doc(hidden)]
 pub use rate::__span_micros;
+pub use rate::Rate;
 pub(crate) use rate::{parse_span, MAX_EXACT};
 
 /// The algorithm a [`Quota`] decides with. Each one is a Lua script for Redis
