@@ -227,7 +227,7 @@ impl LimiterBuilder {
     /// it off). What the backend's replies teach of a key (a bucket's debt,
     /// a fixed window's count, a sliding algorithm's denial) answers the
     /// requests it cannot admit yet in process, with no backend call, with
-    /// the figures the backend would give at that instant (see [`Decision`]
+    /// the figures the backend would give at that instant (see [`Decision`](crate::Decision)
     /// for what a cached answer promises). When a key may admit only one more
     /// request, one caller asks the backend and the others wait for its
     /// answer (at most the [`timeout`](Self::timeout)). Under more distinct

@@ -177,7 +177,7 @@ impl fmt::Display for Rate {
 }
 
 /// Parses `"5/s"`, `"100/min"`, `"3600/h"`, `"1000/d"`, `"2.5/s"`, `"10/30s"` and
-/// `"1/500ms"` (the units of [`parse_span`]), and a bare number of tokens per
+/// `"1/500ms"` (units `us`, `ms`, `s`, `m`, `h`, `d` and their longer names), and a bare number of tokens per
 /// second (`"2"`, `"2.5"`), as the attribute's `rate = 2.5` and the rules'
 /// `rate=2.5` write it.
 ///
