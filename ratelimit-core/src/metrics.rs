@@ -141,18 +141,6 @@ impl Stats {
         metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
     }
 
-    /// Denials so far, of any kind, for sampling their logs.
-    pub(crate) fn denials_seen(&self) -> u64 {
-        [
-            Outcome::Denied,
-            Outcome::FallbackDenied,
-            Outcome::ShadowDenied,
-        ]
-        .iter()
-        .map(|o| self.total(*o as usize))
-        .sum()
-    }
-
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let get = |o: Outcome| self.total(o as usize);
         StatsSnapshot {

@@ -382,3 +382,33 @@ async fn the_first_call_after_a_restart_is_decided_by_redis() {
         "the first call after the restart: {first:?}"
     );
 }
+
+/// One policy step for one limit or several: a check of several limits that
+/// the failure policy admits is counted under every limit, as an admission
+/// by Redis is (it was counted under the first limit alone).
+#[tokio::test]
+async fn a_fallback_admission_of_several_limits_counts_under_every_limit() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Open);
+    let (user, global) = (quota(), quota());
+    let check = [
+        Request::new(&user, "user:1").rule("user"),
+        Request::new(&global, "global").rule("global"),
+    ];
+    limiter.check(check).await.unwrap();
+    assert_eq!(limiter.stats().allowed, 2, "{:?}", limiter.stats());
+    server.kill();
+    let admitted = limiter.check(check).await.unwrap();
+    assert!(admitted.decisions().iter().all(|d| d.fallback));
+    assert_eq!(
+        limiter.stats().fallback_allowed,
+        2,
+        "one fallback admission per limit: {:?}",
+        limiter.stats()
+    );
+    // A closed limit among them denies the check, counted once, under it.
+    let closed = check[1].on_error(FailurePolicy::Closed);
+    let denied = limiter.check([check[0], closed]).await.unwrap_err();
+    assert_eq!(denied.rule, Some("global"));
+    assert_eq!(limiter.stats().fallback_denied, 1);
+}

@@ -387,6 +387,59 @@ mod tests {
         );
     }
 
+    /// Shadow mode has one meaning for one limit or many: the enforced
+    /// requests of a check are decided (all or nothing) before those in
+    /// shadow mode, which never deny and take nothing when they would.
+    #[tokio::test]
+    async fn requests_in_shadow_mode_are_decided_after_the_enforced_ones() {
+        let limiter = Limiter::memory();
+        let (user, global) = (Quota::per_minute(3).unwrap(), Quota::per_minute(1).unwrap());
+        let check = [
+            Request::new(&user, "user:1").rule("user"),
+            Request::new(&global, "global").rule("global").shadow(true),
+        ];
+        let first = limiter.check(check).await.unwrap();
+        assert!(first.would_deny().is_none());
+        assert_eq!(first.decisions().len(), 2);
+        // The shadow limit is spent: the call goes ahead, and the user's
+        // limit still takes its token.
+        let second = limiter.check(check).await.unwrap();
+        let would = second.would_deny().expect("the global limit would deny");
+        assert_eq!((would.key.as_str(), would.rule), ("global", Some("global")));
+        assert_eq!(second.decisions().len(), 1, "only the user's limit took");
+        assert_eq!(
+            limiter.inspect(&user, "user:1", 0).await.unwrap().remaining,
+            1
+        );
+        assert_eq!(limiter.stats().shadow_denied, 1);
+        // An enforced denial denies, and the shadow limit is not asked.
+        limiter.check(check).await.unwrap();
+        let denied = limiter.check(check).await.unwrap_err();
+        assert_eq!(denied.key, "user:1");
+        assert_eq!(limiter.stats().shadow_denied, 2);
+        assert_eq!(limiter.stats().denied, 1);
+    }
+
+    /// A check naming one key twice can never be decided as written: denied
+    /// (in shadow mode too, as a would-be denial) and counted as an error.
+    #[tokio::test]
+    async fn a_key_named_twice_is_the_callers_mistake() {
+        let limiter = Limiter::memory();
+        let quota = Quota::per_minute(5).unwrap();
+        let twice = [Request::new(&quota, "k"), Request::new(&quota, "k").cost(2)];
+        let denied = limiter.check(twice).await.unwrap_err();
+        assert_eq!(denied.cause, crate::DenialCause::DuplicateKey);
+        assert!(!denied.is_retryable());
+        let shadowed = twice.map(|r| r.shadow(true));
+        let admitted = limiter.check(shadowed).await.unwrap();
+        assert_eq!(
+            admitted.would_deny().map(|d| d.cause),
+            Some(crate::DenialCause::DuplicateKey)
+        );
+        assert_eq!(limiter.stats().errors, 2);
+        assert_eq!(limiter.inspect(&quota, "k", 0).await.unwrap().remaining, 5);
+    }
+
     #[test]
     fn the_default_memory_limiter_is_bounded() {
         let limiter = Limiter::memory();
