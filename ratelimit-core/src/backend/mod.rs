@@ -6,12 +6,25 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
+#[cfg(feature = "redis")]
+use std::future::Future;
+#[cfg(feature = "redis")]
+use std::pin::Pin;
+
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::Quota;
 
-/// The backends, dispatched by `match`: no boxing and no dynamic future on the
-/// hot path.
+/// A remote backend's call, boxed as a `dyn Future`: a network round trip
+/// dwarfs the allocation, and the box keeps the pipeline's future small and
+/// its type shallow, so that the future of a caller holding a check (an axum
+/// handler's, a spawned task's) is `Send`-checked without walking redis-rs's
+/// types, which would pass the compiler's recursion limit.
+#[cfg(feature = "redis")]
+type Remote<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
+
+/// The backends, dispatched by `match`: the memory backend answers inline,
+/// with no allocation (see [`Remote`] for the others).
 pub(crate) enum Backend {
     Memory(memory::MemoryBackend),
     #[cfg(feature = "redis")]
@@ -30,9 +43,15 @@ impl Backend {
         match self {
             Backend::Memory(memory) => Ok(memory.decide(quota, key, cost)),
             #[cfg(feature = "redis")]
-            Backend::Redis(redis) => redis.decide(quota, key, cost).await,
+            Backend::Redis(redis) => {
+                let call: Remote<'_, _> = Box::pin(redis.decide(quota, key, cost));
+                call.await
+            }
             #[cfg(feature = "cluster")]
-            Backend::Cluster(cluster) => cluster.decide(quota, key, cost).await,
+            Backend::Cluster(cluster) => {
+                let call: Remote<'_, _> = Box::pin(cluster.decide(quota, key, cost));
+                call.await
+            }
         }
     }
 
@@ -45,9 +64,15 @@ impl Backend {
         match self {
             Backend::Memory(memory) => Ok(memory.decide_all(requests)),
             #[cfg(feature = "redis")]
-            Backend::Redis(redis) => redis.decide_all(requests).await,
+            Backend::Redis(redis) => {
+                let call: Remote<'_, _> = Box::pin(redis.decide_all(requests));
+                call.await
+            }
             #[cfg(feature = "cluster")]
-            Backend::Cluster(cluster) => cluster.decide_all(requests).await,
+            Backend::Cluster(cluster) => {
+                let call: Remote<'_, _> = Box::pin(cluster.decide_all(requests));
+                call.await
+            }
         }
     }
 
@@ -61,9 +86,15 @@ impl Backend {
         match self {
             Backend::Memory(memory) => Ok(memory.peek(quota, key, cost)),
             #[cfg(feature = "redis")]
-            Backend::Redis(redis) => redis.peek(quota, key, cost).await,
+            Backend::Redis(redis) => {
+                let call: Remote<'_, _> = Box::pin(redis.peek(quota, key, cost));
+                call.await
+            }
             #[cfg(feature = "cluster")]
-            Backend::Cluster(cluster) => cluster.peek(quota, key, cost).await,
+            Backend::Cluster(cluster) => {
+                let call: Remote<'_, _> = Box::pin(cluster.peek(quota, key, cost));
+                call.await
+            }
         }
     }
 
@@ -91,9 +122,15 @@ impl Backend {
         match self {
             Backend::Memory(_) => Ok(()),
             #[cfg(feature = "redis")]
-            Backend::Redis(redis) => redis.ping().await,
+            Backend::Redis(redis) => {
+                let call: Remote<'_, _> = Box::pin(redis.ping());
+                call.await
+            }
             #[cfg(feature = "cluster")]
-            Backend::Cluster(cluster) => cluster.ping().await,
+            Backend::Cluster(cluster) => {
+                let call: Remote<'_, _> = Box::pin(cluster.ping());
+                call.await
+            }
         }
     }
 
@@ -105,9 +142,15 @@ impl Backend {
                 Ok(())
             }
             #[cfg(feature = "redis")]
-            Backend::Redis(redis) => redis.reset(key).await,
+            Backend::Redis(redis) => {
+                let call: Remote<'_, _> = Box::pin(redis.reset(key));
+                call.await
+            }
             #[cfg(feature = "cluster")]
-            Backend::Cluster(cluster) => cluster.reset(key).await,
+            Backend::Cluster(cluster) => {
+                let call: Remote<'_, _> = Box::pin(cluster.reset(key));
+                call.await
+            }
         }
     }
 

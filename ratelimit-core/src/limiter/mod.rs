@@ -5,8 +5,6 @@
 //! configures it and `request.rs` holds what callers ask and get.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -236,14 +234,7 @@ impl Limiter {
         &self,
         requests: impl AsRef<[Request<'a>]>,
     ) -> Result<Admitted, RateLimited> {
-        // Boxed as a `dyn Future`: the pipeline's futures nest deep (policy,
-        // round trip, deny cache, breaker, batcher, redis-rs), and a caller's
-        // future that held them by type (an axum handler's, a spawned
-        // task's) would carry that depth into every `Send` check of its own,
-        // past the compiler's recursion limit. One allocation per check.
-        let check: Pin<Box<dyn Future<Output = Result<Admitted, RateLimited>> + Send + '_>> =
-            Box::pin(self.check_requests(requests.as_ref()));
-        check.await
+        self.check_requests(requests.as_ref()).await
     }
 
     /// Verifies that this limiter can decide now, and names the cause when
