@@ -1,0 +1,228 @@
+//! Script calls on a cluster: routed to a slot's master, batched per node,
+//! sent again only when a node refused a call unrun, and given back (a
+//! refund) when an all-or-nothing check across slots is denied.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_cell::sync::Lazy;
+use redis::cluster_async::ClusterConnection;
+
+use super::ClusterBackend;
+use crate::backend::redis::{
+    batch_invocation, decode_one, decode_reply, invocation, invoke, Functions, Job, Request,
+    ScriptCall,
+};
+use crate::error::Error;
+
+/// The script of every algorithm, flagged so that a call may touch keys of
+/// several slots of the node it runs on (a batch): the flag must be the
+/// first line. A script of its own, so that standalone Redis older than 7.0,
+/// which knows no flags, still runs the unflagged one.
+pub(super) static CROSS_SLOT_SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
+    redis::Script::new(concat!(
+        "#!lua flags=allow-cross-slot-keys\n",
+        crate::backend::redis::script_body!(),
+        crate::backend::redis::eval_call!()
+    ))
+});
+
+/// Batch calls in flight at once to one master. Fewer than one Redis gets
+/// (`MAX_IN_FLIGHT`): a master answers a third of the decisions, and with as
+/// many calls outstanding its batches would carry a third as many decisions
+/// each, which is what costs Redis per decision.
+pub(super) const NODE_IN_FLIGHT: usize = 2;
+
+impl ClusterBackend {
+    /// One script call over keys of one slot, sent again (within the
+    /// timeout) only when a node refused it unrun.
+    pub(super) async fn call(
+        &self,
+        mode: &str,
+        keys: &[String],
+        requests: &[Request],
+    ) -> Result<Vec<i64>, Error> {
+        let connection = self.connection().await?;
+        let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
+        call_routed(connection, self.timeout, &self.functions, &invocation).await
+    }
+}
+
+/// Runs one script call over keys of one slot, routed by its key, within
+/// `timeout`; sent again only when a node refused it unrun.
+pub(super) async fn call_routed(
+    mut connection: ClusterConnection,
+    timeout: Duration,
+    functions: &Functions,
+    invocation: &ScriptCall,
+) -> Result<Vec<i64>, Error> {
+    let work = async {
+        let mut wait = Duration::from_millis(2);
+        loop {
+            match invoke(invocation, &mut connection, functions).await {
+                Err(error) if refused_unrun(&error) => {
+                    // The slot map is being refreshed (the client starts
+                    // that on a redirect); give it a moment.
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(50));
+                }
+                result => return Ok::<Vec<i64>, Error>(result?),
+            }
+        }
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| Error::Timeout(timeout))?
+}
+
+/// Sends one batch of decisions whose keys the slot map puts on one master,
+/// and hands each caller its decision; whether the node answered. Keys the
+/// node turns out not to serve are decided alone and the rest go again
+/// once as a batch: the script wrote nothing, so nothing is applied twice.
+/// A batch the node refused unrun (the routing key moved, the cluster is
+/// down) is decided key by key. A call that may have run is never sent
+/// again: its decisions fail.
+pub(super) async fn send_node_batch(
+    connection: ClusterConnection,
+    timeout: Duration,
+    functions: Arc<Functions>,
+    stale: Arc<AtomicBool>,
+    mut jobs: Vec<Job>,
+) -> bool {
+    for _ in 0..2 {
+        if jobs.len() < 2 {
+            break;
+        }
+        let invocation = batch_invocation(
+            &CROSS_SLOT_SCRIPT,
+            &jobs[0].key,
+            jobs.iter().map(|job| (&job.key, job.request)),
+        );
+        let mut node = connection.clone();
+        let reply =
+            match tokio::time::timeout(timeout, invoke(&invocation, &mut node, &functions)).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(error)) if refused_unrun(&error) => {
+                    stale.store(true, Ordering::Release);
+                    break;
+                }
+                Ok(Err(error)) => {
+                    fail(jobs, &Error::from(error));
+                    return false;
+                }
+                Err(_) => {
+                    fail(jobs, &Error::Timeout(timeout));
+                    return false;
+                }
+            };
+        match reply.split_first() {
+            Some((0, answers)) => {
+                let decoded = decode_reply(
+                    answers,
+                    jobs.iter()
+                        .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
+                );
+                match decoded {
+                    Ok(results) => {
+                        for (job, result) in jobs.into_iter().zip(results) {
+                            // The caller may have timed out and gone.
+                            let _ = job.reply.send(result);
+                        }
+                    }
+                    Err(error) => fail(jobs, &error),
+                }
+                return true;
+            }
+            Some((&count, indexes))
+                if count > 0
+                    && indexes.len() == count as usize
+                    && indexes.iter().all(|&i| i >= 1 && i as usize <= jobs.len()) =>
+            {
+                stale.store(true, Ordering::Release);
+                let mut elsewhere = vec![false; jobs.len()];
+                for &i in indexes {
+                    elsewhere[i as usize - 1] = true;
+                }
+                let (moved, here): (Vec<_>, Vec<_>) = jobs
+                    .into_iter()
+                    .zip(elsewhere)
+                    .partition(|(_, elsewhere)| *elsewhere);
+                // Decided alone first, then the rest go again: this batch
+                // holds its place in the in-flight window meanwhile.
+                decide_alone(
+                    connection.clone(),
+                    timeout,
+                    functions.clone(),
+                    moved.into_iter().map(|(job, _)| job).collect(),
+                )
+                .await;
+                jobs = here.into_iter().map(|(job, _)| job).collect();
+            }
+            _ => {
+                fail(jobs, &Error::UnexpectedReply(format!("{reply:?}")));
+                return true;
+            }
+        }
+    }
+    decide_alone(connection, timeout, functions, jobs).await;
+    true
+}
+
+/// Decides each job in a call of its own, concurrently, following
+/// redirects; a job whose caller has gone is not sent.
+pub(super) async fn decide_alone(
+    connection: ClusterConnection,
+    timeout: Duration,
+    functions: Arc<Functions>,
+    jobs: Vec<Job>,
+) {
+    let calls: Vec<_> = jobs
+        .into_iter()
+        .filter(Job::wanted)
+        .map(|job| {
+            let (connection, functions) = (connection.clone(), functions.clone());
+            tokio::spawn(async move {
+                let invocation = invocation("each", [(&job.key, job.request)]);
+                let result = call_routed(connection, timeout, &functions, &invocation)
+                    .await
+                    .and_then(|reply| decode_one(&reply, &job.quota, job.request.cost, &job.key));
+                let _ = job.reply.send(result);
+            })
+        })
+        .collect();
+    for call in calls {
+        let _ = call.await;
+    }
+}
+
+/// Fails every job of a batch with `error`.
+pub(super) fn fail(jobs: Vec<Job>, error: &Error) {
+    for job in jobs {
+        let _ = job.reply.send(Err(error.clone()));
+    }
+}
+
+/// Whether a node refused a call without running it, so that sending it
+/// again cannot apply it twice.
+pub(super) fn refused_unrun(error: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind as Kind;
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(
+            Kind::Moved | Kind::Ask | Kind::TryAgain | Kind::ClusterDown | Kind::ReadOnly
+        )
+    )
+}
+
+/// A tag unique to one request, below 2^53 (Lua's doubles hold it exactly)
+/// and never 0 (no tag).
+pub(super) fn refund_tag() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SEED: once_cell::sync::Lazy<u64> =
+        once_cell::sync::Lazy::new(|| RandomState::new().hash_one(std::process::id()));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    (RandomState::new().hash_one((*SEED, n)) & ((1 << 53) - 1)).max(1)
+}

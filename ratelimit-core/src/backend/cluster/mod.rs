@@ -1,0 +1,375 @@
+//! The Redis Cluster backend: the same script, routed by key to the master
+//! of its hash slot through redis-rs's async cluster client, which follows
+//! MOVED and ASK and refreshes the slot map after a failover.
+//!
+//! Concurrent single-key decisions are batched per master: each key goes
+//! to the queue of the master serving its slot, as a slot map read with
+//! `CLUSTER SLOTS` says (read again after a redirect, and every
+//! [`REFRESH_EVERY`]), and each queue runs the standalone backend's batching
+//! (`run_batches`: the queue bound, the in-flight window, callers gone
+//! dropped). A batch is one call of the script flagged
+//! `allow-cross-slot-keys` (Redis 7.0 or later), which may touch keys of
+//! several slots of the node running it, one slot per command: one key of
+//! the batch in KEYS routes the call, and the batch's keys go in ARGV. The
+//! script reads every key before it writes any; when one is not the node's
+//! now (the map was stale, or its slot is migrating), it writes nothing and
+//! names those keys, which are then decided one per call, as below, while
+//! the others go again as one batch.
+//!
+//! Every other call only ever names keys of one slot, so no call can hit
+//! CROSSSLOT: a decision alone names one key; an all-or-nothing check whose
+//! keys share a slot (a common hash tag, such as `"{user:<id>}:..."`) is one
+//! script call; across slots, the dimensions consume in order and what was
+//! taken is given back when a later one denies.
+//!
+//! A script call changes state, so it is sent once: the cluster client's own
+//! retries are off, since it would send a call again after an I/O error,
+//! when Redis may have run it and only the reply was lost (a decision or a
+//! refund applied twice). This backend sends a call again only when the
+//! node refused it without running it (`MOVED`, `ASK`, `TRYAGAIN`,
+//! `CLUSTERDOWN`, a write to a demoted master), after the client has begun
+//! refreshing its slot map.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::oneshot;
+
+use super::redis::{
+    await_answer, decode_all, decode_one, Functions, Job, KeySpace, Request, MAX_QUEUED, PING_KEY,
+    PING_QUOTA,
+};
+use crate::breaker::{Breaker, BreakerConfig, CircuitState};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::{ConfigError, Error};
+use crate::quota::Quota;
+
+mod calls;
+mod routing;
+
+use calls::refund_tag;
+pub(crate) use routing::slot;
+use routing::Routing;
+
+pub(crate) struct ClusterBackend {
+    client: ClusterClient,
+    /// The first node given, on a connection of its own: a ping asks it
+    /// whether it is a cluster node at all.
+    seed: redis::Client,
+    /// Connected on first use; a failed attempt is retried on the next call.
+    connection: tokio::sync::OnceCell<ClusterConnection>,
+    /// The slot map and the masters' queues; none until first read.
+    routing: RwLock<Option<Arc<Routing>>>,
+    /// When the slot map was last asked for; one reader at a time.
+    refreshing: tokio::sync::Mutex<Option<Instant>>,
+    /// Set by a batch that met a key its node does not serve, or a failed
+    /// batch: the next decision reads the slot map again.
+    stale: Arc<AtomicBool>,
+    /// Whether the masters run the script as a function.
+    functions: Arc<Functions>,
+    keys: KeySpace,
+    timeout: Duration,
+    /// A circuit breaker per master, by address, so a dead master sends its
+    /// own keys to the failure policy and no others; the one under "" guards
+    /// calls made before the slot map is known.
+    breakers: std::sync::Mutex<HashMap<String, Arc<Breaker>>>,
+    breaker_config: BreakerConfig,
+}
+
+impl ClusterBackend {
+    pub(crate) fn new(
+        urls: &[String],
+        tls: &crate::tls::TlsConfig,
+        prefix: String,
+        timeout: Duration,
+        clock: Option<Arc<dyn Clock>>,
+        breaker_config: BreakerConfig,
+    ) -> Result<Self, Error> {
+        if urls.is_empty() {
+            return Err(ConfigError::MissingAddress {
+                what: "a Redis Cluster",
+                needs: "at least one node URL",
+                example: ".cluster([\"redis://10.0.0.1:7000\"])",
+            }
+            .into());
+        }
+        // Only certificates need it: the client reads `rediss://` itself.
+        #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+        let secure = super::redis::uses_tls(
+            urls.iter().any(|u| u.starts_with("rediss://")),
+            tls,
+            "Redis Cluster URLs",
+        )?;
+        let builder = ClusterClient::builder(urls.to_vec())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            // Sent once; see the module's documentation and `call`.
+            .retries(0);
+        #[cfg(feature = "tls")]
+        let builder = if secure && tls.is_set() {
+            builder.certs(tls.certificates())
+        } else {
+            builder
+        };
+        let client = builder.build().map_err(|source| ConfigError::InvalidUrl {
+            what: "Redis Cluster URLs",
+            urls: urls.iter().map(|u| super::redis::redacted(u)).collect(),
+            source,
+        })?;
+        let seed = super::redis::open_client(&urls[0], tls)?;
+        Ok(Self {
+            client,
+            seed,
+            connection: tokio::sync::OnceCell::new(),
+            routing: RwLock::new(None),
+            refreshing: tokio::sync::Mutex::new(None),
+            stale: Arc::new(AtomicBool::new(false)),
+            functions: Arc::new(Functions::default()),
+            keys: KeySpace { prefix, clock },
+            timeout,
+            breakers: std::sync::Mutex::new(HashMap::new()),
+            breaker_config,
+        })
+    }
+
+    /// The breaker of the master at `node` ("" before the slot map is known).
+    fn breaker(&self, node: &str) -> Arc<Breaker> {
+        let mut breakers = self.breakers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(breaker) = breakers.get(node) {
+            return breaker.clone();
+        }
+        let breaker = Arc::new(Breaker::new(self.breaker_config));
+        breakers.insert(node.to_owned(), breaker.clone());
+        breaker
+    }
+
+    /// The worst state among the masters' breakers.
+    pub(crate) fn circuit_state(&self) -> CircuitState {
+        let breakers = self.breakers.lock().unwrap_or_else(PoisonError::into_inner);
+        let states: Vec<CircuitState> = breakers.values().map(|b| b.state()).collect();
+        if states.contains(&CircuitState::Open) {
+            CircuitState::Open
+        } else if states.contains(&CircuitState::HalfOpen) {
+            CircuitState::HalfOpen
+        } else {
+            CircuitState::Closed
+        }
+    }
+
+    /// Runs `call` for the master at `node` through its breaker.
+    async fn guarded<T>(
+        &self,
+        node: &str,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let breaker = self.breaker(node);
+        breaker.guard("cluster", Some(node), call).await
+    }
+
+    async fn connection(&self) -> Result<ClusterConnection, Error> {
+        self.connection
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+            .map_err(Error::from)
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        self.keys.full_key(key)
+    }
+
+    fn now(&self) -> Option<u64> {
+        self.keys.now()
+    }
+
+    /// Verifies that this limiter can decide on the cluster now: the first
+    /// node is a cluster node, and on every master the connection, the
+    /// credentials, TLS, the script and the keys under the prefix work.
+    pub(crate) async fn ping(&self) -> Result<(), Error> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let mut seed = tokio::time::timeout(
+            self.timeout,
+            self.seed
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| Error::Timeout(self.timeout))??;
+        let address = self.seed.get_connection_info().addr().to_string();
+        let traits = super::redis::hello(&mut seed, self.timeout).await?;
+        super::redis::check_server(&address, traits, "cluster", false)?;
+        // A key of a slot of each master: every master is asked.
+        let mut masters: Vec<(u16, u16, String)> = self.read_slots().await?;
+        masters.sort_by(|a, b| a.2.cmp(&b.2));
+        masters.dedup_by(|a, b| a.2 == b.2);
+        for (first, last, _) in masters {
+            let key = (0u32..)
+                .map(|n| format!("{PING_KEY}:{n}"))
+                .find(|key| (first..=last).contains(&slot(self.full_key(key).as_bytes())))
+                .unwrap_or_default();
+            self.peek(&PING_QUOTA, &key, 0).await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn decide(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let key = self.full_key(key);
+        let request = Request::new(quota, cost, self.now());
+        self.decide_request(quota, key, request).await
+    }
+
+    /// Decides `request` on the full key `key`: in its master's next batch,
+    /// or alone when the slot map is not known.
+    async fn decide_request(
+        &self,
+        quota: &Quota,
+        key: String,
+        request: Request,
+    ) -> Result<Decision, Error> {
+        let cost = request.cost;
+        let routing = self.routing().await;
+        let key = match routing.as_ref().and_then(|r| r.node(&key)) {
+            Some((node, queue)) => {
+                let (reply, answer) = oneshot::channel();
+                let job = Job {
+                    key,
+                    quota: *quota,
+                    request,
+                    reply,
+                };
+                let breaker = self.breaker(node);
+                let Some(permit) = breaker.permit() else {
+                    return Err(Error::CircuitOpen);
+                };
+                drop(permit);
+                match queue.try_send(job) {
+                    Ok(()) => {
+                        // Dropping `answer` (a timeout here, or the caller's
+                        // future dropped) tells the batcher not to send this
+                        // decision if it has not yet.
+                        return breaker
+                            .guard("cluster", Some(node), await_answer(self.timeout, answer))
+                            .await;
+                    }
+                    Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
+                    // The task's runtime shut down: decided alone, and the
+                    // next decision makes new queues.
+                    Err(TrySendError::Closed(job)) => job.key,
+                }
+            }
+            // No slot map, or no master for the slot: alone, following
+            // redirects.
+            None => key,
+        };
+        let reply = self
+            .guarded(
+                "",
+                self.call("each", std::slice::from_ref(&key), &[request]),
+            )
+            .await?;
+        decode_one(&reply, quota, cost, &key)
+    }
+
+    /// The decision a request of `cost` would get now, with nothing written.
+    pub(crate) async fn peek(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let key = self.full_key(key);
+        let reply = self
+            .call(
+                "peek",
+                std::slice::from_ref(&key),
+                &[Request::new(quota, cost, self.now())],
+            )
+            .await?;
+        decode_one(&reply, quota, cost, &key)
+    }
+
+    /// Deletes `key`'s state: its quota is whole again.
+    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+        let work = async {
+            let mut connection = self.connection().await?;
+            redis::cmd("DEL")
+                .arg(self.full_key(key))
+                .query_async::<i64>(&mut connection)
+                .await
+                .map_err(Error::from)
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))??;
+        Ok(())
+    }
+
+    /// All or nothing over keys that may live on different slots.
+    pub(crate) async fn decide_all(
+        &self,
+        requests: &[(&Quota, &str, u64)],
+    ) -> Result<Vec<Decision>, Error> {
+        let now = self.now();
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|(_, key, _)| self.full_key(key))
+            .collect();
+        // Across slots a dimension may be refunded: its sliding-log
+        // admissions carry a tag the refund removes them by.
+        let calls: Vec<Request> = requests
+            .iter()
+            .map(|(q, _, c)| Request::tagged(q, *c, now, refund_tag()))
+            .collect();
+        let first_slot = keys.first().map(|k| slot(k.as_bytes()));
+        if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
+            let routing = self.routing().await;
+            let node = routing
+                .as_ref()
+                .and_then(|r| r.node(&keys[0]))
+                .map_or("", |(node, _)| node);
+            let reply = self.guarded(node, self.call("all", &keys, &calls)).await?;
+            return decode_all(&reply, requests, &keys);
+        }
+        // Across slots: consume in order; on a denial (or a failure), give
+        // back what the earlier dimensions took.
+        let mut decisions = Vec::with_capacity(requests.len());
+        for (i, ((quota, _, _), key)) in requests.iter().zip(&keys).enumerate() {
+            // In the master's next batch, as a decision alone would be.
+            let outcome = self.decide_request(quota, key.clone(), calls[i]).await;
+            let admitted = matches!(&outcome, Ok(d) if d.allowed);
+            if !admitted {
+                for j in 0..i {
+                    if decisions.get(j).is_some_and(|d: &Decision| d.allowed) {
+                        // A refund that fails leaves the dimension consumed:
+                        // it under-admits, never over-admits.
+                        if let Err(error) = self.call("refund", &keys[j..=j], &calls[j..=j]).await {
+                            tracing::warn!(key = %keys[j], %error, "could not give back a multi-dimension check's tokens");
+                        }
+                    }
+                }
+            }
+            let decision = outcome?;
+            decisions.push(decision);
+            if !admitted {
+                // The later dimensions were not asked; report them as not admitted.
+                for (quota, _, _) in &requests[i + 1..] {
+                    decisions.push(Decision::from_micros(false, quota.capacity(), 0, 0, 0, 0));
+                }
+                return Ok(decisions);
+            }
+        }
+        Ok(decisions)
+    }
+}
