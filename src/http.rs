@@ -142,10 +142,12 @@ mod key;
 mod layer;
 mod limit;
 mod problem;
+mod service;
 
 pub use key::{ClientAddr, ForwardedHeader, InvalidProxyRange, TrustedProxies};
-pub use layer::{RateLimitLayer, RateLimitService};
+pub use layer::RateLimitLayer;
 pub use limit::{Limit, MissingKey, NamedRule, QuotaSource};
 pub use problem::{
     retry_after_secs, ProblemRequestIdLayer, ProblemRequestIdService, TooManyRequests,
 };
+pub use service::RateLimitService;

@@ -1,0 +1,308 @@
+//! The service a [`RateLimitLayer`](super::RateLimitLayer) wraps around
+//! another: each request's limits decided in one check, and the response
+//! given its rate limit fields or replaced by the denial's.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tower::Service;
+
+use super::fields;
+use super::limit::{Limit, MissingKey};
+use super::problem::{self, TooManyRequests};
+use crate::{
+    Admitted, Algorithm, DenialCause, KeyBuilder, Limiter, Quota, RateLimited,
+    Request as LimitRequest,
+};
+
+/// What every request of one layer needs, computed once.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) limiter: Limiter,
+    pub(super) limits: Vec<Prepared>,
+    pub(super) legacy_headers: bool,
+    pub(super) shadow: bool,
+    pub(super) request_id_header: HeaderName,
+}
+
+/// A limit with its name and prefix worked out.
+#[derive(Debug)]
+pub(super) struct Prepared {
+    pub(super) limit: Limit,
+    /// The policy name, metrics label and denials' rule.
+    pub(super) name: &'static str,
+    pub(super) prefix: String,
+    /// See [`QuotaSource::home_algorithm`].
+    pub(super) home: Algorithm,
+    /// The policy field of a fixed quota, the same for every request.
+    pub(super) fixed: Option<Advertised>,
+}
+
+/// A quota as the `RateLimit-Policy` field advertises it.
+#[derive(Debug, Clone)]
+pub(super) struct Advertised {
+    pub(super) field: HeaderValue,
+    pub(super) q: u64,
+    pub(super) w: u64,
+}
+
+impl Advertised {
+    pub(super) fn new(name: &str, quota: &Quota) -> Self {
+        let (q, w) = fields::advertised(quota);
+        Self {
+            field: fields::policy_value(name, q, Some(w)),
+            q,
+            w,
+        }
+    }
+}
+
+/// One limit's part of a request: its key and quota now.
+pub(super) struct Asked<'a> {
+    limit: &'a Prepared,
+    quota: Quota,
+    key: String,
+}
+
+impl Asked<'_> {
+    fn advertised(&self) -> Advertised {
+        match &self.limit.fixed {
+            Some(fixed) => fixed.clone(),
+            None => Advertised::new(self.limit.name, &self.quota),
+        }
+    }
+}
+
+/// What a request's limits decided.
+pub(super) enum Verdict {
+    /// Every limit admitted; one decision per limit asked.
+    Admitted(Admitted),
+    /// The limit at this index denied; the others took nothing.
+    Denied(usize, RateLimited),
+}
+
+impl Shared {
+    /// The limits that apply to the request, with their keys and quotas;
+    /// a limit whose key is missing and [`MissingKey::Unlimited`] is left out.
+    fn asked(&self, parts: &Parts) -> Vec<Asked<'_>> {
+        self.limits
+            .iter()
+            .filter_map(|limit| {
+                let spec = &limit.limit;
+                let mut key = KeyBuilder::new();
+                key.push_literal(&limit.prefix);
+                if !spec
+                    .source
+                    .push_value(parts, spec.ipv6_prefix_len, &mut key)
+                {
+                    match spec.missing_key {
+                        MissingKey::SharedBucket => key.push_literal("%unknown"),
+                        MissingKey::Unlimited => return None,
+                    }
+                }
+                let quota = spec.quota.resolve(&self.limiter, parts);
+                let mut key = key.finish();
+                crate::__private::keep_apart(&mut key, limit.home, &quota);
+                Some(Asked { limit, quota, key })
+            })
+            .collect()
+    }
+
+    async fn decide(&self, asked: &[Asked<'_>]) -> Verdict {
+        let requests: Vec<LimitRequest<'_>> = asked
+            .iter()
+            .map(|a| {
+                let request = LimitRequest::new(&a.quota, &a.key)
+                    .rule(a.limit.name)
+                    .shadow(self.shadow);
+                match a.limit.limit.on_error {
+                    Some(policy) => request.on_error(policy),
+                    None => request,
+                }
+            })
+            .collect();
+        let at = |denied: &RateLimited| asked.iter().position(|a| a.key == denied.key).unwrap_or(0);
+        match self.limiter.check(&requests[..]).await {
+            Ok(admitted) => match admitted.would_deny() {
+                // Shadow mode's would-be denial.
+                Some(denied) => Verdict::Denied(at(denied), denied.clone()),
+                None => Verdict::Admitted(admitted),
+            },
+            Err(denied) => Verdict::Denied(at(&denied), denied),
+        }
+    }
+
+    /// Adds the fields of admitted limits to a response of the service.
+    fn admitted(
+        &self,
+        response: &mut Response,
+        asked: &[Asked<'_>],
+        decisions: &[crate::Decision],
+    ) {
+        let inner_denial = problem::denial_numbers(response);
+        let headers = response.headers_mut();
+        if let (true, Some((limit, remaining, retry_after))) = (self.legacy_headers, inner_denial) {
+            // A handler under this layer was denied (by `#[rate_limit]`):
+            // the legacy fields report that denial, the tightest limit.
+            fields::set_legacy(headers, limit, Some(remaining), retry_after);
+        }
+        for (asked, decision) in asked.iter().zip(decisions) {
+            let name = asked.limit.name;
+            headers.append(fields::ratelimit_policy(), asked.advertised().field);
+            if decision.fallback {
+                // The backend failed and the failure policy admitted the
+                // request: the remaining quota is unknown, and `r=0` would
+                // be false.
+                if self.legacy_headers {
+                    fields::set_legacy(headers, decision.limit, None, None);
+                }
+                continue;
+            }
+            let reset = fields::ceil_secs(decision.reset_after);
+            headers.append(
+                fields::ratelimit(),
+                fields::ratelimit_value(name, decision.remaining, Some(reset)),
+            );
+            if self.legacy_headers {
+                fields::set_legacy(
+                    headers,
+                    decision.limit,
+                    Some(decision.remaining),
+                    Some(reset),
+                );
+            }
+        }
+    }
+
+    /// The fields of a denial by the limit at `at` on a response that is
+    /// not its problem response (shadow mode's pass-through): every policy,
+    /// and the denying limit's `RateLimit` when its quota denied (a failure
+    /// policy's numbers are not the advertised policy's). The other limits
+    /// took nothing and were not read, so they have no `RateLimit`.
+    fn denial_fields(
+        &self,
+        headers: &mut HeaderMap,
+        asked: &[Asked<'_>],
+        at: usize,
+        denied: &RateLimited,
+    ) {
+        for (i, a) in asked.iter().enumerate() {
+            headers.append(fields::ratelimit_policy(), a.advertised().field);
+            if i != at || denied.cause != DenialCause::Quota {
+                continue;
+            }
+            let retry = denied
+                .is_retryable()
+                .then(|| fields::ceil_secs(denied.retry_after));
+            headers.append(
+                fields::ratelimit(),
+                fields::ratelimit_value(a.limit.name, denied.remaining, retry),
+            );
+            if self.legacy_headers {
+                fields::set_legacy(headers, denied.limit, Some(denied.remaining), retry);
+            }
+        }
+    }
+
+    /// The problem response for a denial by the limit at `at`, with every
+    /// other limit's policy.
+    fn denied(&self, asked: &[Asked<'_>], at: usize, denied: RateLimited) -> Response {
+        let denying = &asked[at];
+        let advertised = denying.advertised();
+        let (limit, remaining) = (denied.limit, denied.remaining);
+        let problem = TooManyRequests::new(denied).with_policy(
+            denying.limit.name,
+            advertised.q,
+            advertised.w,
+        );
+        let reset = problem.retry_after_secs();
+        let mut response = problem.into_response();
+        let headers = response.headers_mut();
+        for (i, a) in asked.iter().enumerate() {
+            if i != at {
+                headers.append(fields::ratelimit_policy(), a.advertised().field);
+            }
+        }
+        // A 503 says nothing of what is left.
+        if self.legacy_headers && response.status() == StatusCode::TOO_MANY_REQUESTS {
+            fields::set_legacy(response.headers_mut(), limit, Some(remaining), reset);
+        }
+        response
+    }
+}
+
+/// The service of [`RateLimitLayer`].
+#[derive(Clone)]
+pub struct RateLimitService<S> {
+    pub(super) inner: S,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitService")
+            .field("inner", &self.inner)
+            .field("layer", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, B> Service<Request<B>> for RateLimitService<S>
+where
+    S: Service<Request<B>, Response = Response> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, S::Error>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service polled ready is the one to call; leave a fresh clone
+        // in its place (tower's documented pattern for cloned services).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let asked = shared.asked(&parts);
+            let request_id = problem::request_id(&parts.headers, &shared.request_id_header);
+            let request = Request::from_parts(parts, body);
+            if asked.is_empty() {
+                return inner.call(request).await;
+            }
+            let mut response = match shared.decide(&asked).await {
+                Verdict::Admitted(admitted) => {
+                    // A leaky bucket admits a request for later: wait for its turn.
+                    let delay = admitted.delay();
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    let mut response = inner.call(request).await?;
+                    shared.admitted(&mut response, &asked, admitted.decisions());
+                    response
+                }
+                Verdict::Denied(at, denied) if shared.shadow => {
+                    let mut response = inner.call(request).await?;
+                    shared.denial_fields(response.headers_mut(), &asked, at, &denied);
+                    response
+                }
+                Verdict::Denied(at, denied) => shared.denied(&asked, at, denied),
+            };
+            if let Some(id) = request_id {
+                problem::attach_request_id(&mut response, &id);
+            }
+            Ok(response)
+        })
+    }
+}
