@@ -17,7 +17,7 @@ use crate::{KeyBuilder, Limiter};
 /// A [tower] layer that limits requests to a service: one token per request
 /// from each of its [`Limit`]s (per client address, per token, for the
 /// whole service...), decided all or nothing; a `429 Too Many Requests`
-/// ([`TooManyRequests`]) without calling the service when a limit is spent;
+/// ([`TooManyRequests`](super::TooManyRequests)) without calling the service when a limit is spent;
 /// and the rate limit header fields on every response. See the
 /// [module documentation](super) for keys and fields.
 ///
@@ -91,7 +91,7 @@ pub struct RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// Limits each peer address to `quota` (a [`Quota`], or any
+    /// Limits each peer address to `quota` (a [`Quota`](crate::Quota), or any
     /// [`QuotaSource`]), in buckets kept by `limiter`, under the policy name
     /// `default`: a layer of one limit, which the `by_*` methods re-key.
     pub fn new(limiter: Limiter, quota: impl Into<QuotaSource>) -> Self {

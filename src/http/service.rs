@@ -237,7 +237,7 @@ impl Shared {
     }
 }
 
-/// The service of [`RateLimitLayer`].
+/// The service of [`RateLimitLayer`](super::RateLimitLayer).
 #[derive(Clone)]
 pub struct RateLimitService<S> {
     pub(super) inner: S,
