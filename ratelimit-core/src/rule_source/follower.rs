@@ -1,0 +1,380 @@
+//! Keeping one instance's rules in step: reading the hash, following the
+//! channel, reading again on a timer, and backing off while Redis is away.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher as _;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use redis::RedisError;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::error::Error;
+use crate::quota::Quota;
+use crate::rules::{is_valid_name, Rules};
+
+use super::RedisRuleSourceBuilder;
+
+/// Why a connection to Redis is given up.
+pub(super) enum Lost {
+    Redis(RedisError),
+    Timeout(Duration),
+    Closed,
+    /// The Redis to read could not be found (no Sentinel answered).
+    Endpoint(Error),
+}
+
+impl Lost {
+    pub(super) fn into_error(self) -> Error {
+        match self {
+            Lost::Redis(error) => Error::Redis(error),
+            Lost::Timeout(timeout) => Error::Timeout(timeout),
+            Lost::Closed => Error::UnexpectedReply("the connection was closed".into()),
+            Lost::Endpoint(error) => error,
+        }
+    }
+
+    /// Whether the connection must be replaced, rather than the command
+    /// tried again later (a server error such as `WRONGTYPE` does not
+    /// improve by reconnecting).
+    fn is_connection(&self) -> bool {
+        match self {
+            Lost::Redis(error) => {
+                error.is_io_error()
+                    || error.is_connection_dropped()
+                    || error.is_unrecoverable_error()
+            }
+            Lost::Timeout(_) | Lost::Closed | Lost::Endpoint(_) => true,
+        }
+    }
+}
+
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Lost::Redis(error) => write!(f, "{error}"),
+            Lost::Timeout(timeout) => write!(f, "no answer within {timeout:?}"),
+            Lost::Closed => f.write_str("the subscription connection was closed"),
+            Lost::Endpoint(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+pub(super) async fn within<T>(
+    timeout: Duration,
+    future: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, Lost> {
+    match tokio::time::timeout(timeout, future).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(Lost::Redis(error)),
+        Err(_) => Err(Lost::Timeout(timeout)),
+    }
+}
+
+/// The task behind a [`RedisRuleSource`].
+pub(super) struct Follower {
+    /// Asked for a client at each (re)connection, so a Sentinel-served
+    /// master is followed through a failover.
+    pub(super) endpoint: crate::backend::redis::Endpoint,
+    pub(super) config: RedisRuleSourceBuilder,
+    pub(super) rules: Rules,
+    /// The names this source set: a name gone from the hash is removed only
+    /// if the source set it, never one the application set on its own.
+    pub(super) loaded: HashSet<String>,
+    /// The last rejected text of each rule, so that an invalid rule is
+    /// logged once rather than at every reload.
+    pub(super) rejected: HashMap<String, String>,
+    pub(super) ready: watch::Sender<bool>,
+}
+
+impl Follower {
+    pub(super) async fn run(mut self) {
+        let mut attempt = 0u32;
+        let mut outage_since: Option<Instant> = None;
+        loop {
+            let lost = match self.follow(&mut attempt, &mut outage_since).await {
+                Err(lost) => lost,
+                Ok(never) => match never {},
+            };
+            if outage_since.is_none() {
+                outage_since = Some(Instant::now());
+                tracing::warn!(
+                    hash = %self.config.hash,
+                    error = %lost,
+                    "rule source cannot reach Redis; the rules in force stay as they are while it reconnects"
+                );
+            } else {
+                tracing::debug!(error = %lost, attempt, "rule source still cannot reach Redis");
+            }
+            tokio::time::sleep(self.backoff(attempt)).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// 50 ms doubling up to `max_backoff`, each wait jittered by ±25% so that
+    /// instances do not reconnect in step.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let base = Duration::from_millis(50)
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.config.max_backoff);
+        let jitter = RandomState::new().hash_one(attempt) % 501;
+        base.mul_f64(0.75 + jitter as f64 / 1_000.0)
+    }
+
+    /// Subscribes, reads the whole hash, then applies announced changes and
+    /// reads the hash again periodically, until the connection is lost.
+    async fn follow(
+        &mut self,
+        attempt: &mut u32,
+        outage_since: &mut Option<Instant>,
+    ) -> Result<Infallible, Lost> {
+        let timeout = self.config.timeout;
+        let client = self
+            .endpoint
+            .client(timeout)
+            .await
+            .map_err(Lost::Endpoint)?;
+        let pubsub = within(timeout, client.get_async_pubsub()).await?;
+        let (mut sink, mut messages) = pubsub.split();
+        within(timeout, sink.subscribe(&self.config.channel)).await?;
+        let mut connection = within(
+            timeout,
+            client.get_multiplexed_async_connection_with_config(&self.config.connection_config()),
+        )
+        .await?;
+        // Subscribed before reading: a change made in between is in the
+        // read, or in a message, or both; never in neither.
+        self.reload(&mut connection).await?;
+        self.ready.send_replace(true);
+        *attempt = 0;
+        if let Some(since) = outage_since.take() {
+            tracing::info!(
+                hash = %self.config.hash,
+                after = ?since.elapsed(),
+                "rule source reached Redis again and read the rules"
+            );
+        }
+        let every = self.config.reload_every;
+        let mut reload = tokio::time::interval_at(Instant::now() + every, every);
+        reload.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            let result = tokio::select! {
+                message = messages.next() => match message {
+                    Some(message) => self.on_message(&mut connection, message.get_payload_bytes()).await,
+                    None => return Err(Lost::Closed),
+                },
+                _ = reload.tick() => {
+                    // The subscription's connection can die silently; a
+                    // ping finds out.
+                    match within(timeout, sink.ping::<redis::Value>()).await {
+                        Ok(_) => self.reload(&mut connection).await,
+                        Err(lost) => Err(lost),
+                    }
+                }
+            };
+            match result {
+                Err(lost) if lost.is_connection() => return Err(lost),
+                Err(error) => tracing::error!(
+                    hash = %self.config.hash,
+                    %error,
+                    "rule source could not read the rules; the rules in force stay as they are"
+                ),
+                Ok(()) => {}
+            }
+        }
+    }
+
+    async fn on_message(
+        &mut self,
+        connection: &mut redis::aio::MultiplexedConnection,
+        payload: &[u8],
+    ) -> Result<(), Lost> {
+        let name = match std::str::from_utf8(payload) {
+            Ok(name) if is_valid_name(name.trim()) => name.trim(),
+            Ok(all) if all.trim().is_empty() || all.trim() == "*" => {
+                return self.reload(connection).await
+            }
+            _ => {
+                tracing::warn!(
+                    channel = %self.config.channel,
+                    message = %String::from_utf8_lossy(payload),
+                    "rule source got a message that names no rule; reading every rule"
+                );
+                return self.reload(connection).await;
+            }
+        };
+        let text: Option<Vec<u8>> = within(
+            self.config.timeout,
+            redis::cmd("HGET")
+                .arg(&self.config.hash)
+                .arg(name)
+                .query_async(connection),
+        )
+        .await?;
+        let change = self.change(name, text.as_deref());
+        self.rules.apply(change.as_slice());
+        Ok(())
+    }
+
+    /// Reads the whole hash and applies every difference at once.
+    async fn reload(
+        &mut self,
+        connection: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), Lost> {
+        // Bytes, not strings: one field that is not UTF-8 must not stop the
+        // others from loading.
+        let stored: Vec<(Vec<u8>, Vec<u8>)> = within(
+            self.config.timeout,
+            redis::cmd("HGETALL")
+                .arg(&self.config.hash)
+                .query_async(connection),
+        )
+        .await?;
+        let mut changes = Vec::new();
+        let mut present = HashSet::new();
+        for (name, text) in &stored {
+            match std::str::from_utf8(name) {
+                Ok(name) if is_valid_name(name) => {
+                    present.insert(name.to_owned());
+                    changes.extend(self.change(name, Some(text)));
+                }
+                _ => {
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    if self.rejected.get(&name).map(String::as_bytes) != Some(text) {
+                        tracing::error!(
+                            hash = %self.config.hash,
+                            rule = %name,
+                            "rule source ignores a field that is not a valid rule name; use 1 to \
+                             128 letters, digits and `_`, `-`, `.`, `:`, `/`"
+                        );
+                        self.rejected
+                            .insert(name, String::from_utf8_lossy(text).into_owned());
+                    }
+                }
+            }
+        }
+        let gone: Vec<String> = self
+            .loaded
+            .iter()
+            .filter(|name| !present.contains(*name))
+            .cloned()
+            .collect();
+        for name in gone {
+            changes.extend(self.change(&name, None));
+        }
+        self.rejected
+            .retain(|name, _| present.contains(name) || !is_valid_name(name));
+        self.rules.apply(&changes);
+        Ok(())
+    }
+
+    /// What to do to `rules` for the rule `name` now stored as `text`
+    /// (`None`: not in the hash): nothing, set it, or remove it. Logs what
+    /// it does.
+    fn change(&mut self, name: &str, text: Option<&[u8]>) -> Option<(String, Option<Quota>)> {
+        let Some(text) = text else {
+            self.rejected.remove(name);
+            if !self.loaded.remove(name) {
+                return None;
+            }
+            tracing::info!(
+                rule = name,
+                "rule removed from Redis; the attribute's own quota applies again"
+            );
+            return Some((name.to_owned(), None));
+        };
+        let text = String::from_utf8_lossy(text);
+        match text.parse::<Quota>() {
+            Ok(quota) => {
+                self.rejected.remove(name);
+                let fresh = self.loaded.insert(name.to_owned());
+                if !fresh && self.rules.get(name) == Some(quota) {
+                    return None;
+                }
+                tracing::info!(rule = name, %quota, "rule changed from Redis");
+                Some((name.to_owned(), Some(quota)))
+            }
+            Err(error) => {
+                if self.rejected.get(name).map(String::as_str) != Some(text.as_ref()) {
+                    tracing::error!(
+                        rule = name,
+                        text = %text,
+                        %error,
+                        kept = ?self.rules.get(name),
+                        "invalid rule in Redis rejected; the rule in force stays"
+                    );
+                    self.rejected.insert(name.to_owned(), text.into_owned());
+                }
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rule_source::RedisRuleSource;
+
+    #[test]
+    fn backoff_doubles_up_to_the_bound_with_jitter() {
+        let (tx, _) = watch::channel(false);
+        let follower = Follower {
+            endpoint: crate::backend::redis::Endpoint::Fixed(
+                redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            ),
+            config: RedisRuleSource::builder("redis://127.0.0.1:1"),
+            rules: Rules::new(),
+            loaded: HashSet::new(),
+            rejected: HashMap::new(),
+            ready: tx,
+        };
+        for attempt in 0..40 {
+            let wait = follower.backoff(attempt);
+            let base = Duration::from_millis(50)
+                .saturating_mul(1 << attempt.min(16))
+                .min(Duration::from_secs(1));
+            assert!(
+                wait >= base.mul_f64(0.75) && wait <= base.mul_f64(1.25),
+                "attempt {attempt}: {wait:?} around {base:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn changes_keep_rules_the_application_set_and_reject_invalid_texts() {
+        let (tx, _) = watch::channel(false);
+        let rules = Rules::new();
+        let mine = Quota::per_second(1).unwrap();
+        rules.set("mine", mine);
+        let mut follower = Follower {
+            endpoint: crate::backend::redis::Endpoint::Fixed(
+                redis::Client::open("redis://127.0.0.1:1").unwrap(),
+            ),
+            config: RedisRuleSource::builder("redis://127.0.0.1:1"),
+            rules: rules.clone(),
+            loaded: HashSet::new(),
+            rejected: HashMap::new(),
+            ready: tx,
+        };
+        // Not loaded by the source: not its to remove.
+        assert_eq!(follower.change("mine", None), None);
+        let set = follower.change("r", Some(b"capacity=5 rate=1/s")).unwrap();
+        rules.apply(std::slice::from_ref(&set));
+        assert_eq!(rules.get("r").unwrap().capacity(), 5);
+        assert_eq!(follower.change("r", Some(b"capacity=5 rate=1/s")), None);
+        assert_eq!(follower.change("r", Some(b"capacity=zero")), None);
+        assert_eq!(follower.rejected["r"], "capacity=zero");
+        assert_eq!(
+            follower.change("r", None),
+            Some(("r".to_owned(), None)),
+            "a loaded rule gone from the hash is removed"
+        );
+        assert_eq!(rules.get("mine"), Some(mine));
+    }
+}
