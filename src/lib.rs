@@ -75,3 +75,4 @@ pub mod http;
 /// change in any release.
 #[doc(hidden)]
 pub mod __private;
+mod keys;

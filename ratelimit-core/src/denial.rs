@@ -104,13 +104,13 @@ impl RateLimited {
     }
 
     /// Names the rule that denied.
-    pub fn with_rule(mut self, rule: &'static str) -> Self {
+    pub(crate) fn with_rule(mut self, rule: &'static str) -> Self {
         self.rule = Some(rule);
         self
     }
 
     /// Sets why the call was denied.
-    pub fn with_cause(mut self, cause: DenialCause) -> Self {
+    pub(crate) fn with_cause(mut self, cause: DenialCause) -> Self {
         self.cause = cause;
         self
     }

@@ -108,7 +108,7 @@ impl Shared {
                 }
                 let quota = spec.quota.resolve(&self.limiter, parts);
                 let mut key = key.finish();
-                crate::__private::keep_apart(&mut key, limit.home, &quota);
+                crate::keys::keep_apart(&mut key, limit.home, &quota);
                 Some(Asked { limit, quota, key })
             })
             .collect()
