@@ -412,3 +412,21 @@ async fn a_fallback_admission_of_several_limits_counts_under_every_limit() {
     assert_eq!(denied.rule, Some("global"));
     assert_eq!(limiter.stats().fallback_denied, 1);
 }
+
+/// A check of no limits admits at once, whatever the backend's state and
+/// with or without a subscriber recording debug spans: nothing reads a
+/// first request that is not there.
+#[tokio::test]
+async fn an_empty_check_admits_with_redis_down_and_debug_spans_on() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Closed);
+    server.kill();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("ratelimit=debug")
+        .with_writer(std::io::sink)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let none: [Request<'_>; 0] = [];
+    let admitted = limiter.check(none).await.expect("nothing to deny");
+    assert!(admitted.decisions().is_empty() && admitted.would_deny().is_none());
+}
