@@ -3,12 +3,13 @@
 
 use std::borrow::Borrow;
 use std::fmt::Display;
+use std::future::Future;
 
 pub use ratelimit_core::{Algorithm, FailurePolicy, KeyBuilder, Limiter, Quota, RateLimited};
 
 use std::time::Duration;
 
-use ratelimit_core::{DenialCause, Request};
+use ratelimit_core::{Admitted, DenialCause, Request};
 
 /// One `#[rate_limit]` attribute, built in a `static` at compile time: how
 /// its calls are named and decided. Its quota is a `static` of its own
@@ -162,12 +163,20 @@ impl<T: Display + ?Sized> KeyPart for T {
 pub trait ReturnsDenial: Sized {
     /// The value a denied call returns.
     fn denied(denied: RateLimited) -> Self;
+
+    /// Whether the call failed (`refund_on`).
+    fn is_err(&self) -> bool;
 }
 
 impl<T, E: From<RateLimited>> ReturnsDenial for Result<T, E> {
     #[inline]
     fn denied(denied: RateLimited) -> Self {
         Err(E::from(denied))
+    }
+
+    #[inline]
+    fn is_err(&self) -> bool {
+        Result::is_err(self)
     }
 }
 
@@ -297,12 +306,12 @@ impl<'a> Call<'a> {
 /// of the first try; dropping the future cancels the wait.
 pub async fn acquire(call: Option<Call<'_>>) -> Result<(), RateLimited> {
     match call {
-        Some(call) => acquire_one(&call).await,
+        Some(call) => acquire_one(&call).await.map(drop),
         None => Ok(()),
     }
 }
 
-async fn acquire_one(call: &Call<'_>) -> Result<(), RateLimited> {
+async fn acquire_one<'a>(call: &'a Call<'_>) -> Result<Admitted<'a>, RateLimited> {
     let deadline = call.rule.wait.map(|max| tokio::time::Instant::now() + max);
     loop {
         match call.limiter.check(call.request()).await {
@@ -313,7 +322,7 @@ async fn acquire_one(call: &Call<'_>) -> Result<(), RateLimited> {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                return Ok(());
+                return Ok(admitted);
             }
             Err(denied) => {
                 let waitable = matches!(
@@ -345,6 +354,62 @@ async fn acquire_one(call: &Call<'_>) -> Result<(), RateLimited> {
 /// `key~<position>` (its place among the attributes, from 1), which no
 /// escaped value can spell. Denials still report the key as built.
 pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimited> {
+    acquire_several(calls, false).await.map(drop)
+}
+
+/// What `refund_on` gives back: each admission of a call's checks, with the
+/// limiter that made it.
+#[derive(Debug)]
+pub struct Receipt<'a> {
+    kept: Vec<(&'a Limiter, Admitted<'a>)>,
+}
+
+/// `refund_on = err | ok`: which outcome of the body gives the call's
+/// tokens back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundOn {
+    /// The body returned `Err`: only successes count.
+    Err,
+    /// The body returned `Ok`: only failures count.
+    Ok,
+}
+
+/// [`acquire_all`] (or [`acquire`], for one call), keeping each admission
+/// for [`settle`].
+pub async fn acquire_kept<'a>(calls: &'a mut [Option<Call<'_>>]) -> Result<Receipt<'a>, RateLimited> {
+    acquire_several(calls, true).await
+}
+
+/// The body's output, as an async block whose `return`s and `?`s give the
+/// function's return type `T`: naming it here lets the compiler infer the
+/// block's output.
+#[inline]
+pub fn output<T, F: Future<Output = T>>(body: F) -> F {
+    body
+}
+
+/// Gives the call's tokens back when `output` is the outcome `refund_on`
+/// names. A refund that fails is logged; the output stands.
+pub async fn settle<R: ReturnsDenial>(receipt: Receipt<'_>, output: &R, refund_on: RefundOn) {
+    let refund = match refund_on {
+        RefundOn::Err => output.is_err(),
+        RefundOn::Ok => !output.is_err(),
+    };
+    if !refund {
+        return;
+    }
+    for (limiter, admitted) in receipt.kept {
+        if let Err(error) = limiter.refund(admitted).await {
+            tracing::warn!(%error, "could not give back a call's tokens");
+        }
+    }
+}
+
+/// The admissions of `calls` (see [`acquire_all`]), kept when `keep`.
+async fn acquire_several<'a>(
+    calls: &'a mut [Option<Call<'_>>],
+    keep: bool,
+) -> Result<Receipt<'a>, RateLimited> {
     for i in 1..calls.len() {
         let (earlier, rest) = calls.split_at_mut(i);
         let Some(call) = rest[0].as_mut() else {
@@ -355,19 +420,24 @@ pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimit
             call.key.push_str(&(i + 1).to_string());
         }
     }
-    let calls: Vec<&Call<'_>> = calls.iter().flatten().collect();
+    let calls: &'a [Option<Call<'_>>] = calls;
+    let calls: Vec<&'a Call<'_>> = calls.iter().flatten().collect();
+    let mut receipt = Receipt { kept: Vec::new() };
     let Some((first, rest)) = calls.split_first() else {
-        return Ok(());
+        return Ok(receipt);
     };
     let atomic = rest.iter().all(|call| call.limiter.__same(first.limiter))
         && calls.iter().all(|call| call.rule.wait.is_none());
-    if !atomic {
+    if !atomic || calls.len() == 1 {
         for call in &calls {
-            acquire_one(call).await?;
+            let admitted = acquire_one(call).await?;
+            if keep {
+                receipt.kept.push((call.limiter, admitted));
+            }
         }
-        return Ok(());
+        return Ok(receipt);
     }
-    let requests: Vec<Request<'_>> = calls.iter().map(|call| call.request()).collect();
+    let requests: Vec<Request<'a>> = calls.iter().map(|call| call.request()).collect();
     let admitted = first.limiter.check(&requests[..]).await.map_err(|denied| {
         match calls.iter().find(|call| call.key == denied.key) {
             Some(call) => call.shown(denied),
@@ -379,5 +449,8 @@ pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimit
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    Ok(())
+    if keep {
+        receipt.kept.push((first.limiter, admitted));
+    }
+    Ok(receipt)
 }

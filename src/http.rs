@@ -137,6 +137,8 @@
 //! [tower]: https://docs.rs/tower/0.5
 //! [draft-ietf-httpapi-ratelimit-headers-11]: https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/11/
 
+mod denial;
+mod exempt;
 mod fields;
 mod key;
 mod layer;
@@ -144,7 +146,9 @@ mod limit;
 mod problem;
 mod service;
 
-pub use key::{ClientAddr, ForwardedHeader, InvalidProxyRange, TrustedProxies};
+pub use denial::Denial;
+pub use exempt::Exemption;
+pub use key::{ClientAddr, ForwardedHeader, InvalidAddressRange, TrustedProxies};
 pub use layer::RateLimitLayer;
 pub use limit::{Limit, MissingKey, NamedRule, QuotaSource};
 pub use problem::{

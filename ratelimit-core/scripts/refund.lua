@@ -1,8 +1,15 @@
--- Refunds: give back `cost` just taken from a key, when a later dimension of
--- an all-or-nothing check on another Redis Cluster slot denied. Never gives
--- back more than was taken, and never beyond a full quota. REFUNDS[id] has the
--- form refund(key, now, cost, p1, p2, p3), under the algorithms' ids of
--- prelude.lua. Uses parse_full_at (gcra.lua) and call (prelude.lua).
+-- Refunds: give back `cost` an admission took from a key, when a later
+-- dimension of an all-or-nothing check on another Redis Cluster slot denied,
+-- or when the caller gives an admission back. Never gives back more than was
+-- taken, and never beyond a full quota. The twin of src/algorithm/refund.rs.
+-- REFUNDS[id] has the form refund(key, now, cost, p1, p2, p3), under the
+-- algorithms' ids of prelude.lua. Uses parse_full_at (gcra.lua), window_end
+-- (fixed_window.lua) and call (prelude.lua).
+--
+-- The windows' p3 is `until_end`: microseconds from the refund to the end of
+-- the admission's window, as the caller measured it. `now + until_end` at
+-- the nearest window boundary is that end, whatever the offset between the
+-- caller's clock and this one, while round trips stay below half a window.
 
 local REFUNDS = {}
 
@@ -24,17 +31,24 @@ REFUNDS[TOKEN_BUCKET] = refund_gcra
 REFUNDS[GCRA] = refund_gcra
 REFUNDS[LEAKY_BUCKET] = refund_gcra
 
--- Fixed window: the current window's count falls by the cost.
-REFUNDS[FIXED_WINDOW] = function(key, now, cost, limit, window)
+-- The end of the admission's window (see above).
+local function admission_end(now, until_end, window)
+  return floor((now + until_end + floor(window / 2)) / window) * window
+end
+
+-- Fixed window: the admission's window's count falls by the cost, while it
+-- is the current window.
+REFUNDS[FIXED_WINDOW] = function(key, now, cost, limit, window, until_end)
   local s_start, s_count = load(key, '^(%d+):(%d+)$')
-  if not s_start or s_start < now - now % window then return end
+  local current = now - now % window
+  if not s_start or s_start < current then return end
+  local ends = window_end(s_start, current, window)
+  if ends ~= admission_end(now, until_end, window) then return end
   local count = s_count - cost
   if count <= 0 then
     call('DEL', key)
   else
-    local until_end = window_end(s_start, now - now % window, window) - now
-    if until_end < 1 then until_end = 1 end
-    store(key, int(s_start) .. ':' .. int(count), until_end)
+    store(key, int(s_start) .. ':' .. int(count), ends - now)
   end
 end
 
@@ -53,13 +67,27 @@ REFUNDS[SLIDING_LOG] = function(key, now, cost, limit, window, tag)
   end
 end
 
--- Sliding window: the current window's count falls by the cost.
-REFUNDS[SLIDING_WINDOW] = function(key, now, cost, limit, window)
+-- Sliding window: the admission's window's count falls by the cost, while
+-- it is the current or the previous window.
+REFUNDS[SLIDING_WINDOW] = function(key, now, cost, limit, window, until_end)
   local s_start, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
-  if not s_start or s_start < now - now % window then return end
-  local current = s_current - cost
-  if current < 0 then current = 0 end
-  local ttl = s_start - s_start % window + 2 * window - now
-  if ttl < 1 then ttl = 1 end
-  store(key, int(s_start) .. ':' .. int(current) .. ':' .. int(s_previous), ttl)
+  if not s_start then return end
+  local stored = s_start - s_start % window
+  if stored + 2 * window <= now then return end
+  local admitted = admission_end(now, until_end, window) - window
+  local current, previous = s_current, s_previous
+  if stored == admitted then
+    current = current - cost
+    if current < 0 then current = 0 end
+  elseif stored == admitted + window then
+    previous = previous - cost
+    if previous < 0 then previous = 0 end
+  else
+    return
+  end
+  if current == 0 and previous == 0 then
+    call('DEL', key)
+    return
+  end
+  store(key, int(s_start) .. ':' .. int(current) .. ':' .. int(previous), stored + 2 * window - now)
 end

@@ -43,6 +43,27 @@ pub struct Decision {
     /// later requests exactly from it. Not part of the public figures, so
     /// neither compared nor printed.
     pub(crate) debt: Option<u64>,
+    /// The sliding log's tag of this admission's entries, which a refund
+    /// removes them by (0: none).
+    pub(crate) tag: u64,
+    /// For the windows: when the request was sent, on the limiter's clock,
+    /// from which a refund finds the admission's window.
+    pub(crate) at: u64,
+    /// Where the admission's cost was taken, so a refund gives it back there.
+    pub(crate) via: Via,
+}
+
+/// Where an admission's cost was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// The backend (or the memory backend).
+    Backend,
+    /// A token lease of this process, by its id.
+    Lease(u64),
+    /// The local limiter, while the backend failed.
+    Local,
+    /// Nowhere: the failure policy admitted without counting.
+    Nothing,
 }
 
 impl PartialEq for Decision {
@@ -79,6 +100,7 @@ impl Decision {
     pub(crate) fn fail_open(limit: u64) -> Self {
         Self {
             fallback: true,
+            via: Via::Nothing,
             ..Self::from_micros(true, limit, 0, 0, 0, 0)
         }
     }
@@ -100,6 +122,9 @@ impl Decision {
             delay: Duration::from_micros(delay_us),
             fallback: false,
             debt: None,
+            tag: 0,
+            at: 0,
+            via: Via::Backend,
         }
     }
 }

@@ -67,6 +67,11 @@ pub struct RateLimited {
     pub reset_after: Duration,
     /// Whether the quota or the failure policy denied.
     pub cause: DenialCause,
+    /// The quota of the request that denied: every denial by
+    /// [`Limiter::check`](crate::Limiter::check) names it (an HTTP layer
+    /// advertises its policy from it); `None` for one built with
+    /// [`RateLimited::new`].
+    pub quota: Option<crate::Quota>,
 }
 
 impl RateLimited {
@@ -80,6 +85,7 @@ impl RateLimited {
             retry_after,
             reset_after: retry_after,
             cause: DenialCause::Quota,
+            quota: None,
         }
     }
 
@@ -104,6 +110,11 @@ impl RateLimited {
     }
 
     /// Names the rule that denied.
+    pub(crate) fn with_quota(mut self, quota: crate::Quota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
     pub(crate) fn with_rule(mut self, rule: &'static str) -> Self {
         self.rule = Some(rule);
         self

@@ -15,7 +15,7 @@
 //! no leases.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::quota::Quota;
 use crate::sharded::Sharded;
@@ -30,6 +30,9 @@ struct Lease {
     /// For a bucket: when the bucket is full again, as of the lease's
     /// decision. The lease holds no more than the tokens owed until then.
     owed_until_us: Option<u64>,
+    /// Unique to this lease, so a refund gives tokens back to the lease
+    /// they were served from and to no later one.
+    id: u64,
 }
 
 impl Lease {
@@ -53,6 +56,7 @@ pub(crate) struct Leases {
     /// Whether any lease was ever taken: until then, no decision pays for a
     /// look at the leases.
     used: AtomicBool,
+    next_id: AtomicU64,
 }
 
 impl Leases {
@@ -61,6 +65,7 @@ impl Leases {
             shards: Sharded::new(SHARDS, HashMap::new),
             max_per_shard: (max_keys / SHARDS).max(1),
             used: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
         }
     }
 
@@ -68,9 +73,16 @@ impl Leases {
         self.shards.lock_key(key)
     }
 
-    /// Takes `cost` from `key`'s live lease under `quota`; the tokens left in
-    /// it, or `None` when there is no lease that covers the cost.
-    pub(crate) fn take(&self, quota: &Quota, key: &str, cost: u64, now_us: u64) -> Option<u64> {
+    /// Takes `cost` from `key`'s live lease under `quota`: the tokens left in
+    /// it and the lease's id, or `None` when there is no lease that covers
+    /// the cost.
+    pub(crate) fn take(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        now_us: u64,
+    ) -> Option<(u64, u64)> {
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
         if lease.quota != *quota || lease.expires_at_us <= now_us {
@@ -82,7 +94,20 @@ impl Leases {
             return None;
         }
         lease.tokens -= cost;
-        Some(lease.tokens)
+        Some((lease.tokens, lease.id))
+    }
+
+    /// Gives `cost` back to the lease `id` served it from, if that lease is
+    /// still `key`'s and live; `false` when it is gone.
+    pub(crate) fn give_back(&self, quota: &Quota, key: &str, cost: u64, id: u64, now_us: u64) -> bool {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(lease) if lease.id == id && lease.quota == *quota && lease.expires_at_us > now_us => {
+                lease.tokens = lease.tokens.saturating_add(cost);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Drops `key`'s lease if it was taken under another quota than
@@ -131,6 +156,7 @@ impl Leases {
                 tokens,
                 expires_at_us,
                 owed_until_us,
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
             },
         );
     }
@@ -145,14 +171,28 @@ mod tests {
         let leases = Leases::new(100);
         let quota = Quota::per_second(100).unwrap();
         leases.put(&quota, "k", 3, 0, 1_000, None);
-        assert_eq!(leases.take(&quota, "k", 2, 10), Some(1));
+        assert_eq!(leases.take(&quota, "k", 2, 10).map(|t| t.0), Some(1));
         assert_eq!(leases.take(&quota, "k", 2, 10), None, "one token left");
-        assert_eq!(leases.take(&quota, "k", 1, 10), Some(0));
+        assert_eq!(leases.take(&quota, "k", 1, 10).map(|t| t.0), Some(0));
         leases.put(&quota, "k", 5, 0, 1_000, None);
         assert_eq!(leases.take(&quota, "k", 1, 1_000), None, "expired");
         leases.put(&quota, "k", 5, 0, 1_000, None);
         let other = Quota::per_second(50).unwrap();
         assert_eq!(leases.take(&other, "k", 1, 10), None, "another rule");
+    }
+
+    #[test]
+    fn a_token_goes_back_to_the_lease_it_came_from_and_no_other() {
+        let leases = Leases::new(100);
+        let quota = Quota::per_second(100).unwrap();
+        leases.put(&quota, "k", 2, 0, 1_000, None);
+        let (_, first) = leases.take(&quota, "k", 1, 10).unwrap();
+        assert!(leases.give_back(&quota, "k", 1, first, 20));
+        assert_eq!(leases.take(&quota, "k", 2, 30).map(|t| t.0), Some(0));
+        leases.put(&quota, "k", 2, 0, 1_000, None);
+        assert!(!leases.give_back(&quota, "k", 1, first, 40), "a later lease");
+        let (_, second) = leases.take(&quota, "k", 1, 50).unwrap();
+        assert!(!leases.give_back(&quota, "k", 1, second, 1_000), "expired");
     }
 
     #[test]
@@ -163,12 +203,12 @@ mod tests {
         // Five leased from a bucket that is full again 500,000 µs later.
         leases.put(&quota, "k", 5, 0, 10_000_000, Some(500_000));
         assert_eq!(
-            leases.take(&quota, "k", 1, 0),
+            leases.take(&quota, "k", 1, 0).map(|t| t.0),
             Some(3),
             "4 owed at once, one served"
         );
         // 250 ms on, the bucket owes 2 tokens: the lease holds no more.
-        assert_eq!(leases.take(&quota, "k", 1, 250_000), Some(1));
+        assert_eq!(leases.take(&quota, "k", 1, 250_000).map(|t| t.0), Some(1));
         assert_eq!(
             leases.take(&quota, "k", 1, 499_999),
             None,

@@ -4,7 +4,8 @@
 //!
 //! | metric | type | labels |
 //! | --- | --- | --- |
-//! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`Request::rule`](crate::Request::rule), or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` (a check naming one key twice) |
+//! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`Request::rule`](crate::Request::rule), or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` (a check naming one key twice), `exempt` (a request an HTTP layer's allowlist let through unasked) |
+//! | `ratelimit_refunds_total` | counter | `rule`: admissions given back ([`Limiter::refund`](crate::Limiter::refund)), one per limit |
 //! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
 //! | `ratelimit_backend_errors_total` | counter | `backend`, `kind` ([`ErrorKind::as_str`](crate::ErrorKind::as_str): `timeout`, `unavailable`, `authentication`, `tls`, `permission`, `wrong_server`, ...) |
 //! | `ratelimit_circuit_state` | gauge (0 closed, 1 open, 2 half-open) | `backend`; `node` (a master's address) for Redis Cluster, which keeps a breaker per master |
@@ -23,6 +24,7 @@ pub(crate) enum Outcome {
     FallbackDenied,
     ShadowDenied,
     Error,
+    Exempt,
 }
 
 impl Outcome {
@@ -44,6 +46,7 @@ impl Outcome {
             Outcome::FallbackDenied => "fallback_denied",
             Outcome::ShadowDenied => "shadow_denied",
             Outcome::Error => "error",
+            Outcome::Exempt => "exempt",
         }
     }
 }
@@ -65,6 +68,10 @@ pub struct StatsSnapshot {
     /// Checks that could never be decided as asked (a key named twice):
     /// the caller's mistake, denied and logged as an error.
     pub errors: u64,
+    /// Requests let through unasked by an HTTP layer's allowlist.
+    pub exempt: u64,
+    /// Admissions given back, one per limit ([`Limiter::refund`](crate::Limiter::refund)).
+    pub refunded: u64,
     /// Denials answered by the local deny cache, with no backend call (also
     /// counted in `denied`, in `shadow_denied` in shadow mode, or as
     /// decisions by callers of `decide`).
@@ -86,12 +93,14 @@ pub(crate) struct Stats {
 
 const STRIPES: usize = 8;
 /// Where `cache_hit` counts, after the outcomes.
-const CACHE_HITS: usize = 6;
+const CACHE_HITS: usize = 7;
+/// Where `refunded` counts.
+const REFUNDS: usize = 8;
 
 #[repr(align(64))]
 #[derive(Default)]
 struct Stripe {
-    counts: [AtomicU64; 7],
+    counts: [AtomicU64; 9],
 }
 
 impl Default for Stats {
@@ -141,6 +150,17 @@ impl Stats {
         metrics::counter!("ratelimit_deny_cache_hits_total").increment(1);
     }
 
+    pub(crate) fn refunded(&self, rule: &'static str) {
+        self.add(REFUNDS);
+        #[cfg(feature = "metrics")]
+        {
+            let rule = if rule.is_empty() { "unnamed" } else { rule };
+            metrics::counter!("ratelimit_refunds_total", "rule" => rule).increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = rule;
+    }
+
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let get = |o: Outcome| self.total(o as usize);
         StatsSnapshot {
@@ -150,6 +170,8 @@ impl Stats {
             fallback_denied: get(Outcome::FallbackDenied),
             shadow_denied: get(Outcome::ShadowDenied),
             errors: get(Outcome::Error),
+            exempt: get(Outcome::Exempt),
+            refunded: self.total(REFUNDS),
             denied_from_cache: self.total(CACHE_HITS),
         }
     }

@@ -13,7 +13,7 @@ use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitStr, Meta, Path, Token};
 /// value is read into [`Args`]: a new option is a field of `Args` and an
 /// entry here.
 type ReadOption = fn(&mut Args, ParseStream, Span) -> syn::Result<()>;
-const OPTIONS: [(&str, ReadOption); 16] = [
+const OPTIONS: [(&str, ReadOption); 17] = [
     ("key", |args, input, at| {
         set_once(&mut args.key, key_value(input)?, at, "key")
     }),
@@ -49,6 +49,9 @@ const OPTIONS: [(&str, ReadOption); 16] = [
     }),
     ("on_limit", |args, input, at| {
         set_once(&mut args.on_limit, on_limit_value(input)?, at, "on_limit")
+    }),
+    ("refund_on", |args, input, at| {
+        set_once(&mut args.refund_on, ident_value(input)?, at, "refund_on")
     }),
     ("mode", |args, input, at| {
         set_once(&mut args.mode, ident_value(input)?, at, "mode")
@@ -87,6 +90,8 @@ pub(crate) struct Args {
     pub exempt: Option<Expr>,
     pub on_error: Option<Ident>,
     pub on_limit: Option<OnLimitArg>,
+    /// `refund_on = err | ok`.
+    pub refund_on: Option<Ident>,
     pub mode: Option<Ident>,
     pub lease: Option<Expr>,
     pub limiter: Option<Expr>,

@@ -20,10 +20,17 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let stacked = take_stacked(&mut function.attrs);
     match checks(args, &stacked, &function) {
-        Ok(block) => {
+        Ok(Expansion::First(block)) => {
             body::checked_block(&mut function)
                 .stmts
                 .insert(0, Stmt::Expr(Expr::Verbatim(block), None));
+            function.into_token_stream()
+        }
+        Ok(Expansion::Around(around)) => {
+            let checked = body::checked_block(&mut function);
+            let stmts = std::mem::take(&mut checked.stmts);
+            let block = around(quote!(#(#stmts)*));
+            checked.stmts = vec![Stmt::Expr(Expr::Verbatim(block), None)];
             function.into_token_stream()
         }
         Err(err) => {
@@ -102,7 +109,7 @@ fn take_stacked(attrs: &mut Vec<Attribute>) -> Vec<Attribute> {
 /// ```
 ///
 /// A single attribute calls `::ratelimit::__private::acquire(__ratelimit_call)`.
-fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::Result<TokenStream> {
+fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::Result<Expansion> {
     let mut all = vec![syn::parse2::<Args>(args)?];
     for attr in stacked {
         all.push(Args::from_attribute(attr)?);
@@ -113,6 +120,9 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         .into_iter()
         .map(|args| signature.check(args))
         .collect::<syn::Result<Vec<_>>>()?;
+    if let Some(refund_on) = refund_on(&checks)? {
+        return Ok(refunding(&signature, &checks, refund_on, output_type(function, &body)));
+    }
     if let [check] = &checks[..] {
         let prepared = prepare_check(&signature, check, "");
         let private = private_path(check);
@@ -121,7 +131,7 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
             &private,
             quote!(#private::acquire(__ratelimit_call)),
         );
-        return Ok(quote!({ #prepared #deny }));
+        return Ok(Expansion::First(quote!({ #prepared #deny })));
     }
     // Stacked: every check prepared, then one call that admits all or none.
     let prepared = checks
@@ -132,7 +142,109 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
     let private = private_path(&checks[0]);
     let call = quote!(#private::acquire_all(&mut [#(#calls),*]));
     let deny = deny(&signature, &private, call);
-    Ok(quote!({ #(#prepared)* #deny }))
+    Ok(Expansion::First(quote!({ #(#prepared)* #deny })))
+}
+
+/// Where the checks go.
+enum Expansion {
+    /// A block first in the body.
+    First(TokenStream),
+    /// Around the body (its statements given): the checks, the body as an
+    /// async block whose output is kept, then the refund (`refund_on`).
+    Around(Box<dyn FnOnce(TokenStream) -> TokenStream>),
+}
+
+/// The `refund_on` of the checks: the same on every stacked attribute, as
+/// they are decided, and so refunded, together.
+fn refund_on(checks: &[Check]) -> syn::Result<Option<&'static str>> {
+    let Some((first, span)) = checks.iter().find_map(|c| c.refund_on) else {
+        return Ok(None);
+    };
+    for check in checks {
+        if check.refund_on.map(|(on, _)| on) != Some(first) {
+            let at = check.refund_on.map_or(span, |(_, at)| at);
+            return Err(syn::Error::new(
+                at,
+                "stacked `#[rate_limit]` attributes are decided together and refunded together: \
+                 give every one the same `refund_on`",
+            ));
+        }
+    }
+    Ok(Some(first))
+}
+
+/// The type the body's async block outputs, when it can be named there:
+/// the function's return type (or its future's output), unless it holds
+/// `impl Trait`, which only inference can fill.
+fn output_type(function: &ItemFn, body: &Body<'_>) -> TokenStream {
+    let ty = match (body, &function.sig.output) {
+        (Body::Async, syn::ReturnType::Type(_, ty)) => Some(&**ty),
+        (Body::Returned { output, .. }, _) => *output,
+        _ => None,
+    };
+    ty.map(|ty| ty.to_token_stream())
+        .filter(|tokens| !holds_impl(tokens.clone()))
+        .unwrap_or_else(|| quote!(_))
+}
+
+fn holds_impl(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|token| match token {
+        TokenTree::Ident(ident) => ident == "impl",
+        TokenTree::Group(group) => holds_impl(group.stream()),
+        _ => false,
+    })
+}
+
+/// The checks around the body, for `refund_on`:
+///
+/// ```text
+/// {
+///     /* every call prepared */
+///     let __ratelimit_receipt = match ::ratelimit::__private::acquire_kept(&mut [..]).await {
+///         Ok(receipt) => receipt,
+///         Err(denied) => return ::ratelimit::__private::ReturnsDenial::denied(denied),
+///     };
+///     let __ratelimit_output = ::ratelimit::__private::output::<R, _>(async { body }).await;
+///     ::ratelimit::__private::settle(__ratelimit_receipt, &__ratelimit_output, RefundOn::Err).await;
+///     __ratelimit_output
+/// }
+/// ```
+///
+/// The body runs in an async block so that its `return`s and `?`s give
+/// the output the refund is decided on. It captures as a closure would, so
+/// the parameters it uses stay where they are unless it moves them.
+fn refunding(function: &Function, checks: &[Check], refund_on: &'static str, output: TokenStream) -> Expansion {
+    let prepared: Vec<TokenStream> = checks
+        .iter()
+        .enumerate()
+        .map(|(i, check)| prepare_check(function, check, &format!("_{i}")))
+        .collect();
+    let calls: Vec<_> = (0..checks.len())
+        .map(|i| format_ident!("__ratelimit_call_{}", i))
+        .collect();
+    let private = private_path(&checks[0]);
+    let (first, last) = function.return_span;
+    let path = respan(&quote!(#private::ReturnsDenial::), first);
+    let denied = quote_spanned!(last=> denied(__ratelimit_denied));
+    let refund_on = proc_macro2::Ident::new(refund_on, Span::call_site());
+    Expansion::Around(Box::new(move |body| {
+        quote! {{
+            #(#prepared)*
+            let mut __ratelimit_calls = [#(#calls),*];
+            let __ratelimit_receipt = match #private::acquire_kept(&mut __ratelimit_calls).await {
+                ::core::result::Result::Ok(receipt) => receipt,
+                ::core::result::Result::Err(__ratelimit_denied) => return #path #denied,
+            };
+            let __ratelimit_output = #private::output::<#output, _>(async { #body }).await;
+            #private::settle(
+                __ratelimit_receipt,
+                &__ratelimit_output,
+                #private::RefundOn::#refund_on,
+            )
+            .await;
+            __ratelimit_output
+        }}
+    }))
 }
 
 fn private_path(check: &Check) -> TokenStream {

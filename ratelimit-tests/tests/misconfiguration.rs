@@ -38,7 +38,8 @@ async fn named(limiter: &Limiter, kind: ErrorKind, says: &str) {
     }
     // Past the once-a-second throttle of the failure policy's log line.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let (admitted, log) = logged(limiter.check(Request::new(&quota(), "k"))).await;
+    let quota = quota();
+    let (admitted, log) = logged(limiter.check(Request::new(&quota, "k"))).await;
     assert!(admitted.is_ok_and(|a| a.decisions()[0].fallback), "{log}");
     assert!(
         log.contains("ERROR") && log.contains(&format!("kind={}", kind.as_str())),

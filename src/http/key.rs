@@ -2,7 +2,9 @@
 //! proxies, a header, a bearer token or a closure.
 
 use std::fmt::{self, Write as _};
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -84,24 +86,13 @@ pub enum ClientAddr {
 impl TrustedProxies {
     /// Trusts each of `ranges`: an address (`"10.0.0.1"`, `"::1"`) or a CIDR
     /// range (`"10.0.0.0/8"`, `"fd00::/8"`). Reads `X-Forwarded-For`.
-    pub fn new<I>(ranges: I) -> Result<Self, InvalidProxyRange>
+    pub fn new<I>(ranges: I) -> Result<Self, InvalidAddressRange>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let nets = ranges
-            .into_iter()
-            .map(|range| {
-                let range = range.as_ref().trim();
-                IpNet::from_str(range)
-                    .or_else(|_| IpAddr::from_str(range).map(IpNet::from))
-                    .map_err(|_| InvalidProxyRange {
-                        range: range.to_owned(),
-                    })
-            })
-            .collect::<Result<_, _>>()?;
         Ok(Self {
-            nets,
+            nets: parse_ranges(ranges, "trusted proxy")?,
             header: ForwardedHeader::default(),
         })
     }
@@ -115,8 +106,7 @@ impl TrustedProxies {
 
     /// Whether `ip` is a trusted proxy.
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        self.nets.iter().any(|net| net.contains(&ip))
+        in_ranges(&self.nets, ip)
     }
 
     /// The client of a request from `peer` with `headers`.
@@ -193,24 +183,53 @@ impl Hop {
     }
 }
 
-/// A trusted proxy that is neither an IP address nor a CIDR range.
+/// A trusted proxy or an exempt range that is neither an IP address nor a
+/// CIDR range.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidProxyRange {
+pub struct InvalidAddressRange {
+    what: &'static str,
     range: String,
 }
 
-impl fmt::Display for InvalidProxyRange {
+impl fmt::Display for InvalidAddressRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid trusted proxy `{}`; expected an IP address such as `10.0.0.1` \
+            "invalid {} `{}`; expected an IP address such as `10.0.0.1` \
              or a CIDR range such as `10.0.0.0/8`",
-            self.range
+            self.what, self.range
         )
     }
 }
 
-impl std::error::Error for InvalidProxyRange {}
+impl std::error::Error for InvalidAddressRange {}
+
+/// Each of `ranges`, an address or a CIDR range; `what` names them in the
+/// error.
+pub(crate) fn parse_ranges<I>(ranges: I, what: &'static str) -> Result<Vec<IpNet>, InvalidAddressRange>
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    ranges
+        .into_iter()
+        .map(|range| {
+            let range = range.as_ref().trim();
+            IpNet::from_str(range)
+                .or_else(|_| IpAddr::from_str(range).map(IpNet::from))
+                .map_err(|_| InvalidAddressRange {
+                    what,
+                    range: range.to_owned(),
+                })
+        })
+        .collect()
+}
+
+/// Whether `ip` (an IPv4-mapped IPv6 address as IPv4) is in one of `nets`.
+pub(crate) fn in_ranges(nets: &[IpNet], ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    nets.iter().any(|net| net.contains(&ip))
+}
 
 /// The hops of `X-Forwarded-For`, left to right, read from the raw bytes.
 fn x_forwarded_for(headers: &HeaderMap) -> Vec<Hop> {
@@ -308,7 +327,7 @@ fn parse_node(node: &str) -> Option<IpAddr> {
 }
 
 /// The peer's address, recorded by axum's `into_make_service_with_connect_info`.
-fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
@@ -348,6 +367,12 @@ fn ip_value(ip: IpAddr, ipv6_prefix_len: u8) -> String {
 /// What a closure makes of a request.
 pub(crate) type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
+/// A key that takes an await to find.
+pub(crate) type KeyFuture = Pin<Box<dyn Future<Output = Option<String>> + Send>>;
+
+/// What an async key closure makes of a request.
+pub(crate) type AsyncKeyFn = dyn Fn(&Parts) -> KeyFuture + Send + Sync;
+
 /// Where a limit's key comes from.
 #[derive(Clone)]
 pub(crate) enum KeySource {
@@ -356,6 +381,7 @@ pub(crate) enum KeySource {
     Header(HeaderName),
     BearerToken,
     Custom(Arc<KeyFn>),
+    Async(Arc<AsyncKeyFn>),
     Global,
 }
 
@@ -367,6 +393,7 @@ impl fmt::Debug for KeySource {
             KeySource::Header(name) => f.debug_tuple("Header").field(name).finish(),
             KeySource::BearerToken => f.write_str("BearerToken"),
             KeySource::Custom(_) => f.write_str("Custom(..)"),
+            KeySource::Async(_) => f.write_str("Async(..)"),
             KeySource::Global => f.write_str("Global"),
         }
     }
@@ -384,15 +411,17 @@ impl KeySource {
                 key.push_literal(":");
             }
             KeySource::BearerToken => key.push_literal("token:"),
-            KeySource::Custom(_) => key.push_literal("key:"),
+            // One namespace for closures, synchronous or not: the same
+            // values are the same clients.
+            KeySource::Custom(_) | KeySource::Async(_) => key.push_literal("key:"),
             KeySource::Global => key.push_literal("global"),
         }
     }
 
     /// Appends the request's value to `key`, escaped; `false` (and nothing
     /// appended) when it cannot be determined. The global source appends
-    /// nothing: its key is the prefix alone.
-    pub(crate) fn push_value(
+    /// nothing: its key is the prefix alone. Only an async closure awaits.
+    pub(crate) async fn push_value(
         &self,
         parts: &Parts,
         ipv6_prefix_len: u8,
@@ -425,6 +454,10 @@ impl KeySource {
                 None => return false,
             },
             KeySource::Custom(value) => match value(parts) {
+                Some(value) => key.push_value(value.as_str()),
+                None => return false,
+            },
+            KeySource::Async(value) => match value(parts).await {
                 Some(value) => key.push_value(value.as_str()),
                 None => return false,
             },

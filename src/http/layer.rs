@@ -4,14 +4,17 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::http::request::Parts;
-use axum::http::HeaderName;
+use axum::http::{HeaderName, StatusCode};
+use axum::response::Response;
 use tower::Layer;
 
+use super::denial::Denial;
+use super::exempt::Exemption;
 use super::fields;
 use super::key::{KeySource, TrustedProxies};
 use super::limit::{Limit, MissingKey, QuotaSource};
 use super::problem::{self};
-use super::service::{Advertised, Prepared, RateLimitService, Shared};
+use super::service::{Advertised, DenialHook, Hook, Prepared, RateLimitService, RefundOn, Shared};
 use crate::{KeyBuilder, Limiter};
 
 /// A [tower] layer that limits requests to a service: one token per request
@@ -85,6 +88,9 @@ pub struct RateLimitLayer {
     limiter: Limiter,
     name: String,
     limits: Vec<Limit>,
+    exemptions: Vec<Exemption>,
+    on_denied: Option<Hook<DenialHook>>,
+    refund_on: Option<Hook<RefundOn>>,
     legacy_headers: bool,
     shadow: bool,
     request_id_header: HeaderName,
@@ -148,6 +154,9 @@ impl RateLimitLayer {
             limiter,
             name: "default".to_owned(),
             limits: limits.into_iter().collect(),
+            exemptions: Vec::new(),
+            on_denied: None,
+            refund_on: None,
             legacy_headers: false,
             shadow: false,
             request_id_header: problem::REQUEST_ID,
@@ -172,6 +181,74 @@ impl RateLimitLayer {
         let name = name.into();
         fields::check_policy_name(&name);
         self.name = name;
+        self
+    }
+
+    /// Lets the requests `exemption` covers through without asking the
+    /// layer's limits: an allowlist entry (see [`Exemption`]). Exemptions
+    /// are tried in the order added; the first that covers a request is
+    /// the one counted.
+    pub fn exempt(mut self, exemption: Exemption) -> Self {
+        self.exemptions.push(exemption);
+        self
+    }
+
+    /// Answers denials with what `hook` makes of them instead of the
+    /// problem document ([`TooManyRequests`](super::TooManyRequests)):
+    /// `hook` is given the denial, the denying limit's policy and the
+    /// request's head ([`Denial`]), and [`Denial::problem`] is the default
+    /// response, to adjust or to send as it is. The layer adds the rate
+    /// limit fields of its limits to the hook's response, and `Retry-After`
+    /// when the hook set none and retrying can help.
+    ///
+    /// ```
+    /// use axum::http::StatusCode;
+    /// use axum::response::IntoResponse;
+    /// use ratelimit::http::RateLimitLayer;
+    /// use ratelimit::{Limiter, Quota};
+    ///
+    /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_second(10)?)
+    ///     .on_denied(|denial| {
+    ///         let body = format!("{{\"error\":\"slow_down\",\"limit\":\"{}\"}}", denial.limit());
+    ///         (StatusCode::TOO_MANY_REQUESTS, body).into_response()
+    ///     });
+    /// # let _ = layer;
+    /// # Ok::<(), ratelimit::QuotaError>(())
+    /// ```
+    pub fn on_denied<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&Denial<'_>) -> Response + Send + Sync + 'static,
+    {
+        self.on_denied = Some(Hook(Arc::new(hook)));
+        self
+    }
+
+    /// Gives a request's tokens back ([`Limiter::refund`]) when `refund`
+    /// says so of the service's response status, so that only some
+    /// responses count: only failures, to limit retries of a failing
+    /// operation (`|status| !status.is_server_error()`), or only successes
+    /// (`|status| !status.is_success()`), so that rejected requests do not
+    /// spend a client's quota. The response keeps the fields of the
+    /// admission; the refund is made before it is sent (a backend call
+    /// when the limiter is remote), and a refund that fails is logged and
+    /// leaves the tokens spent.
+    ///
+    /// ```
+    /// use ratelimit::http::RateLimitLayer;
+    /// use ratelimit::{Limiter, Quota};
+    ///
+    /// // Five failed logins a minute per address; successful ones are free.
+    /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_minute(5)?)
+    ///     .name("login")
+    ///     .refund_on(|status| status.is_success());
+    /// # let _ = layer;
+    /// # Ok::<(), ratelimit::QuotaError>(())
+    /// ```
+    pub fn refund_on<F>(mut self, refund: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.refund_on = Some(Hook(Arc::new(refund)));
         self
     }
 
@@ -370,9 +447,17 @@ impl RateLimitLayer {
                 );
             }
         }
+        let exemptions = self
+            .exemptions
+            .iter()
+            .map(|e| (e.clone(), intern(&format!("{}.{}", self.name, e.name))))
+            .collect();
         Shared {
             limiter: self.limiter.clone(),
             limits,
+            exemptions,
+            on_denied: self.on_denied.clone(),
+            refund_on: self.refund_on.clone(),
             legacy_headers: self.legacy_headers,
             shadow: self.shadow,
             request_id_header: self.request_id_header.clone(),

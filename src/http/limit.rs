@@ -2,13 +2,14 @@
 //! key comes from, and what its quota is at each request.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::http::request::Parts;
 use axum::http::HeaderName;
 
 use super::fields;
-use super::key::{KeySource, TrustedProxies};
+use super::key::{KeyFuture, KeySource, TrustedProxies};
 use crate::{Algorithm, FailurePolicy, Limiter, Quota};
 
 /// What a limit does with a request whose key cannot be determined: no
@@ -291,6 +292,46 @@ impl Limit {
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
         Self::new(KeySource::Custom(Arc::new(key)), quota.into())
+    }
+
+    /// Per value the future `key` returns for the request's head, escaped:
+    /// for keys that take an await to find, such as a verified token's
+    /// subject or a tenant looked up in a cache. `key` runs on the request's
+    /// head and returns a `'static` future, so take from the head what the
+    /// lookup needs (a header's value, a clone of an extension) before the
+    /// `async move` block. `None` is handled as [`MissingKey`] says; values
+    /// share the namespace of [`per_key`](Self::per_key)'s.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::sync::Arc;
+    ///
+    /// use ratelimit::http::{Limit, MissingKey};
+    /// use ratelimit::Quota;
+    ///
+    /// // API keys to tenants, as a database or a cache would answer.
+    /// let tenants: Arc<HashMap<String, String>> =
+    ///     Arc::new([("k-123".to_owned(), "acme".to_owned())].into());
+    /// let per_tenant = Limit::per_key_async(
+    ///     move |request| {
+    ///         let api_key = request.headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    ///         let tenants = Arc::clone(&tenants);
+    ///         async move { tenants.get(&api_key?).cloned() }
+    ///     },
+    ///     Quota::per_minute(600)?,
+    /// )
+    /// .name("tenant")
+    /// .on_missing_key(MissingKey::SharedBucket);
+    /// # let _ = per_tenant;
+    /// # Ok::<(), ratelimit::QuotaError>(())
+    /// ```
+    pub fn per_key_async<F, Fut>(key: F, quota: impl Into<QuotaSource>) -> Self
+    where
+        F: Fn(&Parts) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<String>> + Send + 'static,
+    {
+        let key = move |request: &Parts| -> KeyFuture { Box::pin(key(request)) };
+        Self::new(KeySource::Async(Arc::new(key)), quota.into())
     }
 
     /// One bucket for every request: a limit on the whole service.

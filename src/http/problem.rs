@@ -334,9 +334,14 @@ impl IntoResponse for TooManyRequests {
         if let Some(secs) = retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
-        let (q, w) = match self.advertised {
-            Some((q, w)) => (q, Some(w)),
-            None => (self.denied.limit, None),
+        // A denial from a check names its quota, whose policy has a window.
+        let (q, w) = match (self.advertised, &self.denied.quota) {
+            (Some((q, w)), _) => (q, Some(w)),
+            (None, Some(quota)) => {
+                let (q, w) = fields::advertised(quota);
+                (q, Some(w))
+            }
+            (None, None) => (self.denied.limit, None),
         };
         headers.append(
             fields::ratelimit_policy(),

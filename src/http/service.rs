@@ -9,10 +9,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::http::request::Parts;
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tower::Service;
 
+use super::denial::Denial;
+use super::exempt::Exemption;
 use super::fields;
 use super::limit::{Limit, MissingKey};
 use super::problem::{self, TooManyRequests};
@@ -26,9 +29,34 @@ use crate::{
 pub(super) struct Shared {
     pub(super) limiter: Limiter,
     pub(super) limits: Vec<Prepared>,
+    /// Each exemption with its `rule` label, `<layer>.<exemption>`.
+    pub(super) exemptions: Vec<(Exemption, &'static str)>,
+    pub(super) on_denied: Option<Hook<DenialHook>>,
+    pub(super) refund_on: Option<Hook<RefundOn>>,
     pub(super) legacy_headers: bool,
     pub(super) shadow: bool,
     pub(super) request_id_header: HeaderName,
+}
+
+/// A layer's denial-response hook.
+pub(super) type DenialHook = dyn Fn(&Denial<'_>) -> Response + Send + Sync;
+
+/// Which response statuses a layer gives its admission back for.
+pub(super) type RefundOn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// A closure of the layer's configuration, shown as `(..)`.
+pub(super) struct Hook<F: ?Sized>(pub(super) Arc<F>);
+
+impl<F: ?Sized> Clone for Hook<F> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<F: ?Sized> fmt::Debug for Hook<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(..)")
+    }
 }
 
 /// A limit with its name and prefix worked out.
@@ -80,41 +108,49 @@ impl Asked<'_> {
 }
 
 /// What a request's limits decided.
-pub(super) enum Verdict {
+pub(super) enum Verdict<'a> {
     /// Every limit admitted; one decision per limit asked.
-    Admitted(Admitted),
+    Admitted(Admitted<'a>),
     /// The limit at this index denied; the others took nothing.
     Denied(usize, RateLimited),
 }
 
 impl Shared {
-    /// The limits that apply to the request, with their keys and quotas;
-    /// a limit whose key is missing and [`MissingKey::Unlimited`] is left out.
-    fn asked(&self, parts: &Parts) -> Vec<Asked<'_>> {
-        self.limits
+    /// The `rule` label of the first exemption that covers the request.
+    fn exempted(&self, parts: &Parts) -> Option<&'static str> {
+        self.exemptions
             .iter()
-            .filter_map(|limit| {
-                let spec = &limit.limit;
-                let mut key = KeyBuilder::new();
-                key.push_literal(&limit.prefix);
-                if !spec
-                    .source
-                    .push_value(parts, spec.ipv6_prefix_len, &mut key)
-                {
-                    match spec.missing_key {
-                        MissingKey::SharedBucket => key.push_literal("%unknown"),
-                        MissingKey::Unlimited => return None,
-                    }
-                }
-                let quota = spec.quota.resolve(&self.limiter, parts);
-                let mut key = key.finish();
-                crate::keys::keep_apart(&mut key, limit.home, &quota);
-                Some(Asked { limit, quota, key })
-            })
-            .collect()
+            .find(|(exemption, _)| exemption.covers(parts))
+            .map(|(_, rule)| *rule)
     }
 
-    async fn decide(&self, asked: &[Asked<'_>]) -> Verdict {
+    /// The limits that apply to the request, with their keys and quotas;
+    /// a limit whose key is missing and [`MissingKey::Unlimited`] is left out.
+    async fn asked(&self, parts: &Parts) -> Vec<Asked<'_>> {
+        let mut asked = Vec::with_capacity(self.limits.len());
+        for limit in &self.limits {
+            let spec = &limit.limit;
+            let mut key = KeyBuilder::new();
+            key.push_literal(&limit.prefix);
+            if !spec
+                .source
+                .push_value(parts, spec.ipv6_prefix_len, &mut key)
+                .await
+            {
+                match spec.missing_key {
+                    MissingKey::SharedBucket => key.push_literal("%unknown"),
+                    MissingKey::Unlimited => continue,
+                }
+            }
+            let quota = spec.quota.resolve(&self.limiter, parts);
+            let mut key = key.finish();
+            crate::keys::keep_apart(&mut key, limit.home, &quota);
+            asked.push(Asked { limit, quota, key });
+        }
+        asked
+    }
+
+    async fn decide<'a>(&self, asked: &'a [Asked<'_>]) -> Verdict<'a> {
         let requests: Vec<LimitRequest<'_>> = asked
             .iter()
             .map(|a| {
@@ -135,6 +171,20 @@ impl Shared {
                 None => Verdict::Admitted(admitted),
             },
             Err(denied) => Verdict::Denied(at(&denied), denied),
+        }
+    }
+
+    /// Gives the admission back when the layer refunds responses of
+    /// `status`. A refund that fails is logged; the response stands.
+    async fn settle(&self, admitted: Admitted<'_>, status: StatusCode) {
+        let Some(Hook(refund_on)) = &self.refund_on else {
+            return;
+        };
+        if !refund_on(status) {
+            return;
+        }
+        if let Err(error) = self.limiter.refund(admitted).await {
+            tracing::warn!(%error, %status, "could not give back a request's tokens");
         }
     }
 
@@ -210,11 +260,34 @@ impl Shared {
         }
     }
 
-    /// The problem response for a denial by the limit at `at`, with every
-    /// other limit's policy.
-    fn denied(&self, asked: &[Asked<'_>], at: usize, denied: RateLimited) -> Response {
+    /// The response to a denial by the limit at `at`: the hook's, with
+    /// every limit's fields, or the problem response.
+    fn denied(
+        &self,
+        asked: &[Asked<'_>],
+        at: usize,
+        denied: RateLimited,
+        request: &Parts,
+    ) -> Response {
         let denying = &asked[at];
         let advertised = denying.advertised();
+        if let Some(Hook(hook)) = &self.on_denied {
+            let denial = Denial {
+                limit: denying.limit.name,
+                denied: &denied,
+                q: advertised.q,
+                w: advertised.w,
+                request,
+            };
+            let retry_after = denial.retry_after_secs();
+            let mut response = hook(&denial);
+            let headers = response.headers_mut();
+            self.denial_fields(headers, asked, at, &denied);
+            if let (Some(secs), false) = (retry_after, headers.contains_key(RETRY_AFTER)) {
+                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            }
+            return response;
+        }
         let (limit, remaining) = (denied.limit, denied.remaining);
         let problem = TooManyRequests::new(denied).with_policy(
             denying.limit.name,
@@ -275,11 +348,14 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let asked = shared.asked(&parts);
+            if let Some(rule) = shared.exempted(&parts) {
+                shared.limiter.__exempt(rule);
+                return inner.call(Request::from_parts(parts, body)).await;
+            }
+            let asked = shared.asked(&parts).await;
             let request_id = problem::request_id(&parts.headers, &shared.request_id_header);
-            let request = Request::from_parts(parts, body);
             if asked.is_empty() {
-                return inner.call(request).await;
+                return inner.call(Request::from_parts(parts, body)).await;
             }
             let mut response = match shared.decide(&asked).await {
                 Verdict::Admitted(admitted) => {
@@ -288,16 +364,17 @@ where
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
-                    let mut response = inner.call(request).await?;
+                    let mut response = inner.call(Request::from_parts(parts, body)).await?;
                     shared.admitted(&mut response, &asked, admitted.decisions());
+                    shared.settle(admitted, response.status()).await;
                     response
                 }
                 Verdict::Denied(at, denied) if shared.shadow => {
-                    let mut response = inner.call(request).await?;
+                    let mut response = inner.call(Request::from_parts(parts, body)).await?;
                     shared.denial_fields(response.headers_mut(), &asked, at, &denied);
                     response
                 }
-                Verdict::Denied(at, denied) => shared.denied(&asked, at, denied),
+                Verdict::Denied(at, denied) => shared.denied(&asked, at, denied, &parts),
             };
             if let Some(id) = request_id {
                 problem::attach_request_id(&mut response, &id);

@@ -13,11 +13,14 @@
 
 mod fixed_window;
 pub(crate) mod gcra;
+mod refund;
 mod sliding_log;
 mod sliding_window;
 
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
+
+pub(crate) use refund::{refund, Refund};
 
 /// One key's state in the memory backend.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -48,7 +48,12 @@ pub(super) fn decide(
         return (d, false);
     }
     let reset = newest.map_or(now, |t| t.max(now)) + window - now;
-    let d = decision(quota, true, limit - count - cost, 0, reset, 0);
+    // The memory backend's entries are instants: the admission's, plus one
+    // (0 means no tag), is its tag.
+    let d = Decision {
+        tag: now + 1,
+        ..decision(quota, true, limit - count - cost, 0, reset, 0)
+    };
     if cost == 0 {
         return (d, false);
     }

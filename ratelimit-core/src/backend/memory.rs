@@ -112,6 +112,27 @@ impl MemoryBackend {
         algorithm::decide(quota, &mut state, now, cost).0
     }
 
+    /// Gives back what an admission on `key` took (see [`algorithm::refund`]).
+    /// The key keeps its expiry, which a refund can only bring closer.
+    pub(crate) fn refund(&self, quota: &Quota, key: &str, refund: &algorithm::Refund) {
+        let now = self.clock.now_micros();
+        let mut shard = self.shard(key);
+        let Some((state, _)) = shard.buckets.get_mut(key) else {
+            return;
+        };
+        let mut current = Some(std::mem::replace(
+            state,
+            State::Window { start: 0, count: 0 },
+        ));
+        algorithm::refund(quota, &mut current, now, refund);
+        match current {
+            Some(kept) => *state = kept,
+            None => {
+                shard.buckets.remove(key);
+            }
+        }
+    }
+
     /// Forgets `key`'s state: its quota is whole again.
     pub(crate) fn reset(&self, key: &str) {
         self.shard(key).buckets.remove(key);

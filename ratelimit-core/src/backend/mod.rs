@@ -11,6 +11,7 @@ use std::future::Future;
 #[cfg(feature = "redis")]
 use std::pin::Pin;
 
+use crate::algorithm::Refund;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::Quota;
@@ -129,6 +130,28 @@ impl Backend {
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let call: Remote<'_, _> = Box::pin(cluster.ping());
+                call.await
+            }
+        }
+    }
+
+    /// Gives back what admissions took (see [`Refund`]).
+    pub(crate) async fn refund(&self, refunds: &[(&Quota, &str, Refund)]) -> Result<(), Error> {
+        match self {
+            Backend::Memory(memory) => {
+                for (quota, key, refund) in refunds {
+                    memory.refund(quota, key, refund);
+                }
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => {
+                let call: Remote<'_, _> = Box::pin(redis.refund(refunds));
+                call.await
+            }
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => {
+                let call: Remote<'_, _> = Box::pin(cluster.refund(refunds));
                 call.await
             }
         }

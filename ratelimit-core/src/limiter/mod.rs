@@ -23,6 +23,7 @@ use crate::quota::Quota;
 
 mod builder;
 mod policy;
+mod refund;
 mod report;
 mod request;
 mod round_trip;
@@ -233,8 +234,59 @@ impl Limiter {
     pub async fn check<'a>(
         &self,
         requests: impl AsRef<[Request<'a>]>,
-    ) -> Result<Admitted, RateLimited> {
+    ) -> Result<Admitted<'a>, RateLimited> {
         self.check_requests(requests.as_ref()).await
+    }
+
+    /// Gives back what an admitted [`check`](Self::check) took: for "count
+    /// only failures" (refund the calls that succeeded), or to return the
+    /// cost of a call whose work did not happen. `admitted` is the check's
+    /// receipt, taken by value, so an admission is refunded at most once.
+    ///
+    /// Each request's cost goes back where it was taken: to the backend, to
+    /// the token lease that served it, or to the local limiter of the
+    /// failure policy; an admission by [`FailurePolicy::Open`] took nothing.
+    /// What a refund gives back depends on the algorithm:
+    ///
+    /// - the token bucket, GCRA and the leaky bucket: the cost, at any
+    ///   time, but never beyond a full bucket (a bucket that refilled since
+    ///   gets back only what it still owes);
+    /// - the fixed window: the cost, while the admission's window lasts;
+    ///   after it ends the next window starts whole anyway, and nothing is
+    ///   given;
+    /// - the sliding window counter: the cost, while the admission's window
+    ///   is the current or the previous one (and so weighs on the estimate);
+    /// - the sliding log: the admission's own entries leave the log, while
+    ///   they are in it.
+    ///
+    /// A window's refund finds the admission's window from when the check
+    /// was made, measured on this process's clock, so it holds whatever the
+    /// offset between this clock and Redis's, as long as round trips stay
+    /// under half a window. Cached denials of the keys are forgotten, as
+    /// they may end sooner now.
+    ///
+    /// A backend fault is an `Err`, and the refund is lost: the cost stays
+    /// taken, which admits less, never more.
+    ///
+    /// ```
+    /// use ratelimit_core::{Limiter, Quota, Request};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limiter = Limiter::memory();
+    /// let partner = Quota::per_minute(2)?;
+    /// // Count only the calls the partner API accepted.
+    /// for accepted in [false, true, false, true] {
+    ///     let admitted = limiter.check(Request::new(&partner, "partner")).await?;
+    ///     if !accepted {
+    ///         limiter.refund(admitted).await?;
+    ///     }
+    /// }
+    /// assert!(limiter.check(Request::new(&partner, "partner")).await.is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn refund(&self, admitted: Admitted<'_>) -> Result<(), Error> {
+        self.give_back(&admitted).await
     }
 
     /// Verifies that this limiter can decide now, and names the cause when
@@ -309,6 +361,13 @@ impl Limiter {
         }
         self.inner.leases.remove(key);
         Ok(())
+    }
+
+    /// Counts a request that an HTTP layer's allowlist let through without
+    /// asking, under `rule`.
+    #[doc(hidden)]
+    pub fn __exempt(&self, rule: &'static str) {
+        self.inner.stats.record(rule, crate::metrics::Outcome::Exempt);
     }
 
     /// Whether `self` and `other` are clones of one limiter.

@@ -16,7 +16,7 @@ use tracing::Instrument as _;
 use super::request::{Admitted, Decisions, Request};
 use super::round_trip::Answer;
 use super::{answered_in_process, Limiter};
-use crate::decision::Decision;
+use crate::decision::{Decision, Via};
 use crate::denial::{DenialCause, RateLimited};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Outcome;
@@ -76,24 +76,24 @@ impl Limiter {
     /// Decides `requests`: the one place a check's outcome is built and
     /// counted. Requests in shadow mode are decided after the enforced ones
     /// (see [`Request::shadow`]).
-    pub(super) async fn check_requests(
+    pub(super) async fn check_requests<'a>(
         &self,
-        requests: &[Request<'_>],
-    ) -> Result<Admitted, RateLimited> {
+        requests: &[Request<'a>],
+    ) -> Result<Admitted<'a>, RateLimited> {
         if requests.is_empty() {
-            return Ok(Admitted::new(Decisions::Many(Vec::new())));
+            return Ok(Admitted::new(Decisions::Many(Vec::new()), &[]));
         }
         let shadow = requests.iter().filter(|r| r.shadow).count();
         if shadow == 0 || shadow == requests.len() {
             return match self.decide_group(requests, shadow > 0).await {
-                Ok(decisions) => Ok(Admitted::new(decisions)),
+                Ok(decisions) => Ok(Admitted::new(decisions, requests)),
                 Err(denied) if shadow > 0 => {
-                    Ok(Admitted::new(Decisions::Many(Vec::new())).with_would_deny(denied))
+                    Ok(Admitted::new(Decisions::Many(Vec::new()), &[]).with_would_deny(denied))
                 }
                 Err(denied) => Err(denied),
             };
         }
-        let (enforced, shadowed): (Vec<Request<'_>>, Vec<Request<'_>>) =
+        let (enforced, shadowed): (Vec<Request<'a>>, Vec<Request<'a>>) =
             requests.iter().partition(|r| !r.shadow);
         let enforced_decisions = self.decide_group(&enforced, false).await?;
         match self.decide_group(&shadowed, true).await {
@@ -114,9 +114,11 @@ impl Limiter {
                     })
                     .copied()
                     .collect();
-                Ok(Admitted::new(Decisions::Many(decisions)))
+                Ok(Admitted::new(Decisions::Many(decisions), requests))
             }
-            Err(denied) => Ok(Admitted::new(enforced_decisions).with_would_deny(denied)),
+            Err(denied) => {
+                Ok(Admitted::new(enforced_decisions, &enforced).with_would_deny(denied))
+            }
         }
     }
 
@@ -199,6 +201,7 @@ impl Limiter {
         outcome: Outcome,
         shadow: bool,
     ) -> RateLimited {
+        let denied = denied.with_quota(*request.quota);
         let denied = if request.rule.is_empty() {
             denied
         } else {
@@ -296,8 +299,14 @@ impl Limiter {
             .zip(&scaled)
             .map(|((_, key, cost), share)| (share, *key, *cost))
             .collect();
+        // The local limiter runs on the limiter's clock.
+        let at = self.inner.cache_clock.now_micros();
         let mut decisions = self.inner.local.decide_all(&local);
-        decisions.iter_mut().for_each(|d| d.fallback = true);
+        decisions.iter_mut().for_each(|d| {
+            d.fallback = true;
+            d.via = Via::Local;
+            d.at = at;
+        });
         let denied = requests
             .iter()
             .enumerate()

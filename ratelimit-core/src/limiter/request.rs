@@ -112,10 +112,16 @@ impl<'a> AsRef<[Request<'a>]> for Request<'a> {
 }
 
 /// What an admitted [`check`](super::Limiter::check) took: the decision of
-/// each request, in the order asked, and shadow mode's would-be denial.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Admitted {
+/// each request, in the order asked, and shadow mode's would-be denial. It is
+/// also the admission's receipt: [`Limiter::refund`](super::Limiter::refund)
+/// takes it to give back what the check took, once.
+///
+/// It borrows the keys and quotas of the requests it admitted.
+#[derive(Debug)]
+pub struct Admitted<'a> {
     decisions: Decisions,
+    /// The requests that took their cost, in the order of `decisions`.
+    taken: Taken<'a>,
     would_deny: Option<RateLimited>,
 }
 
@@ -133,12 +139,32 @@ impl Decisions {
             Decisions::Many(decisions) => decisions,
         }
     }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [Decision] {
+        match self {
+            Decisions::One(decision) => std::slice::from_mut(decision),
+            Decisions::Many(decisions) => decisions,
+        }
+    }
 }
 
-impl Admitted {
-    pub(crate) fn new(decisions: Decisions) -> Self {
+/// The requests of an admission, inline for one.
+#[derive(Debug)]
+enum Taken<'a> {
+    One(Request<'a>),
+    Many(Vec<Request<'a>>),
+}
+
+impl<'a> Admitted<'a> {
+    /// `decisions` of `requests`, one each, in order.
+    pub(crate) fn new(decisions: Decisions, requests: &[Request<'a>]) -> Self {
+        let taken = match requests {
+            [one] => Taken::One(*one),
+            many => Taken::Many(many.to_vec()),
+        };
         Self {
             decisions,
+            taken,
             would_deny: None,
         }
     }
@@ -146,6 +172,15 @@ impl Admitted {
     pub(crate) fn with_would_deny(mut self, denied: RateLimited) -> Self {
         self.would_deny = Some(denied);
         self
+    }
+
+    /// Each request that took its cost, with its decision.
+    pub(crate) fn taken(&self) -> impl Iterator<Item = (&Request<'a>, &Decision)> {
+        let requests = match &self.taken {
+            Taken::One(one) => std::slice::from_ref(one),
+            Taken::Many(many) => many,
+        };
+        requests.iter().zip(self.decisions())
     }
 
     /// The first decision of [`decisions`](Self::decisions): the request's,

@@ -9,7 +9,7 @@
 
 use super::request::{Decisions, Request};
 use super::{answered_in_process, Limiter};
-use crate::decision::Decision;
+use crate::decision::{Decision, Via};
 use crate::deny_cache::Consulted;
 use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
@@ -50,14 +50,31 @@ impl Limiter {
     /// The answer to `requests` (distinct keys, each cost within its
     /// capacity), all or nothing.
     pub(super) async fn round_trip(&self, requests: &[Request<'_>]) -> Result<Answer, Error> {
-        match requests {
+        // A window's refund finds the admission's window from when it was
+        // asked for (see `Refund`); the other algorithms need no instant.
+        let windowed = requests.iter().any(|r| {
+            matches!(
+                r.quota.algorithm(),
+                Algorithm::FixedWindow | Algorithm::SlidingWindow
+            )
+        });
+        let at = if windowed {
+            self.inner.cache_clock.now_micros()
+        } else {
+            0
+        };
+        let mut answer = match requests {
             [one] if self.leases(one) => self.decide_leased(one).await.map(Answer::of_one),
             [one] => self
                 .decide_one(one.quota, one.key, one.cost)
                 .await
                 .map(Answer::of_one),
             _ => self.decide_all(requests).await,
+        }?;
+        if let (true, Answer::Admitted(decisions)) = (windowed, &mut answer) {
+            decisions.as_mut_slice().iter_mut().for_each(|d| d.at = at);
         }
+        Ok(answer)
     }
 
     /// Whether `request` is served from token leases.
@@ -113,9 +130,12 @@ impl Limiter {
             quota, key, cost, ..
         } = *request;
         let now = self.inner.cache_clock.now_micros();
-        if let Some(left) = self.inner.leases.take(quota, key, cost, now) {
+        if let Some((left, id)) = self.inner.leases.take(quota, key, cost, now) {
             answered_in_process().await;
-            return Ok(Decision::from_micros(true, quota.capacity(), left, 0, 0, 0));
+            return Ok(Decision {
+                via: Via::Lease(id),
+                ..Decision::from_micros(true, quota.capacity(), left, 0, 0, 0)
+            });
         }
         let lease = request.lease.min(quota.capacity()).max(cost);
         let decision = self.decide_one(quota, key, lease).await?;

@@ -116,6 +116,14 @@ pub(super) fn failure_policy(ident: &Ident) -> syn::Result<&'static str> {
     )
 }
 
+/// `refund_on = err | ok`: the `RefundOn` variant.
+pub(super) fn refund_on(ident: &Ident) -> syn::Result<&'static str> {
+    Ok(match one_of(ident, "refund_on", &["err", "ok"])? {
+        "err" => "Err",
+        _ => "Ok",
+    })
+}
+
 /// `mode = enforce | shadow`: whether in shadow mode.
 pub(super) fn shadow_mode(ident: &Ident) -> syn::Result<bool> {
     Ok(one_of(ident, "mode", &["enforce", "shadow"])? == "shadow")

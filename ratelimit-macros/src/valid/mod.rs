@@ -19,7 +19,7 @@ mod literals;
 mod quota;
 mod signature;
 
-use literals::{failure_policy, positive_integer, rule_name, shadow_mode, wait_limit};
+use literals::{failure_policy, positive_integer, refund_on, rule_name, shadow_mode, wait_limit};
 use quota::{fixed_quota, per_call_quota};
 use signature::{binding_path, member};
 
@@ -64,6 +64,9 @@ pub(crate) struct Check {
     pub lease: Option<u64>,
     /// `on_limit = wait(max = ...)`, in microseconds.
     pub wait_us: Option<u64>,
+    /// `refund_on = err | ok`: the `RefundOn` variant, and the option's
+    /// value for errors.
+    pub refund_on: Option<(&'static str, proc_macro2::Span)>,
 }
 
 /// Where a call's quota comes from.
@@ -194,6 +197,10 @@ impl Function<'_> {
                 .map(wait_limit)
                 .transpose()?
                 .flatten(),
+            refund_on: match &args.refund_on {
+                None => None,
+                Some(ident) => Some((refund_on(ident)?, ident.span())),
+            },
         })
     }
 

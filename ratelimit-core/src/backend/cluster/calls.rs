@@ -121,7 +121,7 @@ pub(super) async fn send_node_batch(
                 let decoded = decode_reply(
                     answers,
                     jobs.iter()
-                        .map(|job| (&job.quota, job.request.cost, job.key.as_str())),
+                        .map(|job| (&job.quota, &job.request, job.key.as_str())),
                 );
                 match decoded {
                     Ok(results) => {
@@ -186,7 +186,7 @@ pub(super) async fn decide_alone(
                 let invocation = invocation("each", [(&job.key, job.request)]);
                 let result = call_routed(connection, timeout, &functions, &invocation)
                     .await
-                    .and_then(|reply| decode_one(&reply, &job.quota, job.request.cost, &job.key));
+                    .and_then(|reply| decode_one(&reply, &job.quota, &job.request, &job.key));
                 let _ = job.reply.send(result);
             })
         })
@@ -213,16 +213,4 @@ pub(super) fn refused_unrun(error: &redis::RedisError) -> bool {
             Kind::Moved | Kind::Ask | Kind::TryAgain | Kind::ClusterDown | Kind::ReadOnly
         )
     )
-}
-
-/// A tag unique to one request, below 2^53 (Lua's doubles hold it exactly)
-/// and never 0 (no tag).
-pub(super) fn refund_tag() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    static SEED: once_cell::sync::Lazy<u64> =
-        once_cell::sync::Lazy::new(|| RandomState::new().hash_one(std::process::id()));
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    (RandomState::new().hash_one((*SEED, n)) & ((1 << 53) - 1)).max(1)
 }

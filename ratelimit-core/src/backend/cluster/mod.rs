@@ -44,6 +44,7 @@ use super::redis::{
     await_answer, decode_all, decode_one, Functions, Job, KeySpace, Request, MAX_QUEUED, PING_KEY,
     PING_QUOTA,
 };
+use crate::algorithm::Refund;
 use crate::breaker::{Breaker, BreakerConfig, CircuitState};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -53,7 +54,6 @@ use crate::quota::Quota;
 mod calls;
 mod routing;
 
-use calls::refund_tag;
 pub(crate) use routing::slot;
 use routing::Routing;
 
@@ -238,7 +238,6 @@ impl ClusterBackend {
         key: String,
         request: Request,
     ) -> Result<Decision, Error> {
-        let cost = request.cost;
         let routing = self.routing().await;
         let key = match routing.as_ref().and_then(|r| r.node(&key)) {
             Some((node, queue)) => {
@@ -279,7 +278,7 @@ impl ClusterBackend {
                 self.call("each", std::slice::from_ref(&key), &[request]),
             )
             .await?;
-        decode_one(&reply, quota, cost, &key)
+        decode_one(&reply, quota, &request, &key)
     }
 
     /// The decision a request of `cost` would get now, with nothing written.
@@ -290,14 +289,11 @@ impl ClusterBackend {
         cost: u64,
     ) -> Result<Decision, Error> {
         let key = self.full_key(key);
+        let request = Request::new(quota, cost, self.now());
         let reply = self
-            .call(
-                "peek",
-                std::slice::from_ref(&key),
-                &[Request::new(quota, cost, self.now())],
-            )
+            .call("peek", std::slice::from_ref(&key), &[request])
             .await?;
-        decode_one(&reply, quota, cost, &key)
+        decode_one(&reply, quota, &request, &key)
     }
 
     /// Deletes `key`'s state: its quota is whole again.
@@ -316,6 +312,29 @@ impl ClusterBackend {
         Ok(())
     }
 
+    /// Gives back what admissions took: one call per key, as the keys may
+    /// live on different slots.
+    pub(crate) async fn refund(&self, refunds: &[(&Quota, &str, Refund)]) -> Result<(), Error> {
+        let now = self.now();
+        let mut result = Ok(());
+        for (quota, key, refund) in refunds {
+            let key = self.full_key(key);
+            let call = Request::refund(quota, refund, now);
+            let routing = self.routing().await;
+            let node = routing
+                .as_ref()
+                .and_then(|r| r.node(&key))
+                .map_or("", |(node, _)| node);
+            let outcome = self
+                .guarded(node, self.call("refund", std::slice::from_ref(&key), &[call]))
+                .await;
+            if let Err(error) = outcome {
+                result = Err(error);
+            }
+        }
+        result
+    }
+
     /// All or nothing over keys that may live on different slots.
     pub(crate) async fn decide_all(
         &self,
@@ -326,11 +345,9 @@ impl ClusterBackend {
             .iter()
             .map(|(_, key, _)| self.full_key(key))
             .collect();
-        // Across slots a dimension may be refunded: its sliding-log
-        // admissions carry a tag the refund removes them by.
         let calls: Vec<Request> = requests
             .iter()
-            .map(|(q, _, c)| Request::tagged(q, *c, now, refund_tag()))
+            .map(|(q, _, c)| Request::new(q, *c, now))
             .collect();
         let first_slot = keys.first().map(|k| slot(k.as_bytes()));
         if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
@@ -340,7 +357,7 @@ impl ClusterBackend {
                 .and_then(|r| r.node(&keys[0]))
                 .map_or("", |(node, _)| node);
             let reply = self.guarded(node, self.call("all", &keys, &calls)).await?;
-            return decode_all(&reply, requests, &keys);
+            return decode_all(&reply, requests, &calls, &keys);
         }
         // Across slots: consume in order; on a denial (or a failure), give
         // back what the earlier dimensions took.
@@ -350,13 +367,17 @@ impl ClusterBackend {
             let outcome = self.decide_request(quota, key.clone(), calls[i]).await;
             let admitted = matches!(&outcome, Ok(d) if d.allowed);
             if !admitted {
-                for j in 0..i {
-                    if decisions.get(j).is_some_and(|d: &Decision| d.allowed) {
-                        // A refund that fails leaves the dimension consumed:
-                        // it under-admits, never over-admits.
-                        if let Err(error) = self.call("refund", &keys[j..=j], &calls[j..=j]).await {
-                            tracing::warn!(key = %keys[j], %error, "could not give back a multi-dimension check's tokens");
-                        }
+                for (j, decision) in decisions.iter().enumerate() {
+                    let (quota, _, cost) = requests[j];
+                    // Given back at once, in its window.
+                    let Some(refund) = Refund::of(quota, decision, cost, 0) else {
+                        continue;
+                    };
+                    let call = Request::refund(quota, &refund, now);
+                    // A refund that fails leaves the dimension consumed:
+                    // it under-admits, never over-admits.
+                    if let Err(error) = self.call("refund", &keys[j..=j], &[call]).await {
+                        tracing::warn!(key = %keys[j], %error, "could not give back a multi-dimension check's tokens");
                     }
                 }
             }

@@ -100,10 +100,10 @@ impl Waiting for Work {
 }
 
 impl Work {
-    /// Each key's quota, cost and full name, in the order of the reply.
-    fn keys(&self) -> impl Iterator<Item = (&Quota, u64, &str)> {
+    /// Each key's quota, request and full name, in the order of the reply.
+    fn keys(&self) -> impl Iterator<Item = (&Quota, &Request, &str)> {
         let (one, all) = match self {
-            Work::One(job) => (Some((&job.quota, job.request.cost, job.key.as_str())), None),
+            Work::One(job) => (Some((&job.quota, &job.request, job.key.as_str())), None),
             Work::All(check) => (None, Some(check)),
         };
         let all = all.into_iter().flat_map(|check| {
@@ -112,7 +112,7 @@ impl Work {
                 .iter()
                 .zip(&check.requests)
                 .zip(&check.keys)
-                .map(|((quota, request), key)| (quota, request.cost, key.as_str()))
+                .map(|((quota, request), key)| (quota, request, key.as_str()))
         });
         one.into_iter().chain(all)
     }

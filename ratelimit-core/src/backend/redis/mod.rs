@@ -20,6 +20,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::algorithm::Refund;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -342,9 +343,10 @@ impl RedisBackend {
         let lane = self.lane().await?;
         let mut connection = lane.connection.clone();
         let key = self.full_key(key);
-        let invocation = invocation("peek", [(&key, Request::new(quota, cost, self.now()))]);
+        let request = Request::new(quota, cost, self.now());
+        let invocation = invocation("peek", [(&key, request)]);
         let reply = self.call(&lane, &invocation, &mut connection).await?;
-        decode_one(&reply, quota, cost, &key)
+        decode_one(&reply, quota, &request, &key)
     }
 
     /// Verifies that this limiter can decide on the server now: connected,
@@ -361,9 +363,27 @@ impl RedisBackend {
             self.endpoint.follows_failovers(),
         )?;
         let key = self.full_key(PING_KEY);
-        let invocation = invocation("peek", [(&key, Request::new(&PING_QUOTA, 0, self.now()))]);
+        let request = Request::new(&PING_QUOTA, 0, self.now());
+        let invocation = invocation("peek", [(&key, request)]);
         let reply = self.call(&lane, &invocation, &mut connection).await?;
-        decode_one(&reply, &PING_QUOTA, 0, &key).map(|_| ())
+        decode_one(&reply, &PING_QUOTA, &request, &key).map(|_| ())
+    }
+
+    /// Gives back what admissions took, in one script call (see
+    /// `refund.lua`).
+    pub(crate) async fn refund(&self, refunds: &[(&Quota, &str, Refund)]) -> Result<(), Error> {
+        let lane = self.lane().await?;
+        let mut connection = lane.connection.clone();
+        let now = self.now();
+        let keys: Vec<String> = refunds.iter().map(|(_, key, _)| self.full_key(key)).collect();
+        let invocation = invocation(
+            "refund",
+            keys.iter()
+                .zip(refunds)
+                .map(|(key, (quota, _, refund))| (key, Request::refund(quota, refund, now))),
+        );
+        self.call(&lane, &invocation, &mut connection).await?;
+        Ok(())
     }
 
     /// Deletes `key`'s state: its quota is whole again.

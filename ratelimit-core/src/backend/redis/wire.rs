@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use crate::algorithm::gcra;
+use crate::algorithm::{gcra, Refund};
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::{Algorithm, Quota};
@@ -18,22 +18,52 @@ pub(crate) struct Request {
     /// The caller's clock, or `None` for Redis `TIME`.
     pub now: Option<u64>,
     pub params: [u64; 3],
+    /// Whether the third number is signed (a refund's `until_end`).
+    signed_p3: bool,
 }
 
 impl Request {
+    /// A decision. The sliding log records its admission under a tag
+    /// unique to this request, so that a refund with the same tag removes
+    /// exactly what it added, however often it is applied: each such request
+    /// is a group of its own. The other algorithms take no tag.
     pub(crate) fn new(quota: &Quota, cost: u64, now: Option<u64>) -> Self {
-        Self::tagged(quota, cost, now, 0)
+        let tag = if quota.algorithm() == Algorithm::SlidingLog {
+            refund_tag()
+        } else {
+            0
+        };
+        Self::with_p3(quota, cost, now, tag)
     }
 
-    /// A request whose admission the sliding log records under `tag`
-    /// (non-zero, below 2^53, unique to this request), so that a refund
-    /// with the same tag removes exactly what it added, however often it is
-    /// applied. Other algorithms ignore the tag.
-    pub(crate) fn tagged(quota: &Quota, cost: u64, now: Option<u64>, tag: u64) -> Self {
+    /// The refund of an admission on `quota` (see `refund.lua`): the
+    /// windows' third number is `until_end`, the sliding log's the tag.
+    pub(crate) fn refund(quota: &Quota, refund: &Refund, now: Option<u64>) -> Self {
+        let p3 = match quota.algorithm() {
+            Algorithm::SlidingLog => refund.tag,
+            // Encoded as an unsigned number (the script reads it back as
+            // signed, see `push_group`).
+            _ => refund.until_end as u64,
+        };
+        let mut request = Self::with_p3(quota, refund.cost, now, p3);
+        request.signed_p3 = quota.algorithm().is_windowed() && quota.algorithm() != Algorithm::SlidingLog;
+        request
+    }
+
+    /// The sliding log's tag of this request's admission (0: none).
+    pub(crate) fn tag(&self) -> u64 {
+        if self.algorithm == Algorithm::SlidingLog.wire_id() {
+            self.params[2]
+        } else {
+            0
+        }
+    }
+
+    fn with_p3(quota: &Quota, cost: u64, now: Option<u64>, p3: u64) -> Self {
         let rate = quota.rate();
         let algorithm = quota.algorithm();
         let params = if algorithm.is_windowed() {
-            [quota.capacity(), quota.window_us(), tag]
+            [quota.capacity(), quota.window_us(), p3]
         } else {
             [rate.tokens(), rate.period_us(), quota.capacity()]
         };
@@ -42,6 +72,7 @@ impl Request {
             cost,
             now,
             params,
+            signed_p3: false,
         }
     }
 
@@ -53,8 +84,11 @@ impl Request {
             Some(now) => invocation.arg(now),
             None => invocation.arg(""),
         };
-        for p in self.params {
-            invocation.arg(p);
+        invocation.arg(self.params[0]).arg(self.params[1]);
+        if self.signed_p3 {
+            invocation.arg(self.params[2] as i64);
+        } else {
+            invocation.arg(self.params[2]);
         }
     }
 }
@@ -145,19 +179,19 @@ pub(super) fn answer_len(algorithm: Algorithm) -> usize {
 /// error for the whole call.
 pub(crate) fn decode_reply<'a>(
     reply: &[i64],
-    keys: impl IntoIterator<Item = (&'a Quota, u64, &'a str)>,
+    keys: impl IntoIterator<Item = (&'a Quota, &'a Request, &'a str)>,
 ) -> Result<Vec<Result<Decision, Error>>, Error> {
     let unexpected = || Error::UnexpectedReply(format!("{reply:?}"));
     let mut rest = reply;
     let mut decisions = Vec::new();
-    for (quota, cost, key) in keys {
+    for (quota, request, key) in keys {
         let len = answer_len(quota.algorithm());
         if rest.len() < len {
             return Err(unexpected());
         }
         let (answer, tail) = rest.split_at(len);
         rest = tail;
-        decisions.push(decode(quota, cost, key, answer));
+        decisions.push(decode(quota, request, key, answer));
     }
     if !rest.is_empty() {
         return Err(unexpected());
@@ -171,14 +205,16 @@ pub(crate) fn decode_reply<'a>(
 pub(crate) fn decode_all(
     reply: &[i64],
     requests: &[(&Quota, &str, u64)],
+    calls: &[Request],
     keys: &[String],
 ) -> Result<Vec<Decision>, Error> {
     decode_reply(
         reply,
         requests
             .iter()
+            .zip(calls)
             .zip(keys)
-            .map(|((quota, _, cost), key)| (*quota, *cost, key.as_str())),
+            .map(|(((quota, _, _), call), key)| (*quota, call, key.as_str())),
     )?
     .into_iter()
     .collect()
@@ -188,10 +224,10 @@ pub(crate) fn decode_all(
 pub(crate) fn decode_one(
     reply: &[i64],
     quota: &Quota,
-    cost: u64,
+    request: &Request,
     key: &str,
 ) -> Result<Decision, Error> {
-    decode_reply(reply, [(quota, cost, key)])?
+    decode_reply(reply, [(quota, request, key)])?
         .pop()
         .unwrap_or_else(|| Err(Error::UnexpectedReply(format!("{reply:?}"))))
 }
@@ -200,11 +236,12 @@ pub(crate) fn decode_one(
 /// number (the debt) for the bucket algorithms, five for the windows.
 pub(super) fn decode(
     quota: &Quota,
-    cost: u64,
+    request: &Request,
     key: &str,
     answer: &[i64],
 ) -> Result<Decision, Error> {
     let algorithm = quota.algorithm();
+    let cost = request.cost;
     match *answer {
         [-1, ..] => Err(Error::ForeignValue {
             key: key.to_owned(),
@@ -219,15 +256,30 @@ pub(super) fn decode(
         [allowed @ (0 | 1), remaining, retry, reset, delay]
             if remaining >= 0 && retry >= 0 && reset >= 0 && delay >= 0 =>
         {
-            Ok(Decision::from_micros(
-                allowed == 1,
-                quota.capacity(),
-                remaining as u64,
-                retry as u64,
-                reset as u64,
-                delay as u64,
-            ))
+            Ok(Decision {
+                tag: request.tag(),
+                ..Decision::from_micros(
+                    allowed == 1,
+                    quota.capacity(),
+                    remaining as u64,
+                    retry as u64,
+                    reset as u64,
+                    delay as u64,
+                )
+            })
         }
         _ => Err(Error::UnexpectedReply(format!("{answer:?}"))),
     }
+}
+
+/// A tag unique to one request, below 2^53 (Lua's doubles hold it exactly)
+/// and never 0 (no tag).
+fn refund_tag() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SEED: once_cell::sync::Lazy<u64> =
+        once_cell::sync::Lazy::new(|| RandomState::new().hash_one(std::process::id()));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    (RandomState::new().hash_one((*SEED, n)) & ((1 << 53) - 1)).max(1)
 }

@@ -1,0 +1,257 @@
+//! Refunds: giving back the cost an admission took. The Rust twin of
+//! `scripts/refund.lua`, which the differential tests hold it to.
+//!
+//! What a refund gives back, by algorithm:
+//! - the token bucket, GCRA and the leaky bucket: the debt shrinks by the
+//!   cost, at any time, never below a full bucket (a bucket that refilled
+//!   since gets back only what it still owes);
+//! - the fixed window: the count of the admission's window falls by the cost
+//!   while that window lasts; once it has ended there is nothing to give;
+//! - the sliding window counter: the count of the admission's window falls
+//!   by the cost while it is the current or the previous window (it still
+//!   weighs on the estimate);
+//! - the sliding log: the admission's entries leave the log, by their tag,
+//!   so a refund applied twice removes nothing more.
+
+use super::{fixed_window, State};
+use crate::decision::Decision;
+use crate::quota::{Algorithm, Quota};
+
+/// What a refund of one admission needs besides the key and quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refund {
+    pub cost: u64,
+    /// The sliding log's tag of the admission's entries (the memory backend
+    /// logs the admitted instant; Redis a tag unique to the request).
+    pub tag: u64,
+    /// The windows: microseconds from the refund to the end of the
+    /// admission's window, as the refunding process measured it. The
+    /// backend rounds `now + until_end` to the nearest window boundary, so
+    /// the refund finds the admission's window whatever the clocks' offset,
+    /// as long as the round trips stay below half a window.
+    pub until_end: i64,
+}
+
+impl Refund {
+    /// The refund of `decision`, an admission of `cost` on `quota` made
+    /// `elapsed_us` ago; `None` when there is nothing left to give back (no
+    /// cost, a window that has ended, a log entry with no tag).
+    pub(crate) fn of(quota: &Quota, decision: &Decision, cost: u64, elapsed_us: u64) -> Option<Self> {
+        if cost == 0 || !decision.allowed {
+            return None;
+        }
+        let elapsed = i64::try_from(elapsed_us).unwrap_or(i64::MAX);
+        let reset = i64::try_from(decision.reset_after.as_micros()).unwrap_or(i64::MAX);
+        let window = i64::try_from(quota.window_us()).unwrap_or(i64::MAX);
+        let refund = |tag, until_end| Some(Self { cost, tag, until_end });
+        match quota.algorithm() {
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => refund(0, 0),
+            // An admission's reset is its window's end.
+            Algorithm::FixedWindow => {
+                let until_end = reset.saturating_sub(elapsed);
+                (until_end > 0).then_some(Self { cost, tag: 0, until_end })
+            }
+            // An admission's reset is a window after its window's end, and
+            // its count weighs until a window after that end too.
+            Algorithm::SlidingWindow => {
+                let until_end = reset.saturating_sub(window).saturating_sub(elapsed);
+                (until_end > -window).then_some(Self { cost, tag: 0, until_end })
+            }
+            Algorithm::SlidingLog => (decision.tag != 0).then_some(Self {
+                cost,
+                tag: decision.tag,
+                until_end: 0,
+            }),
+        }
+    }
+}
+
+/// The end of the window a refund names: `now + until_end` at the nearest
+/// window boundary.
+fn admission_end(now: u64, until_end: i64, window: u64) -> i128 {
+    let estimate = i128::from(now) + i128::from(until_end) + i128::from(window / 2);
+    let window = i128::from(window);
+    estimate.div_euclid(window) * window
+}
+
+/// Applies `refund` to a key's `state` at `now`; the state becomes `None`
+/// when nothing is owed any longer.
+pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund: &Refund) {
+    let window = quota.window_us();
+    let cost = refund.cost;
+    match state.as_mut() {
+        Some(State::Tat { full_at, rem }) if !quota.algorithm().is_windowed() => {
+            if *full_at < now {
+                return;
+            }
+            let (tokens, period) = (quota.rate().tokens(), quota.rate().period_us());
+            let debt = u128::from(*full_at - now) * u128::from(tokens) + u128::from(*rem);
+            let Some(debt) = debt.checked_sub(u128::from(cost) * u128::from(period)) else {
+                *state = None;
+                return;
+            };
+            if debt == 0 {
+                *state = None;
+                return;
+            }
+            let debt = u64::try_from(debt).unwrap_or(u64::MAX);
+            *full_at = now + debt / tokens;
+            *rem = debt % tokens;
+        }
+        Some(State::Window { start, count }) if quota.algorithm() == Algorithm::FixedWindow => {
+            let current = now - now % window;
+            if *start < current
+                || i128::from(fixed_window::window_end(*start, current, window))
+                    != admission_end(now, refund.until_end, window)
+            {
+                return;
+            }
+            *count = count.saturating_sub(cost);
+            if *count == 0 {
+                *state = None;
+            }
+        }
+        Some(State::Windows {
+            start,
+            current,
+            previous,
+        }) if quota.algorithm() == Algorithm::SlidingWindow => {
+            let stored = *start - *start % window;
+            if stored.saturating_add(2 * window) <= now {
+                return;
+            }
+            let admitted = admission_end(now, refund.until_end, window) - i128::from(window);
+            if i128::from(stored) == admitted {
+                *current = current.saturating_sub(cost);
+            } else if i128::from(stored) == admitted + i128::from(window) {
+                *previous = previous.saturating_sub(cost);
+            } else {
+                return;
+            }
+            if *current == 0 && *previous == 0 {
+                *state = None;
+            }
+        }
+        Some(State::Log(log)) if quota.algorithm() == Algorithm::SlidingLog => {
+            // The memory backend's tag is the admitted instant plus one.
+            let Some(instant) = refund.tag.checked_sub(1) else {
+                return;
+            };
+            let from = log.partition_point(|&t| t < instant);
+            let mut to = from;
+            while to < log.len() && log[to] == instant && ((to - from) as u64) < cost {
+                to += 1;
+            }
+            log.drain(from..to);
+            if log.is_empty() {
+                *state = None;
+            }
+        }
+        // Nothing, or another algorithm's state: nothing of this admission.
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::decide;
+    use std::time::Duration;
+
+    /// Decides `cost` at `at`, refunds it at `later`: the state is what it
+    /// was before the admission, in every algorithm, while the admission
+    /// still counts.
+    fn round(quota: &Quota, before: &Option<State>, at: u64, cost: u64, later: u64) -> Option<State> {
+        let mut state = before.clone();
+        let (d, _) = decide(quota, &mut state, at, cost);
+        assert!(d.allowed, "{quota:?} admits");
+        let r = Refund::of(quota, &d, cost, later - at).expect("something to refund");
+        refund(quota, &mut state, later, &r);
+        state
+    }
+
+    #[test]
+    fn a_refund_right_after_an_admission_undoes_it() {
+        let second = Duration::from_secs(1);
+        let quotas = [
+            Quota::builder(Algorithm::TokenBucket).capacity(5).rate("5/s".parse().unwrap()).build().unwrap(),
+            Quota::builder(Algorithm::Gcra).capacity(5).rate("3/s".parse().unwrap()).build().unwrap(),
+            Quota::builder(Algorithm::LeakyBucket).capacity(5).rate("5/s".parse().unwrap()).build().unwrap(),
+            Quota::fixed_window(5, second).unwrap(),
+            Quota::sliding_window(5, second).unwrap(),
+            Quota::sliding_log(5, second).unwrap(),
+        ];
+        let t = 7_000_250_000;
+        for quota in &quotas {
+            // From nothing: nothing again.
+            assert_eq!(round(quota, &None, t, 2, t), None, "{quota:?}");
+            // From some use: that use again.
+            let mut used = None;
+            decide(quota, &mut used, t - 100_000, 1);
+            let after = round(quota, &used, t, 2, t);
+            let mut expected = used.clone();
+            // The log and the buckets compare as stored; the windows too.
+            if let (Some(State::Log(a)), Some(State::Log(b))) = (&after, &mut expected) {
+                assert_eq!(a, b, "{quota:?}");
+            } else {
+                assert_eq!(after, expected, "{quota:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_refund_finds_its_window_or_gives_nothing() {
+        let quota = Quota::fixed_window(3, Duration::from_secs(1)).unwrap();
+        let t = 5_000_900_000;
+        let mut state = None;
+        let (d, _) = decide(&quota, &mut state, t, 1);
+        // 0.2 s later the window ended: the next one's count is not touched.
+        let (_, _) = decide(&quota, &mut state, t + 200_000, 1);
+        assert_eq!(Refund::of(&quota, &d, 1, 200_000), None, "its window ended");
+        // Measured on a clock 30 ms off: still the right window.
+        let mut state = None;
+        let (d, _) = decide(&quota, &mut state, t, 2);
+        let r = Refund::of(&quota, &d, 2, 10_000).unwrap();
+        refund(&quota, &mut state, t + 40_000, &r);
+        assert_eq!(state, None);
+
+        let sliding = Quota::sliding_window(3, Duration::from_secs(1)).unwrap();
+        let mut state = None;
+        let (d, _) = decide(&sliding, &mut state, t, 2);
+        // In the next window the admission is the previous window's count.
+        decide(&sliding, &mut state, t + 600_000, 0);
+        let r = Refund::of(&sliding, &d, 2, 600_000).unwrap();
+        let mut after = state.clone();
+        refund(&sliding, &mut after, t + 600_000, &r);
+        assert_eq!(after, None, "the previous window's count is given back");
+        // Two windows on, it weighs nothing: nothing to give.
+        assert_eq!(Refund::of(&sliding, &d, 2, 1_200_000), None);
+    }
+
+    #[test]
+    fn a_log_refund_removes_its_entries_once() {
+        let quota = Quota::sliding_log(5, Duration::from_secs(1)).unwrap();
+        let mut state = None;
+        let (first, _) = decide(&quota, &mut state, 1_000, 2);
+        decide(&quota, &mut state, 2_000, 1);
+        let r = Refund::of(&quota, &first, 2, 1_500).unwrap();
+        refund(&quota, &mut state, 2_500, &r);
+        refund(&quota, &mut state, 2_500, &r);
+        assert_eq!(state, Some(State::Log([2_000].into())), "the other admission stays");
+    }
+
+    #[test]
+    fn a_bucket_refund_never_fills_past_full() {
+        let quota = Quota::builder(Algorithm::TokenBucket)
+            .capacity(4)
+            .rate("1/s".parse().unwrap())
+            .build()
+            .unwrap();
+        let mut state = None;
+        let (d, _) = decide(&quota, &mut state, 10_000_000, 3);
+        // 2.5 s later the bucket owes half a token: the refund fills it.
+        let r = Refund::of(&quota, &d, 3, 2_500_000).unwrap();
+        refund(&quota, &mut state, 12_500_000, &r);
+        assert_eq!(state, None);
+    }
+}

@@ -1,0 +1,72 @@
+//! Refunds: an admission's cost given back where it was taken (see
+//! [`Limiter::refund`]).
+
+use super::request::Admitted;
+use super::{answered_in_process, Limiter};
+use crate::algorithm::Refund;
+use crate::decision::Via;
+use crate::error::Error;
+use crate::quota::Quota;
+
+impl Limiter {
+    pub(super) async fn give_back(&self, admitted: &Admitted<'_>) -> Result<(), Error> {
+        let now = self.inner.cache_clock.now_micros();
+        let mut remote: Vec<(&Quota, &str, Refund)> = Vec::new();
+        for (request, decision) in admitted.taken() {
+            let (quota, key, cost) = (request.quota, request.key, request.cost);
+            let elapsed = now.saturating_sub(decision.at);
+            match decision.via {
+                Via::Nothing => continue,
+                Via::Local => {
+                    let share = quota.scaled(self.inner.local_share);
+                    let Some(refund) = Refund::of(&share, decision, cost, elapsed) else {
+                        continue;
+                    };
+                    self.inner.local.refund(&share, key, &refund);
+                }
+                Via::Lease(id) => {
+                    if !self.inner.leases.give_back(quota, key, cost, id, now) {
+                        // The lease is gone. A bucket still owes the token
+                        // in the backend; a window's lease ended no later
+                        // than its window, and with it what there was to
+                        // give back.
+                        if quota.algorithm().is_windowed() {
+                            continue;
+                        }
+                        let Some(refund) = Refund::of(quota, decision, cost, 0) else {
+                            continue;
+                        };
+                        remote.push((quota, key, refund));
+                    }
+                }
+                Via::Backend => {
+                    let Some(refund) = Refund::of(quota, decision, cost, elapsed) else {
+                        continue;
+                    };
+                    remote.push((quota, key, refund));
+                }
+            }
+            self.inner.stats.refunded(request.rule);
+        }
+        if remote.is_empty() {
+            answered_in_process().await;
+            return Ok(());
+        }
+        let backend = &self.inner.backend;
+        let result = if backend.can_fail() {
+            self.guarded(backend.refund(&remote)).await
+        } else {
+            let result = backend.refund(&remote).await;
+            answered_in_process().await;
+            result
+        };
+        // A cached denial of these keys may end sooner now. Forgotten after
+        // the refund, so an answer asked for before it is not kept either.
+        if let Some(cache) = &self.inner.deny_cache {
+            for (_, key, _) in &remote {
+                cache.forget(key);
+            }
+        }
+        result
+    }
+}

@@ -1,0 +1,269 @@
+//! Refunds against real servers: random sequences of checks, refunds of
+//! earlier admissions (at once or later) and clock steps, decided on Redis
+//! (with the deny cache on, as by default) and on the memory backend at
+//! once. After each operation:
+//! - Redis and the memory backend decided alike, so the Lua refunds and
+//!   their Rust twins agree, whenever the refund is made;
+//! - a refund made at the admission's instant leaves the key exactly as if
+//!   the check had not been made: a twin limiter that only inspects those
+//!   checks decides everything else alike.
+
+mod support;
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use ratelimit::{Admitted, Algorithm, Decision, Limiter, ManualClock, Quota, RateLimited, Request};
+use support::RedisServer;
+
+/// Two quotas of each algorithm; a key is decided under one algorithm only.
+fn quotas() -> Vec<[Quota; 2]> {
+    let bucket = |algorithm, capacity, rate: &str| {
+        Quota::builder(algorithm)
+            .capacity(capacity)
+            .rate(rate.parse().unwrap())
+            .build()
+            .unwrap()
+    };
+    let window = |algorithm, limit, window: &str| {
+        Quota::builder(algorithm)
+            .limit(limit)
+            .window(Quota::parse_window(window).unwrap())
+            .build()
+            .unwrap()
+    };
+    use Algorithm::*;
+    vec![
+        [bucket(TokenBucket, 5, "2/s"), bucket(TokenBucket, 3, "1/min")],
+        [bucket(Gcra, 4, "10/s"), bucket(Gcra, 3, "7/min")],
+        [bucket(LeakyBucket, 4, "3/s"), bucket(LeakyBucket, 6, "1/s")],
+        [window(FixedWindow, 5, "1s"), window(FixedWindow, 3, "2s")],
+        [window(SlidingLog, 4, "1s"), window(SlidingLog, 3, "3s")],
+        [window(SlidingWindow, 6, "1s"), window(SlidingWindow, 3, "3s")],
+    ]
+}
+
+/// Keys: one per algorithm, so that refunds and checks meet.
+const KEYS: usize = 6;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+}
+
+fn cases(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A check of one key: key, quota (modulo 2), cost (0, else from 1 to
+    /// the capacity).
+    Check(usize, usize, u64),
+    /// An all-or-nothing check of distinct keys.
+    All(Vec<(usize, usize, u64)>),
+    /// Refunds the held admission at this index (modulo).
+    Refund(usize),
+    Forward(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let dim = (0..KEYS, 0usize..2, 0u64..8);
+    prop_oneof![
+        6 => dim.clone().prop_map(|(k, q, c)| Op::Check(k, q, c)),
+        2 => proptest::collection::vec(dim, 1..4).prop_map(Op::All),
+        5 => (0usize..64).prop_map(Op::Refund),
+        3 => prop_oneof![0u64..50_000, 0u64..700_000, 0u64..4_000_000].prop_map(Op::Forward),
+    ]
+}
+
+/// A decision's public figures.
+fn figures(d: &Decision) -> (bool, u64, u64, Duration, Duration, Duration) {
+    (d.allowed, d.limit, d.remaining, d.retry_after, d.reset_after, d.delay)
+}
+
+/// A denial's figures, as a decision would show them.
+fn denial_figures(denied: &RateLimited) -> (bool, u64, u64, Duration, Duration, Duration) {
+    (false, denied.limit, denied.remaining, denied.retry_after, denied.reset_after, Duration::ZERO)
+}
+
+/// An outcome as compared between backends.
+fn outcome(result: &Result<Admitted<'_>, RateLimited>) -> String {
+    match result {
+        Ok(admitted) => format!("{:?}", admitted.decisions().iter().map(figures).collect::<Vec<_>>()),
+        Err(denied) => format!("{denied:?}"),
+    }
+}
+
+#[test]
+fn refunds_on_redis_and_in_memory_agree_whenever_they_are_made() {
+    let runtime = runtime();
+    let server = RedisServer::start();
+    let quotas = quotas();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let refunded = std::sync::atomic::AtomicU64::new(0);
+    proptest!(cases(300), |(ops in proptest::collection::vec(op(), 1..80))| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let start = 1_760_000_000_000_000;
+        let clock = ManualClock::new(start);
+        let redis = Limiter::builder()
+            .redis(server.url())
+            .timeout(Duration::from_secs(5))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let memory = Limiter::builder().memory().clock(clock.clone()).build().unwrap();
+        let names: Vec<String> = (0..KEYS).map(|k| format!("refund:{case}:{k}")).collect();
+        let quota_of = |k: usize, q: usize| &quotas[k][q % 2];
+        let request = |k: usize, q: usize, c: u64| {
+            let quota = quota_of(k, q);
+            let cost = if c == 0 { 0 } else { 1 + (c - 1) % quota.capacity() };
+            Request::new(quota, &names[k]).cost(cost)
+        };
+        let mut held: Vec<(Admitted<'_>, Admitted<'_>)> = Vec::new();
+        let mut now = start;
+        for (step, op) in ops.iter().enumerate() {
+            let context = format!("step {step} {op:?}");
+            let requests: Vec<Request<'_>> = match op {
+                Op::Forward(d) => {
+                    now += d;
+                    clock.set(now);
+                    continue;
+                }
+                Op::Refund(i) => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let (r, m) = held.swap_remove(i % held.len());
+                    let (r, m) = runtime.block_on(async { (redis.refund(r).await, memory.refund(m).await) });
+                    prop_assert!(r.is_ok() && m.is_ok(), "{}: {:?} {:?}", context, r, m);
+                    continue;
+                }
+                Op::Check(k, q, c) => vec![request(*k, *q, *c)],
+                Op::All(dims) => {
+                    let mut seen = Vec::new();
+                    dims.iter()
+                        .filter(|(k, _, _)| {
+                            let new = !seen.contains(k);
+                            seen.push(*k);
+                            new
+                        })
+                        .map(|&(k, q, c)| request(k, q, c))
+                        .collect()
+                }
+            };
+            let (r, m) = runtime.block_on(async {
+                (redis.check(&requests[..]).await, memory.check(&requests[..]).await)
+            });
+            match (&r, &m) {
+                // The deny cache denies a check by a limit it knows is spent,
+                // without asking about the others: another may deny longer.
+                (Err(r), Err(m)) if r.key != m.key => prop_assert!(
+                    r.cause == m.cause && r.retry_after <= m.retry_after,
+                    "{}: redis {:?} vs memory {:?}", context, r, m
+                ),
+                _ => prop_assert_eq!(outcome(&r), outcome(&m), "{}", context),
+            }
+            if let (Ok(r), Ok(m)) = (r, m) {
+                held.push((r, m));
+            }
+        }
+        // Refunds that gave something back (a cost, a window not yet over).
+        refunded.fetch_add(redis.stats().refunded, std::sync::atomic::Ordering::Relaxed);
+        prop_assert_eq!(redis.stats().refunded, memory.stats().refunded);
+    });
+    assert!(
+        refunded.into_inner() > 1_000,
+        "too few refunds gave anything back to say anything"
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A check of one key, refunded at once when the flag is set: key, cost
+    /// (modulo capacity + 1). Each key keeps one quota: an admission under
+    /// one quota drops state that only another quota would still count.
+    Check(usize, u64, bool),
+    Forward(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0..KEYS, 0u64..8, any::<bool>()).prop_map(|(k, c, r)| Step::Check(k, c, r)),
+        2 => prop_oneof![0u64..50_000, 0u64..700_000, 0u64..4_000_000].prop_map(Step::Forward),
+    ]
+}
+
+#[test]
+fn a_refund_at_the_admissions_instant_undoes_it_on_redis_and_in_memory() {
+    let runtime = runtime();
+    let server = RedisServer::start();
+    let quotas = quotas();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    proptest!(cases(150), |(steps in proptest::collection::vec(step(), 1..60))| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let start = 1_770_000_000_000_000;
+        let clock = ManualClock::new(start);
+        let limiters = [
+            Limiter::builder()
+                .redis(server.url())
+                .timeout(Duration::from_secs(5))
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+            Limiter::builder().memory().clock(clock.clone()).build().unwrap(),
+        ];
+        // Never asked for the checks that are refunded: it inspects them.
+        let twin = Limiter::builder().memory().clock(clock.clone()).build().unwrap();
+        let names: Vec<String> = (0..KEYS).map(|k| format!("undo:{case}:{k}")).collect();
+        let mut now = start;
+        for (i, step) in steps.iter().enumerate() {
+            let context = format!("step {i} {step:?}");
+            let (k, c, undo) = match step {
+                Step::Forward(d) => {
+                    now += d;
+                    clock.set(now);
+                    continue;
+                }
+                Step::Check(k, c, undo) => (*k, *c, *undo),
+            };
+            let quota = &quotas[k][case as usize % 2];
+            let cost = c % (quota.capacity() + 1);
+            let request = Request::new(quota, &names[k]).cost(cost);
+            let expected = runtime.block_on(async {
+                if undo {
+                    figures(&twin.inspect(quota, &names[k], cost).await.expect("an inspection"))
+                } else {
+                    match twin.check(request).await {
+                        Ok(admitted) => figures(&admitted.decisions()[0]),
+                        Err(denied) => denial_figures(&denied),
+                    }
+                }
+            });
+            for limiter in &limiters {
+                let got = runtime.block_on(async {
+                    match limiter.check(request).await {
+                        Ok(admitted) => {
+                            let figures = figures(&admitted.decisions()[0]);
+                            if undo {
+                                limiter.refund(admitted).await.expect("a refund");
+                            }
+                            figures
+                        }
+                        Err(denied) => denial_figures(&denied),
+                    }
+                });
+                prop_assert_eq!(
+                    &got, &expected,
+                    "{} on {}", context, limiter.backend_name()
+                );
+            }
+        }
+    });
+}
