@@ -131,7 +131,8 @@ impl Leases {
 
     /// Keeps `tokens` leased for `key` until `expires_at_us` (for a bucket,
     /// shrinking as it refills until `owed_until_us`); the previous lease's
-    /// tokens, if any, are lost.
+    /// tokens, if any, are lost. The lease's id, or `None` when the leases
+    /// are full and it was not kept.
     pub(crate) fn put(
         &self,
         quota: &Quota,
@@ -140,15 +141,16 @@ impl Leases {
         now_us: u64,
         expires_at_us: u64,
         owed_until_us: Option<u64>,
-    ) {
+    ) -> Option<u64> {
         self.used.store(true, Ordering::Relaxed);
         let mut shard = self.shard(key);
         if shard.len() >= self.max_per_shard && !shard.contains_key(key) {
             shard.retain(|_, lease| lease.expires_at_us > now_us && lease.tokens > 0);
             if shard.len() >= self.max_per_shard {
-                return;
+                return None;
             }
         }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         shard.insert(
             key.into(),
             Lease {
@@ -156,9 +158,10 @@ impl Leases {
                 tokens,
                 expires_at_us,
                 owed_until_us,
-                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                id,
             },
         );
+        Some(id)
     }
 }
 

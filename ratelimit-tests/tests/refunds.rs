@@ -13,7 +13,9 @@ mod support;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ratelimit::{Admitted, Algorithm, Decision, Limiter, ManualClock, Quota, RateLimited, Request};
+use ratelimit::{
+    Admitted, Algorithm, Decision, ErrorKind, Limiter, ManualClock, Quota, RateLimited, Request,
+};
 use support::RedisServer;
 
 /// Two quotas of each algorithm; a key is decided under one algorithm only.
@@ -266,4 +268,138 @@ fn a_refund_at_the_admissions_instant_undoes_it_on_redis_and_in_memory() {
             }
         }
     });
+}
+
+/// A limiter on `server` that decides on Redis's own clock (`TIME`), as in
+/// production: a window's refund finds its window from this process's
+/// clock, whatever the offset between the two.
+fn on_redis_time(server: &RedisServer) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Two a day for each algorithm: no window ends and no token refills
+/// while a test runs (a day's boundary aside).
+fn daily() -> Vec<Quota> {
+    let day = Duration::from_secs(86_400);
+    let rate: ratelimit::Rate = "2/d".parse().unwrap();
+    let mut quotas: Vec<Quota> = [Algorithm::TokenBucket, Algorithm::Gcra]
+        .into_iter()
+        .map(|algorithm| Quota::builder(algorithm).capacity(2).rate(rate).build().unwrap())
+        .collect();
+    quotas.extend([
+        Quota::fixed_window(2, day).unwrap(),
+        Quota::sliding_window(2, day).unwrap(),
+        Quota::sliding_log(2, day).unwrap(),
+    ]);
+    quotas
+}
+
+#[tokio::test]
+async fn a_refunded_admission_is_admitted_again_on_redis_time() {
+    let server = RedisServer::start();
+    let limiter = on_redis_time(&server);
+    for quota in daily() {
+        let key = format!("again:{}", quota.algorithm());
+        let first = limiter.check(Request::new(&quota, &key)).await.unwrap();
+        limiter.check(Request::new(&quota, &key)).await.unwrap();
+        let denied = limiter.check(Request::new(&quota, &key)).await.unwrap_err();
+        assert_eq!(denied.cause, ratelimit::DenialCause::Quota, "{quota:?}");
+        // The denial is cached now; the refund forgets it.
+        limiter.refund(first).await.unwrap();
+        let again = limiter.check(Request::new(&quota, &key)).await;
+        assert!(again.is_ok(), "{quota:?}: {again:?}");
+        assert!(
+            limiter.check(Request::new(&quota, &key)).await.is_err(),
+            "{quota:?}: one refund gives back one admission"
+        );
+    }
+    assert_eq!(limiter.stats().refunded, 5);
+}
+
+#[tokio::test]
+async fn a_check_of_several_limits_gives_each_its_cost_back() {
+    let server = RedisServer::start();
+    let limiter = on_redis_time(&server);
+    let quotas = daily();
+    let keys: Vec<String> = quotas.iter().map(|q| format!("several:{}", q.algorithm())).collect();
+    let requests: Vec<Request<'_>> = quotas
+        .iter()
+        .zip(&keys)
+        .map(|(quota, key)| Request::new(quota, key).cost(2))
+        .collect();
+    let admitted = limiter.check(&requests[..]).await.unwrap();
+    assert!(limiter.check(&requests[..]).await.is_err());
+    limiter.refund(admitted).await.unwrap();
+    for (quota, key) in quotas.iter().zip(&keys) {
+        assert_eq!(limiter.inspect(quota, key, 0).await.unwrap().remaining, 2, "{quota:?}");
+    }
+    assert!(limiter.check(&requests[..]).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_leased_token_goes_back_to_its_lease() {
+    let server = RedisServer::start();
+    let limiter = on_redis_time(&server);
+    let quota = Quota::new(10, "10/d".parse().unwrap()).unwrap();
+    let request = Request::new(&quota, "leased").lease(5);
+    let admitted = limiter.check(request).await.unwrap();
+    // Five taken from Redis in one call: one served, four leased.
+    assert_eq!(limiter.inspect(&quota, "leased", 0).await.unwrap().remaining, 5);
+    // Three served from the lease, one of them refunded: back in the
+    // lease, not in Redis.
+    for _ in 0..2 {
+        limiter.check(request).await.unwrap();
+    }
+    let from_lease = limiter.check(request).await.unwrap();
+    limiter.refund(admitted).await.unwrap();
+    limiter.refund(from_lease).await.unwrap();
+    assert_eq!(limiter.inspect(&quota, "leased", 0).await.unwrap().remaining, 5);
+    // The lease serves the refunded tokens again, with no Redis call.
+    let served = limiter.check(request).await.unwrap();
+    assert_eq!(limiter.inspect(&quota, "leased", 0).await.unwrap().remaining, 5);
+    assert!(served.decisions()[0].remaining >= 1, "{:?}", served.decisions());
+    assert_eq!(limiter.stats().refunded, 2);
+}
+
+#[tokio::test]
+async fn fallback_admissions_are_given_back_where_they_were_taken() {
+    let mut server = RedisServer::start();
+    let quota = Quota::new(4, "4/d".parse().unwrap()).unwrap();
+    let local = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(200))
+        .failure_policy(ratelimit::FailurePolicy::Local)
+        .local_share(0.5)
+        .build()
+        .unwrap();
+    let open = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    // One admitted on Redis before it goes.
+    let on_redis = open.check(Request::new(&quota, "kept")).await.unwrap();
+    server.kill();
+    // The local share is 2 of 4: spent, refunded, admitted again.
+    let first = local.check(Request::new(&quota, "local")).await.unwrap();
+    assert!(first.decisions()[0].fallback);
+    local.check(Request::new(&quota, "local")).await.unwrap();
+    assert!(local.check(Request::new(&quota, "local")).await.is_err());
+    local.refund(first).await.unwrap();
+    assert!(local.check(Request::new(&quota, "local")).await.is_ok());
+    // Failing open took nothing: its refund does nothing, and succeeds.
+    let opened = open.check(Request::new(&quota, "open")).await.unwrap();
+    assert!(opened.decisions()[0].fallback);
+    open.refund(opened).await.unwrap();
+    // A refund that needs Redis while it is down is a typed error.
+    let error = open.refund(on_redis).await.unwrap_err();
+    assert!(
+        matches!(error.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+        "{error:?}"
+    );
+    assert_eq!(local.stats().refunded, 1);
 }

@@ -158,10 +158,14 @@ impl Limiter {
                 }
                 _ => Some(reset),
             };
-            self.inner
+            let id = self
+                .inner
                 .leases
                 .put(quota, key, lease - cost, now, expires, owed_until);
-            return Ok(decision);
+            // The request's own tokens were leased with the rest: a refund
+            // gives them to the lease.
+            let via = id.map_or(Via::Backend, Via::Lease);
+            return Ok(Decision { via, ..decision });
         }
         if lease == cost {
             return Ok(decision);
