@@ -478,3 +478,49 @@ async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
     assert_eq!(healthy, 0, "keys on healthy masters fell back");
     assert_eq!(limiter.circuit_state(), ratelimit::CircuitState::Closed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_give_back_on_every_master_for_every_algorithm() {
+    let cluster = RedisCluster::start(3, 0);
+    let limiter = limiter(&cluster, FailurePolicy::Closed);
+    let day = Duration::from_secs(86_400);
+    let quotas = [
+        Quota::new(2, "2/d".parse().unwrap()).unwrap(),
+        Quota::gcra(2, "2/d".parse().unwrap()).unwrap(),
+        Quota::leaky_bucket(2, "2/d".parse().unwrap()).unwrap(),
+        Quota::fixed_window(2, day).unwrap(),
+        Quota::sliding_log(2, day).unwrap(),
+        Quota::sliding_window(2, day).unwrap(),
+    ];
+    // Keys of many slots, so every master refunds.
+    let keys: Vec<String> = (0..30).map(|i| format!("refund:{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let quota = &quotas[i % quotas.len()];
+        let admitted = limiter.check(Request::new(quota, key).cost(2)).await.unwrap();
+        assert!(limiter.check(Request::new(quota, key)).await.is_err(), "{key}");
+        limiter.refund(admitted).await.unwrap();
+        assert_eq!(limiter.inspect(quota, key, 0).await.unwrap().remaining, 2, "{key} {quota:?}");
+    }
+    // One check across slots, refunded as a whole.
+    let requests: Vec<Request<'_>> = keys[..6]
+        .iter()
+        .zip(&quotas)
+        .map(|(key, quota)| Request::new(quota, key))
+        .collect();
+    let admitted = limiter.check(&requests[..]).await.unwrap();
+    limiter.refund(admitted).await.unwrap();
+    for (key, quota) in keys[..6].iter().zip(&quotas) {
+        assert_eq!(limiter.inspect(quota, key, 0).await.unwrap().remaining, 2, "{key}");
+    }
+    // A check across slots denied by its last limit gives the earlier
+    // ones back itself, a fixed window's too.
+    let spent = Quota::fixed_window(1, day).unwrap();
+    limiter.check(Request::new(&spent, "spent")).await.unwrap();
+    let denied = limiter
+        .check([Request::new(&quotas[3], "first"), Request::new(&spent, "spent")])
+        .await
+        .unwrap_err();
+    assert_eq!(denied.key, "spent");
+    assert_eq!(limiter.inspect(&quotas[3], "first", 0).await.unwrap().remaining, 2);
+    assert_eq!(limiter.stats().refunded, 36);
+}
