@@ -1,6 +1,7 @@
 //! `#[rate_limit]` end to end on the memory backend: what runs, what is
 //! denied, and what the caller gets.
 
+use std::future::Future as _;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -464,4 +465,65 @@ async fn stacked_attributes_exempt_and_resolve_rules_each_on_its_own() {
         .set_text("stack_global", "capacity=5 rate=1/h")
         .unwrap();
     assert_eq!(admitted(|| stacked_exempt(&raised, 0)).await, 5);
+}
+
+#[rate_limit(key = "partner:<id>", capacity = 2, rate = "1/h", limiter = limiter, refund_on = err)]
+async fn only_successes_count(limiter: &Limiter, id: u64, fail: bool) -> Result<u64, AppError> {
+    if fail {
+        Err(AppError::NotFound)?;
+    }
+    Ok(id)
+}
+
+#[rate_limit(key = "login:<user>", capacity = 2, rate = "1/h", limiter = limiter, refund_on = ok)]
+async fn only_failures_count(limiter: &Limiter, user: &str, fail: bool) -> Result<(), AppError> {
+    if fail {
+        return Err(AppError::NotFound);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn refund_on_counts_only_the_outcome_it_keeps() {
+    let (limiter, _clock) = manual_limiter();
+    for _ in 0..10 {
+        assert_eq!(
+            only_successes_count(&limiter, 7, true).await,
+            Err(AppError::NotFound),
+            "failures are given back"
+        );
+    }
+    assert_eq!(only_successes_count(&limiter, 7, false).await, Ok(7));
+    assert_eq!(only_successes_count(&limiter, 7, false).await, Ok(7));
+    let denied = limited(only_successes_count(&limiter, 7, false).await);
+    assert_eq!(denied.key, "partner:7");
+
+    for _ in 0..10 {
+        assert_eq!(only_failures_count(&limiter, "ann", false).await, Ok(()));
+    }
+    assert_eq!(only_failures_count(&limiter, "ann", true).await, Err(AppError::NotFound));
+    assert_eq!(only_failures_count(&limiter, "ann", true).await, Err(AppError::NotFound));
+    limited(only_failures_count(&limiter, "ann", false).await);
+    assert_eq!(limiter.stats().refunded, 20);
+}
+
+#[rate_limit(key = "slow", capacity = 2, rate = "1/h", limiter = limiter, refund_on = err)]
+async fn slow_failure(limiter: &Limiter) -> Result<(), AppError> {
+    tokio::task::yield_now().await;
+    Err(AppError::NotFound)
+}
+
+#[tokio::test]
+async fn a_call_dropped_in_its_body_keeps_its_admission() {
+    let (limiter, _clock) = manual_limiter();
+    // Polled once: admitted, then dropped at the body's first await. No
+    // outcome, so nothing is given back.
+    for _ in 0..2 {
+        let mut call = std::pin::pin!(slow_failure(&limiter));
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(call.as_mut().poll(&mut cx).is_pending());
+    }
+    limited(slow_failure(&limiter).await);
+    assert_eq!(limiter.stats().refunded, 0);
 }

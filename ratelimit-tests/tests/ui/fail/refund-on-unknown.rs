@@ -1,0 +1,17 @@
+use ratelimit::{rate_limit, RateLimited};
+
+struct AppError;
+
+impl From<RateLimited> for AppError {
+    fn from(_: RateLimited) -> Self {
+        AppError
+    }
+}
+
+#[rate_limit(key = "order:<user_id>", capacity = 10, rate = 2, refund_on = error)]
+async fn submit(user_id: u64) -> Result<(), AppError> {
+    let _ = user_id;
+    Ok(())
+}
+
+fn main() {}
