@@ -376,7 +376,9 @@ pub enum RefundOn {
 
 /// [`acquire_all`] (or [`acquire`], for one call), keeping each admission
 /// for [`settle`].
-pub async fn acquire_kept<'a>(calls: &'a mut [Option<Call<'_>>]) -> Result<Receipt<'a>, RateLimited> {
+pub async fn acquire_kept<'a>(
+    calls: &'a mut [Option<Call<'_>>],
+) -> Result<Receipt<'a>, RateLimited> {
     acquire_several(calls, true).await
 }
 

@@ -64,6 +64,7 @@
 //! | [`per_header`](Limit::per_header) | a request header's value, as raw bytes | `http:<name>:header:<header>:` |
 //! | [`per_bearer_token`](Limit::per_bearer_token) | a SHA-256 digest of the `Authorization: Bearer` token (never the token) | `http:<name>:token:` |
 //! | [`per_key`](Limit::per_key) | what a closure returns for the request | `http:<name>:key:` |
+//! | [`per_key_async`](Limit::per_key_async) | what a closure's future gives for the request | `http:<name>:key:` |
 //! | [`global`](Limit::global) | none: one bucket for every request | `http:<name>:global` |
 //!
 //! IPv6 clients are keyed by their `/64` network by default, as one host
@@ -76,12 +77,27 @@
 //! visible ASCII is a client of its own, keyed by those bytes, never the
 //! proxy: see [`TrustedProxies::client`].
 //!
+//! Beyond keys from the request's head, [`Limit::per_key_async`] takes a
+//! key that needs an await (a verified token's subject, a tenant looked up
+//! in a cache).
+//!
+//! # Allowlists and refunds
+//!
+//! [`RateLimitLayer::exempt`] lets the requests an [`Exemption`] covers (by
+//! peer address or range, by client address behind trusted proxies, or by
+//! a predicate) through without asking the limits, counted as `exempt`.
+//! [`RateLimitLayer::refund_on`] gives a request's tokens back when the
+//! service's response status says so: count only successes, or only
+//! server errors.
+//!
 //! # Responses
 //!
 //! An admitted request runs the inner service. A denied one never reaches it:
 //! the layer answers `429 Too Many Requests` with a JSON problem body, built
 //! by [`TooManyRequests`], or `503 Service Unavailable` when the backend
-//! failed and the denying limit's failure policy is closed. Handlers that
+//! failed and the denying limit's failure policy is closed, or what the
+//! layer's [`on_denied`](RateLimitLayer::on_denied) hook makes of the
+//! [`Denial`]. Handlers that
 //! call `#[rate_limit]` functions answer the same way by converting their
 //! [`RateLimited`](crate::RateLimited) into a [`TooManyRequests`]. The body
 //! names the limit that denied and when to retry, never the key. In

@@ -54,9 +54,9 @@
 pub use ratelimit_core::{
     global, install, key, Admitted, Algorithm, BreakerConfig, CircuitState, Clock, ConfigError,
     Decision, DenialCause, Error, ErrorKind, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder,
-    ManualClock, MonotonicClock, Quota, QuotaError, Rate, RateLimited, Request, RuleError, Rules,
-    StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS, DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT,
+    ManualClock, MonotonicClock, Quota, QuotaError, QuotaPolicy, Rate, RateLimited, Request,
+    RuleError, Rules, StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS,
+    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 #[cfg(feature = "redis")]
 pub use ratelimit_core::{

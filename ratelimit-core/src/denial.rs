@@ -67,11 +67,11 @@ pub struct RateLimited {
     pub reset_after: Duration,
     /// Whether the quota or the failure policy denied.
     pub cause: DenialCause,
-    /// The quota of the request that denied: every denial by
-    /// [`Limiter::check`](crate::Limiter::check) names it (an HTTP layer
-    /// advertises its policy from it); `None` for one built with
-    /// [`RateLimited::new`].
-    pub quota: Option<crate::Quota>,
+    /// The policy of the quota that denied ([`Quota::policy`](crate::Quota::policy)),
+    /// which HTTP responses advertise: every denial by
+    /// [`Limiter::check`](crate::Limiter::check) names it; `None` for one
+    /// built with [`RateLimited::new`].
+    pub policy: Option<crate::QuotaPolicy>,
 }
 
 impl RateLimited {
@@ -85,7 +85,7 @@ impl RateLimited {
             retry_after,
             reset_after: retry_after,
             cause: DenialCause::Quota,
-            quota: None,
+            policy: None,
         }
     }
 
@@ -110,8 +110,8 @@ impl RateLimited {
     }
 
     /// Names the rule that denied.
-    pub(crate) fn with_quota(mut self, quota: crate::Quota) -> Self {
-        self.quota = Some(quota);
+    pub(crate) fn with_quota(mut self, quota: &crate::Quota) -> Self {
+        self.policy = Some(quota.policy());
         self
     }
 

@@ -99,10 +99,19 @@ impl Leases {
 
     /// Gives `cost` back to the lease `id` served it from, if that lease is
     /// still `key`'s and live; `false` when it is gone.
-    pub(crate) fn give_back(&self, quota: &Quota, key: &str, cost: u64, id: u64, now_us: u64) -> bool {
+    pub(crate) fn give_back(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        id: u64,
+        now_us: u64,
+    ) -> bool {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
-            Some(lease) if lease.id == id && lease.quota == *quota && lease.expires_at_us > now_us => {
+            Some(lease)
+                if lease.id == id && lease.quota == *quota && lease.expires_at_us > now_us =>
+            {
                 lease.tokens = lease.tokens.saturating_add(cost);
                 true
             }
@@ -193,7 +202,10 @@ mod tests {
         assert!(leases.give_back(&quota, "k", 1, first, 20));
         assert_eq!(leases.take(&quota, "k", 2, 30).map(|t| t.0), Some(0));
         leases.put(&quota, "k", 2, 0, 1_000, None);
-        assert!(!leases.give_back(&quota, "k", 1, first, 40), "a later lease");
+        assert!(
+            !leases.give_back(&quota, "k", 1, first, 40),
+            "a later lease"
+        );
         let (_, second) = leases.take(&quota, "k", 1, 50).unwrap();
         assert!(!leases.give_back(&quota, "k", 1, second, 1_000), "expired");
     }

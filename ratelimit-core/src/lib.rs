@@ -41,7 +41,7 @@ pub use limiter::{
 pub use metrics::StatsSnapshot;
 #[doc(hidden)]
 pub use quota::__span_micros;
-pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, Rate};
+pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, QuotaPolicy, Rate};
 #[cfg(feature = "redis")]
 pub use rule_source::{
     PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,

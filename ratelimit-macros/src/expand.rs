@@ -121,7 +121,12 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         .map(|args| signature.check(args))
         .collect::<syn::Result<Vec<_>>>()?;
     if let Some(refund_on) = refund_on(&checks)? {
-        return Ok(refunding(&signature, &checks, refund_on, output_type(function, &body)));
+        return Ok(refunding(
+            &signature,
+            &checks,
+            refund_on,
+            output_type(function, &body),
+        ));
     }
     if let [check] = &checks[..] {
         let prepared = prepare_check(&signature, check, "");
@@ -213,7 +218,12 @@ fn holds_impl(tokens: TokenStream) -> bool {
 /// The body runs in an async block so that its `return`s and `?`s give
 /// the output the refund is decided on. It captures as a closure would, so
 /// the parameters it uses stay where they are unless it moves them.
-fn refunding(function: &Function, checks: &[Check], refund_on: &'static str, output: TokenStream) -> Expansion {
+fn refunding(
+    function: &Function,
+    checks: &[Check],
+    refund_on: &'static str,
+    output: TokenStream,
+) -> Expansion {
     let prepared: Vec<TokenStream> = checks
         .iter()
         .enumerate()

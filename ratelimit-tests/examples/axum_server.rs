@@ -40,6 +40,18 @@
 //!
 //!     # The 4th search within 10 s is a 429 problem with requestId "demo-4":
 //!     for i in $(seq 4); do curl -s -H "X-Request-Id: demo-$i" http://127.0.0.1:3000/search; echo; done
+//!
+//!     # Unknown users are a 404 that costs nothing (`refund_on = err`):
+//!     for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' \
+//!         http://127.0.0.1:3000/users/0/orders; done
+//!
+//!     # Health checks are exempt: never limited, counted as `exempt`.
+//!     for i in $(seq 30); do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:3000/healthz; done
+//!
+//!     # Quotes, per tenant (an API key looked up after an await): 3 a minute,
+//!     # only successful quotes count, and a denial is this API's own JSON.
+//!     for i in $(seq 5); do curl -s -H 'X-Api-Key: key-acme' http://127.0.0.1:3000/quotes/10; echo; done
+//!     curl -s -H 'X-Api-Key: key-globex' http://127.0.0.1:3000/quotes/0   # a 422: given back
 
 use std::net::SocketAddr;
 
@@ -49,7 +61,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
-use ratelimit::http::{Limit, MissingKey, NamedRule, QuotaSource, RateLimitLayer, TooManyRequests};
+use ratelimit::http::{
+    Exemption, Limit, MissingKey, NamedRule, QuotaSource, RateLimitLayer, TooManyRequests,
+};
 use ratelimit::{rate_limit, FailurePolicy, Limiter, Quota, RateLimited};
 use serde_json::{json, Value};
 
@@ -79,8 +93,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Per user: 5 at once, then one a second, whichever address they come from.
-#[rate_limit(key = "orders:list:<user_id>", capacity = 5, rate = "1/s")]
+/// Per user: 5 at once, then one a second, whichever address they come
+/// from. A failed call (an unknown user) gives its token back.
+#[rate_limit(key = "orders:list:<user_id>", capacity = 5, rate = "1/s", refund_on = err)]
 async fn list_orders(user_id: u64) -> Result<Vec<String>, ApiError> {
     if user_id == 0 {
         return Err(ApiError::NotFound(user_id));
@@ -102,6 +117,50 @@ async fn search() -> Json<Value> {
 
 async fn hello() -> &'static str {
     "hello\n"
+}
+
+/// A quote for `amount`: 422 for nothing to quote, which the quotes layer
+/// gives back.
+async fn quote(Path(amount): Path<u64>) -> Response {
+    if amount == 0 {
+        return (StatusCode::UNPROCESSABLE_ENTITY, "nothing to quote\n").into_response();
+    }
+    Json(json!({ "amount": amount, "fee": amount / 100 + 1 })).into_response()
+}
+
+/// The tenant of an API key, as a cache or database lookup would answer it,
+/// after an await.
+async fn tenant_of(api_key: Option<String>) -> Option<String> {
+    tokio::task::yield_now().await;
+    api_key?.strip_prefix("key-").map(str::to_owned)
+}
+
+/// Quotes: per tenant, 3 a minute; only successful quotes count; denials
+/// in this API's own error format.
+fn quotes_layer(limiter: &Limiter) -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+    let per_tenant = Limit::per_key_async(
+        |request: &Parts| {
+            let api_key = request
+                .headers
+                .get("x-api-key")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            tenant_of(api_key)
+        },
+        Quota::per_minute(3)?,
+    )
+    .name("tenant");
+    Ok(RateLimitLayer::all(limiter.clone(), [per_tenant])
+        .name("quotes")
+        .refund_on(|status| !status.is_success())
+        .on_denied(|denial| {
+            let body = json!({
+                "error": "quota_exhausted",
+                "limit": denial.limit(),
+                "retry_in_seconds": denial.retry_after_secs(),
+            });
+            (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response()
+        }))
 }
 
 /// Sets a named rule from its text form (`capacity=20 rate=120/min`): the
@@ -183,7 +242,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ],
     )
     .name("api")
-    .legacy_headers(true);
+    .legacy_headers(true)
+    // Health checks pass unlimited (counted as `exempt`); an office range
+    // would be `Exemption::peers("office", ["192.0.2.0/24"])?`.
+    .exempt(Exemption::when("health", |request| {
+        request.uri.path() == "/healthz"
+    }));
     // Searching is dearer: 3 per client address every 10 seconds.
     let search_per_ip =
         RateLimitLayer::new(limiter.clone(), Quota::new(3, "3/10s".parse()?)?).name("search");
@@ -192,6 +256,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/", get(hello))
         .route("/users/{user_id}/orders", get(orders))
         .route("/search", get(search).route_layer(search_per_ip))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/quotes/{amount}",
+            get(quote).route_layer(quotes_layer(&limiter)?),
+        )
         // The layer also copies `X-Request-Id` into the problem bodies of
         // the handlers under it, such as the per-user denials.
         .layer(api)

@@ -501,8 +501,14 @@ async fn refund_on_counts_only_the_outcome_it_keeps() {
     for _ in 0..10 {
         assert_eq!(only_failures_count(&limiter, "ann", false).await, Ok(()));
     }
-    assert_eq!(only_failures_count(&limiter, "ann", true).await, Err(AppError::NotFound));
-    assert_eq!(only_failures_count(&limiter, "ann", true).await, Err(AppError::NotFound));
+    assert_eq!(
+        only_failures_count(&limiter, "ann", true).await,
+        Err(AppError::NotFound)
+    );
+    assert_eq!(
+        only_failures_count(&limiter, "ann", true).await,
+        Err(AppError::NotFound)
+    );
     limited(only_failures_count(&limiter, "ann", false).await);
     assert_eq!(limiter.stats().refunded, 20);
 }

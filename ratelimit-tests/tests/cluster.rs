@@ -496,10 +496,20 @@ async fn refunds_give_back_on_every_master_for_every_algorithm() {
     let keys: Vec<String> = (0..30).map(|i| format!("refund:{i}")).collect();
     for (i, key) in keys.iter().enumerate() {
         let quota = &quotas[i % quotas.len()];
-        let admitted = limiter.check(Request::new(quota, key).cost(2)).await.unwrap();
-        assert!(limiter.check(Request::new(quota, key)).await.is_err(), "{key}");
+        let admitted = limiter
+            .check(Request::new(quota, key).cost(2))
+            .await
+            .unwrap();
+        assert!(
+            limiter.check(Request::new(quota, key)).await.is_err(),
+            "{key}"
+        );
         limiter.refund(admitted).await.unwrap();
-        assert_eq!(limiter.inspect(quota, key, 0).await.unwrap().remaining, 2, "{key} {quota:?}");
+        assert_eq!(
+            limiter.inspect(quota, key, 0).await.unwrap().remaining,
+            2,
+            "{key} {quota:?}"
+        );
     }
     // One check across slots, refunded as a whole.
     let requests: Vec<Request<'_>> = keys[..6]
@@ -510,17 +520,31 @@ async fn refunds_give_back_on_every_master_for_every_algorithm() {
     let admitted = limiter.check(&requests[..]).await.unwrap();
     limiter.refund(admitted).await.unwrap();
     for (key, quota) in keys[..6].iter().zip(&quotas) {
-        assert_eq!(limiter.inspect(quota, key, 0).await.unwrap().remaining, 2, "{key}");
+        assert_eq!(
+            limiter.inspect(quota, key, 0).await.unwrap().remaining,
+            2,
+            "{key}"
+        );
     }
     // A check across slots denied by its last limit gives the earlier
     // ones back itself, a fixed window's too.
     let spent = Quota::fixed_window(1, day).unwrap();
     limiter.check(Request::new(&spent, "spent")).await.unwrap();
     let denied = limiter
-        .check([Request::new(&quotas[3], "first"), Request::new(&spent, "spent")])
+        .check([
+            Request::new(&quotas[3], "first"),
+            Request::new(&spent, "spent"),
+        ])
         .await
         .unwrap_err();
     assert_eq!(denied.key, "spent");
-    assert_eq!(limiter.inspect(&quotas[3], "first", 0).await.unwrap().remaining, 2);
+    assert_eq!(
+        limiter
+            .inspect(&quotas[3], "first", 0)
+            .await
+            .unwrap()
+            .remaining,
+        2
+    );
     assert_eq!(limiter.stats().refunded, 36);
 }

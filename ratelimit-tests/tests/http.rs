@@ -14,11 +14,13 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::request::Parts;
 use axum::http::HeaderName;
+use axum::http::StatusCode;
+use axum::response::IntoResponse as _;
 use axum::routing::get;
 use axum::Router;
 use futures::future::join_all;
 use ratelimit::http::{
-    ForwardedHeader, Limit, MissingKey, NamedRule, ProblemRequestIdLayer, QuotaSource,
+    Exemption, ForwardedHeader, Limit, MissingKey, NamedRule, ProblemRequestIdLayer, QuotaSource,
     RateLimitLayer, TooManyRequests, TrustedProxies,
 };
 use ratelimit::{rate_limit, FailurePolicy, Limiter, ManualClock, Quota, Rate};
@@ -555,8 +557,8 @@ async fn the_attributes_denial_becomes_a_429() {
     assert_eq!(denied.header("retry-after"), Some("3600"));
     assert_eq!(
         denied.all("ratelimit-policy"),
-        [r#""build_report";q=2"#],
-        "the policy is named after the function"
+        [r#""build_report";q=2;w=7200"#],
+        "the policy is named after the function, with its window"
     );
     assert_eq!(denied.all("ratelimit"), [r#""build_report";r=0;t=3600"#]);
     let body = denied.json();
@@ -1339,4 +1341,267 @@ fn two_unnamed_limits_in_one_layer_are_refused() {
         [Limit::per_peer_ip(hourly(1)), Limit::global(hourly(5))],
     );
     let _app: Router = Router::new().route("/", get(ok)).layer(layer);
+}
+
+/// Tenants by API key, as a cache or a database would answer them: after an
+/// await.
+async fn tenant_of(api_key: Option<String>) -> Option<String> {
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    match api_key?.as_str() {
+        "k-acme-1" | "k-acme-2" => Some("acme".to_owned()),
+        "k-globex" => Some("globex".to_owned()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn an_async_key_source_limits_per_awaited_key() {
+    let limiter = stopped_limiter();
+    let per_tenant = Limit::per_key_async(
+        |request: &Parts| {
+            let api_key = request
+                .headers
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            tenant_of(api_key)
+        },
+        hourly(2),
+    )
+    .name("tenant");
+    let app = Router::new()
+        .route("/", get(ok))
+        .layer(RateLimitLayer::all(limiter.clone(), [per_tenant]).name("api"));
+    let base = serve(app).await;
+    let client = client();
+    let with_key = |key: &'static str| [("x-api-key", key)];
+
+    // Two keys of one tenant share its bucket.
+    assert_eq!(
+        fetch_with(&client, &base, &with_key("k-acme-1"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        fetch_with(&client, &base, &with_key("k-acme-2"))
+            .await
+            .status,
+        200
+    );
+    let denied = fetch_with(&client, &base, &with_key("k-acme-1")).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.json()["policy"], "api.tenant", "{}", denied.body);
+    // Another tenant has a bucket of its own.
+    assert_eq!(
+        fetch_with(&client, &base, &with_key("k-globex"))
+            .await
+            .status,
+        200
+    );
+    // Unknown keys share one bucket: leaving the key out escapes nothing.
+    assert_eq!(
+        fetch_with(&client, &base, &with_key("k-nobody"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(fetch(&client, &base).await.status, 200);
+    assert_eq!(fetch(&client, &base).await.status, 429);
+    assert_eq!(
+        left(&limiter, &hourly(2), "http:api.tenant:key:acme").await,
+        0
+    );
+    assert_eq!(
+        left(&limiter, &hourly(2), "http:api.tenant:key:globex").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_denial_hook_shapes_the_response_and_the_layer_keeps_its_fields() {
+    let layer = RateLimitLayer::all(
+        stopped_limiter(),
+        [
+            Limit::per_peer_ip(hourly(1)).name("ip"),
+            Limit::global(hourly(100)).name("global"),
+        ],
+    )
+    .name("api")
+    .on_denied(|denial| {
+        let body = serde_json::json!({
+            "error": "slow_down",
+            "limit": denial.limit(),
+            "path": denial.request().uri.path(),
+            "q": denial.quota_units(),
+            "w": denial.window_secs(),
+            "retry": denial.retry_after_secs(),
+            "cause": format!("{:?}", denial.denied().cause),
+        });
+        (StatusCode::SERVICE_UNAVAILABLE, body.to_string()).into_response()
+    });
+    let app = Router::new().route("/search", get(ok)).layer(layer);
+    let base = serve(app).await;
+    let client = client();
+    let url = format!("{base}/search");
+
+    assert_eq!(fetch(&client, &url).await.status, 200);
+    let denied = fetch(&client, &url).await;
+    assert_eq!(denied.status, 503, "the hook's status");
+    let body = denied.json();
+    assert_eq!(body["error"], "slow_down", "{body}");
+    assert_eq!(body["limit"], "api.ip", "{body}");
+    assert_eq!(body["path"], "/search", "{body}");
+    assert_eq!(
+        (body["q"].as_u64(), body["w"].as_u64()),
+        (Some(1), Some(3600)),
+        "{body}"
+    );
+    assert_eq!(body["retry"], 3600, "{body}");
+    assert_eq!(body["cause"], "Quota", "{body}");
+    assert_eq!(
+        denied.header("retry-after"),
+        Some("3600"),
+        "added by the layer"
+    );
+    assert_eq!(
+        denied.all("ratelimit-policy"),
+        [r#""api.ip";q=1;w=3600"#, r#""api.global";q=100;w=360000"#]
+    );
+    assert_eq!(denied.all("ratelimit"), [r#""api.ip";r=0;t=3600"#]);
+}
+
+#[tokio::test]
+async fn exemptions_pass_unasked_and_are_counted() {
+    let limiter = stopped_limiter();
+    let quota = hourly(1);
+    // The test client connects from 127.0.0.1.
+    let office = Exemption::peers("office", ["127.0.0.0/8"]).unwrap();
+    // A layer of its own name per route, so each has buckets of its own.
+    let layer = |name: &str, exemption: Exemption| {
+        RateLimitLayer::new(limiter.clone(), quota)
+            .name(name)
+            .exempt(exemption)
+    };
+    let app = Router::new()
+        .route("/office", get(ok))
+        .route_layer(layer("office", office))
+        .route(
+            "/health",
+            get(ok).layer(layer(
+                "health",
+                Exemption::when("health", |request| {
+                    request.headers.contains_key("x-health-check")
+                }),
+            )),
+        )
+        .route(
+            "/monitor",
+            get(ok).layer(layer(
+                "monitor",
+                Exemption::clients(
+                    "monitoring",
+                    TrustedProxies::new(["127.0.0.1"]).unwrap(),
+                    ["198.51.100.7"],
+                )
+                .unwrap(),
+            )),
+        );
+    let base = serve(app).await;
+    let client = client();
+
+    for _ in 0..5 {
+        let reply = fetch(&client, &format!("{base}/office")).await;
+        assert_eq!(reply.status, 200);
+        assert!(
+            reply.header("ratelimit").is_none(),
+            "an exempt request is not limited"
+        );
+    }
+    for _ in 0..3 {
+        let health = [("x-health-check", "1")];
+        assert_eq!(
+            fetch_with(&client, &format!("{base}/health"), &health)
+                .await
+                .status,
+            200
+        );
+    }
+    for _ in 0..3 {
+        let monitor = [("x-forwarded-for", "198.51.100.7")];
+        assert_eq!(
+            fetch_with(&client, &format!("{base}/monitor"), &monitor)
+                .await
+                .status,
+            200
+        );
+    }
+    // Not covered: limited as usual (by the peer's address here).
+    let other = [("x-forwarded-for", "198.51.100.8")];
+    assert_eq!(
+        fetch_with(&client, &format!("{base}/monitor"), &other)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        fetch_with(&client, &format!("{base}/monitor"), &other)
+            .await
+            .status,
+        429
+    );
+    assert_eq!(fetch(&client, &format!("{base}/health")).await.status, 200);
+    assert_eq!(fetch(&client, &format!("{base}/health")).await.status, 429);
+    assert_eq!(limiter.stats().exempt, 11);
+    assert_eq!(limiter.stats().allowed, 2);
+}
+
+async fn flaky(Path(code): Path<u16>) -> StatusCode {
+    StatusCode::from_u16(code).expect("a status code")
+}
+
+#[tokio::test]
+async fn responses_the_layer_refunds_do_not_spend_the_quota() {
+    let limiter = stopped_limiter();
+    // Count only successes: failed requests give their token back.
+    let successes = RateLimitLayer::new(limiter.clone(), hourly(2))
+        .name("ok-only")
+        .refund_on(|status| !status.is_success());
+    // Count only server errors: a client retrying a failing call is limited.
+    let failures = RateLimitLayer::new(limiter.clone(), hourly(2))
+        .name("errors-only")
+        .refund_on(|status| !status.is_server_error());
+    let app = Router::new()
+        .route("/ok/{code}", get(flaky).layer(successes))
+        .route("/errors/{code}", get(flaky).layer(failures));
+    let base = serve(app).await;
+    let client = client();
+
+    for _ in 0..5 {
+        assert_eq!(fetch(&client, &format!("{base}/ok/500")).await.status, 500);
+        assert_eq!(fetch(&client, &format!("{base}/ok/404")).await.status, 404);
+    }
+    assert_eq!(fetch(&client, &format!("{base}/ok/200")).await.status, 200);
+    assert_eq!(fetch(&client, &format!("{base}/ok/200")).await.status, 200);
+    assert_eq!(fetch(&client, &format!("{base}/ok/200")).await.status, 429);
+
+    for _ in 0..5 {
+        assert_eq!(
+            fetch(&client, &format!("{base}/errors/200")).await.status,
+            200
+        );
+    }
+    assert_eq!(
+        fetch(&client, &format!("{base}/errors/503")).await.status,
+        503
+    );
+    assert_eq!(
+        fetch(&client, &format!("{base}/errors/502")).await.status,
+        502
+    );
+    assert_eq!(
+        fetch(&client, &format!("{base}/errors/200")).await.status,
+        429
+    );
+    assert_eq!(limiter.stats().refunded, 15);
 }

@@ -36,12 +36,18 @@ fn quotas() -> Vec<[Quota; 2]> {
     };
     use Algorithm::*;
     vec![
-        [bucket(TokenBucket, 5, "2/s"), bucket(TokenBucket, 3, "1/min")],
+        [
+            bucket(TokenBucket, 5, "2/s"),
+            bucket(TokenBucket, 3, "1/min"),
+        ],
         [bucket(Gcra, 4, "10/s"), bucket(Gcra, 3, "7/min")],
         [bucket(LeakyBucket, 4, "3/s"), bucket(LeakyBucket, 6, "1/s")],
         [window(FixedWindow, 5, "1s"), window(FixedWindow, 3, "2s")],
         [window(SlidingLog, 4, "1s"), window(SlidingLog, 3, "3s")],
-        [window(SlidingWindow, 6, "1s"), window(SlidingWindow, 3, "3s")],
+        [
+            window(SlidingWindow, 6, "1s"),
+            window(SlidingWindow, 3, "3s"),
+        ],
     ]
 }
 
@@ -87,18 +93,35 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// A decision's public figures.
 fn figures(d: &Decision) -> (bool, u64, u64, Duration, Duration, Duration) {
-    (d.allowed, d.limit, d.remaining, d.retry_after, d.reset_after, d.delay)
+    (
+        d.allowed,
+        d.limit,
+        d.remaining,
+        d.retry_after,
+        d.reset_after,
+        d.delay,
+    )
 }
 
 /// A denial's figures, as a decision would show them.
 fn denial_figures(denied: &RateLimited) -> (bool, u64, u64, Duration, Duration, Duration) {
-    (false, denied.limit, denied.remaining, denied.retry_after, denied.reset_after, Duration::ZERO)
+    (
+        false,
+        denied.limit,
+        denied.remaining,
+        denied.retry_after,
+        denied.reset_after,
+        Duration::ZERO,
+    )
 }
 
 /// An outcome as compared between backends.
 fn outcome(result: &Result<Admitted<'_>, RateLimited>) -> String {
     match result {
-        Ok(admitted) => format!("{:?}", admitted.decisions().iter().map(figures).collect::<Vec<_>>()),
+        Ok(admitted) => format!(
+            "{:?}",
+            admitted.decisions().iter().map(figures).collect::<Vec<_>>()
+        ),
         Err(denied) => format!("{denied:?}"),
     }
 }
@@ -288,7 +311,13 @@ fn daily() -> Vec<Quota> {
     let rate: ratelimit::Rate = "2/d".parse().unwrap();
     let mut quotas: Vec<Quota> = [Algorithm::TokenBucket, Algorithm::Gcra]
         .into_iter()
-        .map(|algorithm| Quota::builder(algorithm).capacity(2).rate(rate).build().unwrap())
+        .map(|algorithm| {
+            Quota::builder(algorithm)
+                .capacity(2)
+                .rate(rate)
+                .build()
+                .unwrap()
+        })
         .collect();
     quotas.extend([
         Quota::fixed_window(2, day).unwrap(),
@@ -325,7 +354,10 @@ async fn a_check_of_several_limits_gives_each_its_cost_back() {
     let server = RedisServer::start();
     let limiter = on_redis_time(&server);
     let quotas = daily();
-    let keys: Vec<String> = quotas.iter().map(|q| format!("several:{}", q.algorithm())).collect();
+    let keys: Vec<String> = quotas
+        .iter()
+        .map(|q| format!("several:{}", q.algorithm()))
+        .collect();
     let requests: Vec<Request<'_>> = quotas
         .iter()
         .zip(&keys)
@@ -335,7 +367,11 @@ async fn a_check_of_several_limits_gives_each_its_cost_back() {
     assert!(limiter.check(&requests[..]).await.is_err());
     limiter.refund(admitted).await.unwrap();
     for (quota, key) in quotas.iter().zip(&keys) {
-        assert_eq!(limiter.inspect(quota, key, 0).await.unwrap().remaining, 2, "{quota:?}");
+        assert_eq!(
+            limiter.inspect(quota, key, 0).await.unwrap().remaining,
+            2,
+            "{quota:?}"
+        );
     }
     assert!(limiter.check(&requests[..]).await.is_ok());
 }
@@ -348,7 +384,14 @@ async fn a_leased_token_goes_back_to_its_lease() {
     let request = Request::new(&quota, "leased").lease(5);
     let admitted = limiter.check(request).await.unwrap();
     // Five taken from Redis in one call: one served, four leased.
-    assert_eq!(limiter.inspect(&quota, "leased", 0).await.unwrap().remaining, 5);
+    assert_eq!(
+        limiter
+            .inspect(&quota, "leased", 0)
+            .await
+            .unwrap()
+            .remaining,
+        5
+    );
     // Three served from the lease, one of them refunded: back in the
     // lease, not in Redis.
     for _ in 0..2 {
@@ -357,11 +400,29 @@ async fn a_leased_token_goes_back_to_its_lease() {
     let from_lease = limiter.check(request).await.unwrap();
     limiter.refund(admitted).await.unwrap();
     limiter.refund(from_lease).await.unwrap();
-    assert_eq!(limiter.inspect(&quota, "leased", 0).await.unwrap().remaining, 5);
+    assert_eq!(
+        limiter
+            .inspect(&quota, "leased", 0)
+            .await
+            .unwrap()
+            .remaining,
+        5
+    );
     // The lease serves the refunded tokens again, with no Redis call.
     let served = limiter.check(request).await.unwrap();
-    assert_eq!(limiter.inspect(&quota, "leased", 0).await.unwrap().remaining, 5);
-    assert!(served.decisions()[0].remaining >= 1, "{:?}", served.decisions());
+    assert_eq!(
+        limiter
+            .inspect(&quota, "leased", 0)
+            .await
+            .unwrap()
+            .remaining,
+        5
+    );
+    assert!(
+        served.decisions()[0].remaining >= 1,
+        "{:?}",
+        served.decisions()
+    );
     assert_eq!(limiter.stats().refunded, 2);
 }
 

@@ -7,7 +7,9 @@ use axum::http::request::Parts;
 use ipnet::IpNet;
 
 use super::fields;
-use super::key::{in_ranges, parse_ranges, peer_ip, ClientAddr, InvalidAddressRange, TrustedProxies};
+use super::key::{
+    in_ranges, parse_ranges, peer_ip, ClientAddr, InvalidAddressRange, TrustedProxies,
+};
 
 /// Requests a [`RateLimitLayer`](super::RateLimitLayer) lets through without
 /// asking its limits (an allowlist): by the peer's address, by the client's
@@ -62,7 +64,10 @@ impl Exemption {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        Ok(Self::new(name, Test::Peer(parse_ranges(ranges, "exempt address")?)))
+        Ok(Self::new(
+            name,
+            Test::Peer(parse_ranges(ranges, "exempt address")?),
+        ))
     }
 
     /// Requests whose client address, as `proxies` find it (see
@@ -167,7 +172,10 @@ mod tests {
     fn address_exemptions_match_ranges_and_only_trusted_forwarding() {
         let office = Exemption::peers("office", ["192.0.2.0/24", "2001:db8::/48"]).unwrap();
         assert!(office.covers(&from("192.0.2.200", None)));
-        assert!(office.covers(&from("::ffff:192.0.2.1", None)), "IPv4-mapped");
+        assert!(
+            office.covers(&from("::ffff:192.0.2.1", None)),
+            "IPv4-mapped"
+        );
         assert!(office.covers(&from("2001:db8:0:1::5", None)));
         assert!(!office.covers(&from("192.0.3.1", None)));
         // A header cannot make a peer exempt.
@@ -176,7 +184,10 @@ mod tests {
         let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
         let monitoring = Exemption::clients("monitoring", proxies, ["198.51.100.7"]).unwrap();
         assert!(monitoring.covers(&from("10.1.1.1", Some("198.51.100.7"))));
-        assert!(!monitoring.covers(&from("203.0.113.9", Some("198.51.100.7"))), "untrusted peer");
+        assert!(
+            !monitoring.covers(&from("203.0.113.9", Some("198.51.100.7"))),
+            "untrusted peer"
+        );
         assert!(!monitoring.covers(&from("10.1.1.1", Some("198.51.100.8"))));
     }
 

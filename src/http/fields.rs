@@ -41,42 +41,11 @@ pub(crate) fn ceil_secs(duration: Duration) -> u64 {
     }
 }
 
-/// The `q` and `w` a layer advertises for `quota` in `RateLimit-Policy`:
-/// `q` units in every `w` seconds, which a client can spend again and again.
-///
-/// `q / w` is the quota's sustained rate, and `q` is at least its burst (the
-/// capacity, or the window's limit). That takes the smallest whole `w` of at
-/// least one second and at least the time an empty quota takes to fill
-/// again, so both hold: a bucket of 10 at 100/s is `q=100;w=1`, not
-/// `q=10;w=1`, which would tell a client to send a tenth of what it may; a
-/// bucket of 20 at 10/s is `q=20;w=2`; 5 a minute is `q=5;w=60`.
-///
-/// `w` is then rounded up to a whole multiple of the rate's period where
-/// needed so that `q` is a whole number (1 every 1.2 s is `q=5;w=6`), as
-/// long as that window is at most a minute or twice the smallest one; past
-/// that (a rate such as 1 every 1.000001 s), `w` stays the smallest window
-/// and `q` is rounded down, so the sustained rate is understated by less
-/// than one unit per window and never overstated.
-///
-/// Saying exactly `capacity + rate * w` (what a full bucket can spend in
-/// `w`) was not chosen: it overstates the rate a client can keep up, and a
-/// client pacing itself at `q / w` would be denied.
+/// The `q` and `w` a layer advertises for `quota` in `RateLimit-Policy`
+/// (see [`QuotaPolicy`](crate::QuotaPolicy)).
 pub(crate) fn advertised(quota: &Quota) -> (u64, u64) {
-    let rate = quota.rate();
-    let per_second = u128::from(rate.tokens()) * 1_000_000;
-    let period_us = rate.period().as_micros().max(1);
-    let smallest = u128::from(ceil_secs(quota.replenish_all()).max(1));
-    // `per_second * w / period_us` is whole when `w` is a multiple of `step`.
-    let step = u128::from(rate.whole_seconds());
-    let exact = smallest.div_ceil(step).saturating_mul(step);
-    let w = if exact <= (2 * smallest).max(60) {
-        exact
-    } else {
-        smallest
-    };
-    let q = per_second.saturating_mul(w) / period_us;
-    let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX).min(SF_INTEGER_MAX);
-    (clamp(q), clamp(w).max(1))
+    let policy = quota.policy();
+    (policy.quota_units(), policy.window_secs())
 }
 
 /// Whether `name` can be a policy name: a non-empty Structured Field String,

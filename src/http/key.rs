@@ -206,7 +206,10 @@ impl std::error::Error for InvalidAddressRange {}
 
 /// Each of `ranges`, an address or a CIDR range; `what` names them in the
 /// error.
-pub(crate) fn parse_ranges<I>(ranges: I, what: &'static str) -> Result<Vec<IpNet>, InvalidAddressRange>
+pub(crate) fn parse_ranges<I>(
+    ranges: I,
+    what: &'static str,
+) -> Result<Vec<IpNet>, InvalidAddressRange>
 where
     I: IntoIterator,
     I::Item: AsRef<str>,

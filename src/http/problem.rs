@@ -136,7 +136,7 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 /// assert!(report(7).await.is_ok());
 /// let response = report(7).await.into_response();
 /// assert_eq!(response.status(), 429);
-/// assert_eq!(response.headers()["ratelimit-policy"], r#""build_report";q=1"#);
+/// assert_eq!(response.headers()["ratelimit-policy"], r#""build_report";q=1;w=3600"#);
 /// # });
 /// ```
 ///
@@ -334,13 +334,10 @@ impl IntoResponse for TooManyRequests {
         if let Some(secs) = retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
-        // A denial from a check names its quota, whose policy has a window.
-        let (q, w) = match (self.advertised, &self.denied.quota) {
+        // A denial from a check names its quota's policy, which has a window.
+        let (q, w) = match (self.advertised, self.denied.policy) {
             (Some((q, w)), _) => (q, Some(w)),
-            (None, Some(quota)) => {
-                let (q, w) = fields::advertised(quota);
-                (q, Some(w))
-            }
+            (None, Some(policy)) => (policy.quota_units(), Some(policy.window_secs())),
             (None, None) => (self.denied.limit, None),
         };
         headers.append(

@@ -36,26 +36,45 @@ impl Refund {
     /// The refund of `decision`, an admission of `cost` on `quota` made
     /// `elapsed_us` ago; `None` when there is nothing left to give back (no
     /// cost, a window that has ended, a log entry with no tag).
-    pub(crate) fn of(quota: &Quota, decision: &Decision, cost: u64, elapsed_us: u64) -> Option<Self> {
+    pub(crate) fn of(
+        quota: &Quota,
+        decision: &Decision,
+        cost: u64,
+        elapsed_us: u64,
+    ) -> Option<Self> {
         if cost == 0 || !decision.allowed {
             return None;
         }
         let elapsed = i64::try_from(elapsed_us).unwrap_or(i64::MAX);
         let reset = i64::try_from(decision.reset_after.as_micros()).unwrap_or(i64::MAX);
         let window = i64::try_from(quota.window_us()).unwrap_or(i64::MAX);
-        let refund = |tag, until_end| Some(Self { cost, tag, until_end });
+        let refund = |tag, until_end| {
+            Some(Self {
+                cost,
+                tag,
+                until_end,
+            })
+        };
         match quota.algorithm() {
             Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => refund(0, 0),
             // An admission's reset is its window's end.
             Algorithm::FixedWindow => {
                 let until_end = reset.saturating_sub(elapsed);
-                (until_end > 0).then_some(Self { cost, tag: 0, until_end })
+                (until_end > 0).then_some(Self {
+                    cost,
+                    tag: 0,
+                    until_end,
+                })
             }
             // An admission's reset is a window after its window's end, and
             // its count weighs until a window after that end too.
             Algorithm::SlidingWindow => {
                 let until_end = reset.saturating_sub(window).saturating_sub(elapsed);
-                (until_end > -window).then_some(Self { cost, tag: 0, until_end })
+                (until_end > -window).then_some(Self {
+                    cost,
+                    tag: 0,
+                    until_end,
+                })
             }
             Algorithm::SlidingLog => (decision.tag != 0).then_some(Self {
                 cost,
@@ -161,7 +180,13 @@ mod tests {
     /// Decides `cost` at `at`, refunds it at `later`: the state is what it
     /// was before the admission, in every algorithm, while the admission
     /// still counts.
-    fn round(quota: &Quota, before: &Option<State>, at: u64, cost: u64, later: u64) -> Option<State> {
+    fn round(
+        quota: &Quota,
+        before: &Option<State>,
+        at: u64,
+        cost: u64,
+        later: u64,
+    ) -> Option<State> {
         let mut state = before.clone();
         let (d, _) = decide(quota, &mut state, at, cost);
         assert!(d.allowed, "{quota:?} admits");
@@ -174,9 +199,21 @@ mod tests {
     fn a_refund_right_after_an_admission_undoes_it() {
         let second = Duration::from_secs(1);
         let quotas = [
-            Quota::builder(Algorithm::TokenBucket).capacity(5).rate("5/s".parse().unwrap()).build().unwrap(),
-            Quota::builder(Algorithm::Gcra).capacity(5).rate("3/s".parse().unwrap()).build().unwrap(),
-            Quota::builder(Algorithm::LeakyBucket).capacity(5).rate("5/s".parse().unwrap()).build().unwrap(),
+            Quota::builder(Algorithm::TokenBucket)
+                .capacity(5)
+                .rate("5/s".parse().unwrap())
+                .build()
+                .unwrap(),
+            Quota::builder(Algorithm::Gcra)
+                .capacity(5)
+                .rate("3/s".parse().unwrap())
+                .build()
+                .unwrap(),
+            Quota::builder(Algorithm::LeakyBucket)
+                .capacity(5)
+                .rate("5/s".parse().unwrap())
+                .build()
+                .unwrap(),
             Quota::fixed_window(5, second).unwrap(),
             Quota::sliding_window(5, second).unwrap(),
             Quota::sliding_log(5, second).unwrap(),
@@ -237,7 +274,11 @@ mod tests {
         let r = Refund::of(&quota, &first, 2, 1_500).unwrap();
         refund(&quota, &mut state, 2_500, &r);
         refund(&quota, &mut state, 2_500, &r);
-        assert_eq!(state, Some(State::Log([2_000].into())), "the other admission stays");
+        assert_eq!(
+            state,
+            Some(State::Log([2_000].into())),
+            "the other admission stays"
+        );
     }
 
     #[test]

@@ -367,7 +367,9 @@ impl Limiter {
     /// asking, under `rule`.
     #[doc(hidden)]
     pub fn __exempt(&self, rule: &'static str) {
-        self.inner.stats.record(rule, crate::metrics::Outcome::Exempt);
+        self.inner
+            .stats
+            .record(rule, crate::metrics::Outcome::Exempt);
     }
 
     /// Whether `self` and `other` are clones of one limiter.

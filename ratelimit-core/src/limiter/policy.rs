@@ -116,9 +116,7 @@ impl Limiter {
                     .collect();
                 Ok(Admitted::new(Decisions::Many(decisions), requests))
             }
-            Err(denied) => {
-                Ok(Admitted::new(enforced_decisions, &enforced).with_would_deny(denied))
-            }
+            Err(denied) => Ok(Admitted::new(enforced_decisions, &enforced).with_would_deny(denied)),
         }
     }
 
@@ -201,7 +199,7 @@ impl Limiter {
         outcome: Outcome,
         shadow: bool,
     ) -> RateLimited {
-        let denied = denied.with_quota(*request.quota);
+        let denied = denied.with_quota(request.quota);
         let denied = if request.rule.is_empty() {
             denied
         } else {
@@ -270,6 +268,8 @@ impl Limiter {
 
     /// Decides `requests` all or nothing on the local limiter, each with the
     /// limiter's share of its quota; a denial says which request denied.
+    // A denial is as large here as where `check` returns it.
+    #[allow(clippy::result_large_err)]
     fn decide_locally(
         &self,
         requests: &[(&Quota, &str, u64)],

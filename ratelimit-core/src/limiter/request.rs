@@ -122,7 +122,8 @@ pub struct Admitted<'a> {
     decisions: Decisions,
     /// The requests that took their cost, in the order of `decisions`.
     taken: Taken<'a>,
-    would_deny: Option<RateLimited>,
+    /// Boxed: only shadow mode has one, and every check returns the rest.
+    would_deny: Option<Box<RateLimited>>,
 }
 
 /// One decision inline: most checks are of one request.
@@ -170,7 +171,7 @@ impl<'a> Admitted<'a> {
     }
 
     pub(crate) fn with_would_deny(mut self, denied: RateLimited) -> Self {
-        self.would_deny = Some(denied);
+        self.would_deny = Some(Box::new(denied));
         self
     }
 
@@ -202,7 +203,7 @@ impl<'a> Admitted<'a> {
     /// mode would have been given (which key, which rule, when to retry).
     /// The call goes ahead.
     pub fn would_deny(&self) -> Option<&RateLimited> {
-        self.would_deny.as_ref()
+        self.would_deny.as_deref()
     }
 
     /// How long the call must wait for its turn before it runs: the longest

@@ -4,8 +4,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+mod policy;
 mod rate;
 
+pub use policy::QuotaPolicy;
 #[doc(hidden)]
 pub use rate::__span_micros;
 pub use rate::Rate;

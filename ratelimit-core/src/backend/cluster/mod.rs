@@ -326,7 +326,10 @@ impl ClusterBackend {
                 .and_then(|r| r.node(&key))
                 .map_or("", |(node, _)| node);
             let outcome = self
-                .guarded(node, self.call("refund", std::slice::from_ref(&key), &[call]))
+                .guarded(
+                    node,
+                    self.call("refund", std::slice::from_ref(&key), &[call]),
+                )
                 .await;
             if let Err(error) = outcome {
                 result = Err(error);

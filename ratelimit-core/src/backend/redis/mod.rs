@@ -375,7 +375,10 @@ impl RedisBackend {
         let lane = self.lane().await?;
         let mut connection = lane.connection.clone();
         let now = self.now();
-        let keys: Vec<String> = refunds.iter().map(|(_, key, _)| self.full_key(key)).collect();
+        let keys: Vec<String> = refunds
+            .iter()
+            .map(|(_, key, _)| self.full_key(key))
+            .collect();
         let invocation = invocation(
             "refund",
             keys.iter()

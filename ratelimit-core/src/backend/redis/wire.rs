@@ -46,7 +46,8 @@ impl Request {
             _ => refund.until_end as u64,
         };
         let mut request = Self::with_p3(quota, refund.cost, now, p3);
-        request.signed_p3 = quota.algorithm().is_windowed() && quota.algorithm() != Algorithm::SlidingLog;
+        request.signed_p3 =
+            quota.algorithm().is_windowed() && quota.algorithm() != Algorithm::SlidingLog;
         request
     }
 
