@@ -464,3 +464,62 @@ async fn fallback_admissions_are_given_back_where_they_were_taken() {
     );
     assert_eq!(local.stats().refunded, 1);
 }
+
+/// Hundreds of callers at once, each checking and giving back half of what
+/// it was admitted, with the deny cache on (and leases, in one round): no
+/// admission beyond the quota while they run, and once they are done the
+/// key holds exactly what was kept. Leases taken at once by many callers
+/// replace each other and lose their tokens, so with leases only the bound
+/// is checked.
+#[test]
+fn concurrent_checks_and_refunds_keep_the_count() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for (quota, lease) in [
+            (Quota::new(100, "100/d".parse().unwrap()).unwrap(), 0),
+            (Quota::new(100, "100/d".parse().unwrap()).unwrap(), 8),
+            (Quota::fixed_window(100, Duration::from_secs(86_400)).unwrap(), 0),
+            (Quota::sliding_log(100, Duration::from_secs(86_400)).unwrap(), 0),
+        ] {
+            let limiter = on_redis_time(&server);
+            let key = format!("crowd:{}:{lease}", quota.algorithm());
+            let callers = (0..400).map(|i| {
+                let (limiter, key) = (limiter.clone(), key.clone());
+                tokio::spawn(async move {
+                    let request = Request::new(&quota, &key).lease(lease);
+                    match limiter.check(request).await {
+                        Ok(admitted) if i % 2 == 0 => {
+                            limiter.refund(admitted).await.expect("a refund");
+                            (1, 0)
+                        }
+                        Ok(_) => (1, 1),
+                        Err(denied) => {
+                            assert_eq!(denied.cause, ratelimit::DenialCause::Quota);
+                            (0, 0)
+                        }
+                    }
+                })
+            });
+            let mut admitted = 0;
+            let mut kept = 0;
+            for caller in futures::future::join_all(callers).await {
+                let (a, k) = caller.unwrap();
+                admitted += a;
+                kept += k;
+            }
+            let left = limiter.inspect(&quota, &key, 0).await.unwrap().remaining;
+            assert!(left + kept <= 100, "{quota:?} lease {lease}: {kept} kept, {left} left");
+            if lease == 0 {
+                // Every refund made room for another admission, and the key
+                // holds exactly what was kept.
+                assert!(admitted > 100, "{quota:?}: {admitted} admitted");
+                assert_eq!(left + kept, 100, "{quota:?}: {kept} kept, {left} left");
+            }
+        }
+    });
+}
