@@ -283,13 +283,15 @@ mod tests {
         // Each option of the table, given a value of its kind, lands in Args.
         let all = r#"key = "k", rule = "r", capacity = 1, rate = 1, algorithm = gcra, limit = 1,
             window = "1s", quota = q, cost = 1, exempt = e, on_error = open,
-            on_limit = wait(max = "1s"), mode = shadow, lease = 2, limiter = &L, crate = rl"#;
+            on_limit = wait(max = "1s"), refund_on = err, mode = shadow, lease = 2, limiter = &L,
+            crate = rl"#;
         let args = parse(all).unwrap();
-        assert_eq!(OPTIONS.len(), 16);
+        assert_eq!(OPTIONS.len(), 17);
         assert!(args.key.is_some() && args.rule.is_some() && args.capacity.is_some());
         assert!(args.rate.is_some() && args.algorithm.is_some() && args.limit.is_some());
         assert!(args.window.is_some() && args.quota.is_some() && args.cost.is_some());
         assert!(args.exempt.is_some() && args.on_error.is_some() && args.on_limit.is_some());
+        assert!(args.refund_on.is_some());
         assert!(args.mode.is_some() && args.lease.is_some() && args.limiter.is_some());
         assert!(args.krate.is_some());
     }
@@ -319,13 +321,13 @@ mod tests {
             message("capacty = 1"),
             "unknown option `capacty`; expected one of `key`, `rule`, `capacity`, `rate`, \
              `algorithm`, `limit`, `window`, `quota`, `cost`, `exempt`, `on_error`, `on_limit`, \
-             `mode`, `lease`, `limiter`, `crate`; did you mean `capacity`?"
+             `refund_on`, `mode`, `lease`, `limiter`, `crate`; did you mean `capacity`?"
         );
         assert_eq!(
             message("burst = 1"),
             "unknown option `burst`; expected one of `key`, `rule`, `capacity`, `rate`, \
              `algorithm`, `limit`, `window`, `quota`, `cost`, `exempt`, `on_error`, `on_limit`, \
-             `mode`, `lease`, `limiter`, `crate`"
+             `refund_on`, `mode`, `lease`, `limiter`, `crate`"
         );
     }
 }
