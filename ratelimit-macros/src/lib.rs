@@ -101,6 +101,7 @@ use proc_macro::TokenStream;
 /// | `exempt` | a `bool` expression over the arguments: when true the call skips this limit, with no backend call | `false` |
 /// | `on_error` | `open`, `closed` or `local`: what to do when the backend fails (see `ratelimit::FailurePolicy`) | the limiter's policy (`open` unless configured) |
 /// | `on_limit` | `deny`, or `wait(max = "2s")`: sleep for `retry_after` and try again while the call can still be admitted within `max` | `deny` |
+/// | `refund_on` | `err`: give the call's tokens back when the body returns `Err` (only successes count); `ok`: when it returns `Ok` (only failures count). Stacked attributes must agree | none |
 /// | `mode` | `enforce`, or `shadow`: decide and record as usual, but never deny | `enforce` |
 /// | `lease` | an integer literal: take up to this many tokens per backend call and serve them in process until they run out or the lease expires (the global bound holds; unused leased tokens are lost at expiry) | none |
 /// | `limiter` | an expression giving a `Limiter`, `&Limiter`, `Arc<Limiter>` or anything that is `Borrow<Limiter>` | the limiter installed with `ratelimit::install` |
