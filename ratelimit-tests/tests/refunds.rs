@@ -483,8 +483,14 @@ fn concurrent_checks_and_refunds_keep_the_count() {
         for (quota, lease) in [
             (Quota::new(100, "100/d".parse().unwrap()).unwrap(), 0),
             (Quota::new(100, "100/d".parse().unwrap()).unwrap(), 8),
-            (Quota::fixed_window(100, Duration::from_secs(86_400)).unwrap(), 0),
-            (Quota::sliding_log(100, Duration::from_secs(86_400)).unwrap(), 0),
+            (
+                Quota::fixed_window(100, Duration::from_secs(86_400)).unwrap(),
+                0,
+            ),
+            (
+                Quota::sliding_log(100, Duration::from_secs(86_400)).unwrap(),
+                0,
+            ),
         ] {
             let limiter = on_redis_time(&server);
             let key = format!("crowd:{}:{lease}", quota.algorithm());
@@ -513,7 +519,10 @@ fn concurrent_checks_and_refunds_keep_the_count() {
                 kept += k;
             }
             let left = limiter.inspect(&quota, &key, 0).await.unwrap().remaining;
-            assert!(left + kept <= 100, "{quota:?} lease {lease}: {kept} kept, {left} left");
+            assert!(
+                left + kept <= 100,
+                "{quota:?} lease {lease}: {kept} kept, {left} left"
+            );
             if lease == 0 {
                 // Every refund made room for another admission, and the key
                 // holds exactly what was kept.

@@ -138,6 +138,8 @@ pub struct Quota {
     rate: Rate,
     /// Zero for bucket algorithms.
     window_us: u64,
+    /// Follows from the rest (see [`Quota::policy`]).
+    policy: QuotaPolicy,
 }
 
 impl Quota {
@@ -209,12 +211,7 @@ impl Quota {
             return Err(QuotaError::ZeroCapacity);
         }
         match capacity.checked_mul(rate.period_us) {
-            Some(depth) if depth <= MAX_EXACT => Ok(Self {
-                algorithm,
-                capacity,
-                rate,
-                window_us: 0,
-            }),
+            Some(depth) if depth <= MAX_EXACT => Ok(Self::of_parts(algorithm, capacity, rate, 0)),
             _ => Err(QuotaError::TooLarge),
         }
     }
@@ -236,12 +233,19 @@ impl Quota {
             return Err(QuotaError::TooLarge);
         }
         let rate = Rate::from_parts(u128::from(limit), u128::from(window_us))?;
-        Ok(Self {
+        Ok(Self::of_parts(algorithm, limit, rate, window_us))
+    }
+
+    /// A quota of checked parts, with its policy worked out once: every
+    /// denial names it, so it is never computed on the request path.
+    const fn of_parts(algorithm: Algorithm, capacity: u64, rate: Rate, window_us: u64) -> Self {
+        Self {
             algorithm,
-            capacity: limit,
+            capacity,
             rate,
             window_us,
-        })
+            policy: QuotaPolicy::of(algorithm, capacity, rate, window_us),
+        }
     }
 
     /// Parses a window length: `"1s"`, `"1m"`, `"1h"`, `"1d"`, `"10s"`, `"500ms"`
@@ -281,12 +285,7 @@ impl Quota {
             assert!(window_us == 0);
             assert!(capacity <= MAX_EXACT / period_us);
         }
-        Self {
-            algorithm,
-            capacity,
-            rate: Rate { tokens, period_us },
-            window_us,
-        }
+        Self::of_parts(algorithm, capacity, Rate { tokens, period_us }, window_us)
     }
 
     /// The algorithm that decides.

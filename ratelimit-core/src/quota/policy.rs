@@ -3,7 +3,7 @@
 
 use std::num::NonZeroU64;
 
-use super::Quota;
+use super::{Algorithm, Quota, Rate};
 
 /// The largest integer a Structured Field carries (RFC 9651), so that a
 /// policy fits the IETF `RateLimit-Policy` header field as it is.
@@ -65,30 +65,58 @@ impl Quota {
     /// This quota as a policy: so many units in every window of so many
     /// seconds (see [`QuotaPolicy`]).
     pub fn policy(&self) -> QuotaPolicy {
-        let rate = self.rate();
-        let per_second = u128::from(rate.tokens()) * 1_000_000;
-        let period_us = rate.period().as_micros().max(1);
-        let fill = self.replenish_all();
-        let fill_secs = fill.as_secs() + u64::from(fill.subsec_nanos() > 0);
-        let smallest = u128::from(fill_secs.max(1));
-        // `per_second * w / period_us` is whole when `w` is a multiple of `step`.
-        let step = u128::from(rate.whole_seconds());
-        let exact = smallest.div_ceil(step).saturating_mul(step);
-        let w = if exact <= (2 * smallest).max(60) {
-            exact
+        self.policy
+    }
+}
+
+impl QuotaPolicy {
+    /// The policy of a quota of these parts (checked: `tokens`,
+    /// `period_us` and `capacity` non-zero, the depth below 2^53).
+    pub(super) const fn of(
+        algorithm: Algorithm,
+        capacity: u64,
+        rate: Rate,
+        window_us: u64,
+    ) -> Self {
+        let per_second = rate.tokens as u128 * 1_000_000;
+        let period_us = rate.period_us as u128;
+        // The time an empty quota takes to fill again, in whole seconds.
+        let fill_us = if algorithm.is_windowed() {
+            window_us
         } else {
-            smallest
+            (capacity * rate.period_us).div_ceil(rate.tokens)
         };
+        let smallest = fill_us.div_ceil(1_000_000) as u128;
+        let smallest = if smallest == 0 { 1 } else { smallest };
+        // `per_second * w / period_us` is whole when `w` is a multiple of `step`.
+        let step = period_us / gcd(per_second, period_us);
+        let exact = smallest.div_ceil(step).saturating_mul(step);
+        let longest = if 2 * smallest > 60 { 2 * smallest } else { 60 };
+        let w = if exact <= longest { exact } else { smallest };
         let q = per_second.saturating_mul(w) / period_us;
-        let clamp = |n: u128| {
-            let n = u64::try_from(n)
-                .unwrap_or(u64::MAX)
-                .clamp(1, SF_INTEGER_MAX);
-            NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN)
-        };
-        QuotaPolicy {
+        Self {
             q: clamp(q),
             w: clamp(w),
         }
     }
+}
+
+/// `n` within `1..=SF_INTEGER_MAX`.
+const fn clamp(n: u128) -> NonZeroU64 {
+    let n = if n > SF_INTEGER_MAX as u128 {
+        SF_INTEGER_MAX
+    } else {
+        n as u64
+    };
+    match NonZeroU64::new(n) {
+        Some(n) => n,
+        None => NonZeroU64::MIN,
+    }
+}
+
+const fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
