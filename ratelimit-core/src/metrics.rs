@@ -123,12 +123,8 @@ fn stripe_index() -> usize {
 impl Stats {
     pub(crate) fn record(&self, rule: &'static str, outcome: Outcome) {
         self.add(outcome as usize);
-        // Direct calls without a rule name share one label value.
         #[cfg(feature = "metrics")]
-        {
-            let rule = if rule.is_empty() { "unnamed" } else { rule };
-            metrics::counter!("ratelimit_decisions_total", "rule" => rule, "outcome" => outcome.label()).increment(1);
-        }
+        keys::increment(keys::DECISIONS, rule, outcome.label());
         #[cfg(not(feature = "metrics"))]
         let _ = rule;
     }
@@ -153,10 +149,7 @@ impl Stats {
     pub(crate) fn refunded(&self, rule: &'static str) {
         self.add(REFUNDS);
         #[cfg(feature = "metrics")]
-        {
-            let rule = if rule.is_empty() { "unnamed" } else { rule };
-            metrics::counter!("ratelimit_refunds_total", "rule" => rule).increment(1);
-        }
+        keys::increment(keys::REFUNDS, rule, "");
         #[cfg(not(feature = "metrics"))]
         let _ = rule;
     }
@@ -207,4 +200,92 @@ pub(crate) fn backend_error(backend: &'static str, kind: crate::ErrorKind) {
     #[cfg(feature = "metrics")]
     metrics::counter!("ratelimit_backend_errors_total", "backend" => backend, "kind" => kind.as_str())
         .increment(1);
+}
+
+/// The counters' keys, made once per rule and outcome. A `metrics::Key`
+/// built at each decision (what `counter!` does with a label known only at
+/// run time) allocates its labels and hashes them: a third of a decision's
+/// work on the memory backend. Rules are `&'static str`, so each distinct
+/// one is a key made once and kept.
+#[cfg(feature = "metrics")]
+mod keys {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::sync::{Mutex, PoisonError};
+
+    use metrics::{Key, Label, Level, Metadata};
+
+    pub(super) const DECISIONS: &str = "ratelimit_decisions_total";
+    pub(super) const REFUNDS: &str = "ratelimit_refunds_total";
+
+    /// The most keys kept; past it (rule names made at run time by the
+    /// thousand), each count builds its key as `counter!` would.
+    const MAX_KEYS: usize = 4_096;
+    /// Keys a thread remembers without taking the lock.
+    const PER_THREAD: usize = 16;
+
+    static METADATA: Metadata<'static> = Metadata::new(
+        "ratelimit_core::metrics",
+        Level::INFO,
+        Some("ratelimit_core::metrics"),
+    );
+
+    type Id = (&'static str, usize, usize, &'static str);
+
+    static KEYS: Mutex<Option<HashMap<Id, &'static Key>>> = Mutex::new(None);
+
+    thread_local! {
+        static RECENT: RefCell<Vec<(Id, &'static Key)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Adds one to the counter `name` of `rule` (labelled `unnamed` when
+    /// empty) and, unless empty, `outcome`.
+    pub(super) fn increment(name: &'static str, rule: &'static str, outcome: &'static str) {
+        // Calls without a rule name share one label value.
+        let rule = if rule.is_empty() { "unnamed" } else { rule };
+        let id: Id = (name, rule.as_ptr() as usize, rule.len(), outcome);
+        let key = RECENT
+            .try_with(|recent| {
+                let mut recent = recent.borrow_mut();
+                if let Some((_, key)) = recent.iter().find(|(seen, _)| *seen == id) {
+                    return Some(*key);
+                }
+                let key = kept(id, rule)?;
+                if recent.len() == PER_THREAD {
+                    recent.remove(0);
+                }
+                recent.push((id, key));
+                Some(key)
+            })
+            .ok()
+            .flatten();
+        match key {
+            Some(key) => metrics::with_recorder(|r| r.register_counter(key, &METADATA)),
+            None => metrics::with_recorder(|r| r.register_counter(&build(id, rule), &METADATA)),
+        }
+        .increment(1);
+    }
+
+    /// The key of `id`, made once; `None` once `MAX_KEYS` are kept.
+    fn kept(id: Id, rule: &'static str) -> Option<&'static Key> {
+        let mut keys = KEYS.lock().unwrap_or_else(PoisonError::into_inner);
+        let keys = keys.get_or_insert_with(HashMap::new);
+        if let Some(key) = keys.get(&id) {
+            return Some(key);
+        }
+        if keys.len() >= MAX_KEYS {
+            return None;
+        }
+        let key: &'static Key = Box::leak(Box::new(build(id, rule)));
+        keys.insert(id, key);
+        Some(key)
+    }
+
+    fn build((name, _, _, outcome): Id, rule: &'static str) -> Key {
+        let mut labels = vec![Label::new("rule", rule)];
+        if !outcome.is_empty() {
+            labels.push(Label::new("outcome", outcome));
+        }
+        Key::from_parts(name, labels)
+    }
 }

@@ -59,6 +59,17 @@ async fn exported_counters_equal_what_the_limiter_did() {
             let _ = export(&memory, user).await;
         }
     }
+    // Refunds, under a rule name made at run time (leaked, as rules are
+    // `&'static str`), so the counter's key is not a literal.
+    let uploads: &'static str = Box::leak(format!("uploads-{}", 7).into_boxed_str());
+    let per_file = Quota::per_minute(10).unwrap();
+    for _ in 0..3 {
+        let admitted = memory
+            .check(Request::new(&per_file, "file:1").rule(uploads))
+            .await
+            .unwrap();
+        memory.refund(admitted).await.unwrap();
+    }
 
     let mut server = RedisServer::start();
     let closed = Limiter::builder()
@@ -96,6 +107,13 @@ async fn exported_counters_equal_what_the_limiter_did() {
     check("::export", "allowed", 2.0);
     check("::export", "shadow_denied", 8.0);
     check("payments", "allowed", 4.0);
+    check("uploads-7", "allowed", 3.0);
+    assert_eq!(
+        s.get("ratelimit_refunds_total{rule=\"uploads-7\"}"),
+        Some(&3.0),
+        "refunds are counted per rule:\n{text}"
+    );
+    assert_eq!(memory.stats().refunded, 3);
     check("payments", "fallback_denied", 6.0);
     assert_eq!(closed.stats().fallback_denied, 6);
     assert!(
