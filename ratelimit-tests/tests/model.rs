@@ -23,26 +23,12 @@ use proptest::prelude::*;
 use ratelimit::{
     Algorithm, Clock as _, DenialCause, Limiter, ManualClock, Quota, RateLimited, Request,
 };
-use support::RedisServer;
+use support::{bucket, window, RedisServer};
 
 /// Quotas a key can be decided under, by the state they keep: a key's quota
 /// changes only within its family (each algorithm's state is foreign to the
 /// others, and the attribute derives a key per algorithm).
 fn families() -> Vec<Vec<Quota>> {
-    let bucket = |algorithm, capacity, rate: &str| {
-        Quota::builder(algorithm)
-            .capacity(capacity)
-            .rate(rate.parse().unwrap())
-            .build()
-            .unwrap()
-    };
-    let window = |algorithm, limit, window: &str| {
-        Quota::builder(algorithm)
-            .limit(limit)
-            .window(Quota::parse_window(window).unwrap())
-            .build()
-            .unwrap()
-    };
     use Algorithm::*;
     vec![
         vec![

@@ -16,24 +16,10 @@ use proptest::prelude::*;
 use ratelimit::{
     Admitted, Algorithm, Decision, ErrorKind, Limiter, ManualClock, Quota, RateLimited, Request,
 };
-use support::RedisServer;
+use support::{bucket, window, RedisServer};
 
 /// Two quotas of each algorithm; a key is decided under one algorithm only.
 fn quotas() -> Vec<[Quota; 2]> {
-    let bucket = |algorithm, capacity, rate: &str| {
-        Quota::builder(algorithm)
-            .capacity(capacity)
-            .rate(rate.parse().unwrap())
-            .build()
-            .unwrap()
-    };
-    let window = |algorithm, limit, window: &str| {
-        Quota::builder(algorithm)
-            .limit(limit)
-            .window(Quota::parse_window(window).unwrap())
-            .build()
-            .unwrap()
-    };
     use Algorithm::*;
     vec![
         [
@@ -376,6 +362,11 @@ async fn a_check_of_several_limits_gives_each_its_cost_back() {
     assert!(limiter.check(&requests[..]).await.is_ok());
 }
 
+/// What `key` has left under `quota`, read without taking anything.
+async fn left(limiter: &Limiter, quota: &Quota, key: &str) -> u64 {
+    limiter.inspect(quota, key, 0).await.unwrap().remaining
+}
+
 #[tokio::test]
 async fn a_leased_token_goes_back_to_its_lease() {
     let server = RedisServer::start();
@@ -384,14 +375,7 @@ async fn a_leased_token_goes_back_to_its_lease() {
     let request = Request::new(&quota, "leased").lease(5);
     let admitted = limiter.check(request).await.unwrap();
     // Five taken from Redis in one call: one served, four leased.
-    assert_eq!(
-        limiter
-            .inspect(&quota, "leased", 0)
-            .await
-            .unwrap()
-            .remaining,
-        5
-    );
+    assert_eq!(left(&limiter, &quota, "leased").await, 5);
     // Three served from the lease, one of them refunded: back in the
     // lease, not in Redis.
     for _ in 0..2 {
@@ -400,24 +384,10 @@ async fn a_leased_token_goes_back_to_its_lease() {
     let from_lease = limiter.check(request).await.unwrap();
     limiter.refund(admitted).await.unwrap();
     limiter.refund(from_lease).await.unwrap();
-    assert_eq!(
-        limiter
-            .inspect(&quota, "leased", 0)
-            .await
-            .unwrap()
-            .remaining,
-        5
-    );
+    assert_eq!(left(&limiter, &quota, "leased").await, 5);
     // The lease serves the refunded tokens again, with no Redis call.
     let served = limiter.check(request).await.unwrap();
-    assert_eq!(
-        limiter
-            .inspect(&quota, "leased", 0)
-            .await
-            .unwrap()
-            .remaining,
-        5
-    );
+    assert_eq!(left(&limiter, &quota, "leased").await, 5);
     assert!(
         served.decisions()[0].remaining >= 1,
         "{:?}",
@@ -518,7 +488,7 @@ fn concurrent_checks_and_refunds_keep_the_count() {
                 admitted += a;
                 kept += k;
             }
-            let left = limiter.inspect(&quota, &key, 0).await.unwrap().remaining;
+            let left = left(&limiter, &quota, &key).await;
             assert!(
                 left + kept <= 100,
                 "{quota:?} lease {lease}: {kept} kept, {left} left"

@@ -806,3 +806,23 @@ pub fn fault(denied: &ratelimit::RateLimited) -> Option<ratelimit::ErrorKind> {
         _ => None,
     }
 }
+
+/// A quota of a bucket algorithm: `capacity` refilled at `rate` ("2/s").
+#[allow(dead_code)]
+pub fn bucket(algorithm: ratelimit::Algorithm, capacity: u64, rate: &str) -> ratelimit::Quota {
+    ratelimit::Quota::builder(algorithm)
+        .capacity(capacity)
+        .rate(rate.parse().expect("a rate"))
+        .build()
+        .expect("a bucket quota")
+}
+
+/// A quota of a window algorithm: `limit` per `window` ("1s").
+#[allow(dead_code)]
+pub fn window(algorithm: ratelimit::Algorithm, limit: u64, window: &str) -> ratelimit::Quota {
+    ratelimit::Quota::builder(algorithm)
+        .limit(limit)
+        .window(ratelimit::Quota::parse_window(window).expect("a window"))
+        .build()
+        .expect("a window quota")
+}
