@@ -23,7 +23,7 @@ use ratelimit::http::{
     Exemption, ForwardedHeader, Limit, MissingKey, NamedRule, ProblemRequestIdLayer, QuotaSource,
     RateLimitLayer, TooManyRequests, TrustedProxies,
 };
-use ratelimit::{rate_limit, FailurePolicy, Limiter, ManualClock, Quota, Rate};
+use ratelimit::{rate_limit, FailurePolicy, Limiter, ManualClock, Quota, Rate, RateLimited};
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
@@ -1604,4 +1604,73 @@ async fn responses_the_layer_refunds_do_not_spend_the_quota() {
         429
     );
     assert_eq!(limiter.stats().refunded, 15);
+}
+
+/// A per-user lookup where only found users count: a miss gives its token
+/// back (`refund_on = err`).
+#[rate_limit(key = "profile:<user_id>", capacity = 2, rate = "1/h", limiter = limiter, refund_on = err)]
+async fn load_profile(limiter: &Limiter, user_id: u64) -> Result<String, ProfileError> {
+    if user_id == 0 {
+        return Err(ProfileError::NotFound);
+    }
+    Ok(format!("profile {user_id}"))
+}
+
+enum ProfileError {
+    Limited(RateLimited),
+    NotFound,
+}
+
+impl From<RateLimited> for ProfileError {
+    fn from(denied: RateLimited) -> Self {
+        ProfileError::Limited(denied)
+    }
+}
+
+impl axum::response::IntoResponse for ProfileError {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            ProfileError::Limited(denied) => TooManyRequests::from(denied).into_response(),
+            ProfileError::NotFound => StatusCode::NOT_FOUND.into_response(),
+        }
+    }
+}
+
+async fn profile(
+    State(limiter): State<Limiter>,
+    Path(user_id): Path<u64>,
+) -> Result<String, ProfileError> {
+    load_profile(&limiter, user_id).await
+}
+
+#[tokio::test]
+async fn the_attributes_refund_on_lets_failed_calls_cost_nothing() {
+    let limiter = stopped_limiter();
+    let app = Router::new()
+        .route("/profiles/{user_id}", get(profile))
+        .with_state(limiter.clone());
+    let base = serve(app).await;
+    let client = client();
+
+    for _ in 0..5 {
+        assert_eq!(
+            fetch(&client, &format!("{base}/profiles/0")).await.status,
+            404
+        );
+    }
+    assert_eq!(
+        fetch(&client, &format!("{base}/profiles/0")).await.status,
+        404,
+        "misses never spend"
+    );
+    let url = format!("{base}/profiles/7");
+    assert_eq!(fetch(&client, &url).await.status, 200);
+    assert_eq!(fetch(&client, &url).await.status, 200);
+    let denied = fetch(&client, &url).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        denied.all("ratelimit-policy"),
+        [r#""load_profile";q=2;w=7200"#]
+    );
+    assert_eq!(limiter.stats().refunded, 6);
 }
