@@ -139,9 +139,13 @@ impl Leases {
     }
 
     /// Keeps `tokens` leased for `key` until `expires_at_us` (for a bucket,
-    /// shrinking as it refills until `owed_until_us`); the previous lease's
-    /// tokens, if any, are lost. The lease's id, or `None` when the leases
-    /// are full and it was not kept.
+    /// shrinking as it refills until `owed_until_us`). A live lease of the
+    /// same quota keeps its tokens too: callers that found no lease at
+    /// once each lease, and replacing one lease by the next would lose its
+    /// tokens (400 callers on a cold key were admitted 20 of 100 so). The
+    /// merged lease ends with the earlier of the two, and owes what the
+    /// later decision says the bucket owes, which counts both. The lease's
+    /// id, or `None` when the leases are full and it was not kept.
     pub(crate) fn put(
         &self,
         quota: &Quota,
@@ -153,6 +157,14 @@ impl Leases {
     ) -> Option<u64> {
         self.used.store(true, Ordering::Relaxed);
         let mut shard = self.shard(key);
+        if let Some(live) = shard.get_mut(key) {
+            if live.quota == *quota && live.expires_at_us > now_us {
+                live.tokens = live.usable(now_us).saturating_add(tokens);
+                live.expires_at_us = live.expires_at_us.min(expires_at_us);
+                live.owed_until_us = live.owed_until_us.max(owed_until_us);
+                return Some(live.id);
+            }
+        }
         if shard.len() >= self.max_per_shard && !shard.contains_key(key) {
             shard.retain(|_, lease| lease.expires_at_us > now_us && lease.tokens > 0);
             if shard.len() >= self.max_per_shard {
@@ -188,6 +200,16 @@ mod tests {
         assert_eq!(leases.take(&quota, "k", 1, 10).map(|t| t.0), Some(0));
         leases.put(&quota, "k", 5, 0, 1_000, None);
         assert_eq!(leases.take(&quota, "k", 1, 1_000), None, "expired");
+        // A lease taken while another is live adds to it.
+        leases.put(&quota, "k", 2, 1_000, 2_000, None);
+        leases.put(&quota, "k", 3, 1_500, 1_800, None);
+        assert_eq!(leases.take(&quota, "k", 5, 1_600).map(|t| t.0), Some(0));
+        leases.put(&quota, "k", 1, 1_600, 3_000, None);
+        assert_eq!(
+            leases.take(&quota, "k", 1, 1_800),
+            None,
+            "the merged lease ends with the earlier"
+        );
         leases.put(&quota, "k", 5, 0, 1_000, None);
         let other = Quota::per_second(50).unwrap();
         assert_eq!(leases.take(&other, "k", 1, 10), None, "another rule");
@@ -201,13 +223,17 @@ mod tests {
         let (_, first) = leases.take(&quota, "k", 1, 10).unwrap();
         assert!(leases.give_back(&quota, "k", 1, first, 20));
         assert_eq!(leases.take(&quota, "k", 2, 30).map(|t| t.0), Some(0));
-        leases.put(&quota, "k", 2, 0, 1_000, None);
+        // Leased again while it lives: the same lease.
+        assert_eq!(leases.put(&quota, "k", 1, 40, 1_000, None), Some(first));
+        // Once it ended, a lease of its own.
+        let second = leases.put(&quota, "k", 2, 1_000, 2_000, None).unwrap();
+        assert_ne!(second, first);
         assert!(
-            !leases.give_back(&quota, "k", 1, first, 40),
+            !leases.give_back(&quota, "k", 1, first, 1_040),
             "a later lease"
         );
-        let (_, second) = leases.take(&quota, "k", 1, 50).unwrap();
-        assert!(!leases.give_back(&quota, "k", 1, second, 1_000), "expired");
+        leases.take(&quota, "k", 1, 1_050).unwrap();
+        assert!(!leases.give_back(&quota, "k", 1, second, 2_000), "expired");
     }
 
     #[test]
