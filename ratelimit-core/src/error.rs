@@ -279,6 +279,8 @@ fn redis_kind(error: &redis::RedisError) -> ErrorKind {
         | Redis::ClusterConnectionNotFound
         | Redis::NoValidReplicasFoundBySentinel => ErrorKind::Unavailable,
         Redis::Io if is_tls(error) => ErrorKind::Tls,
+        // redis-rs's own response timeout, which can fire before ours.
+        _ if error.is_timeout() => ErrorKind::Timeout,
         Redis::Io => ErrorKind::Unavailable,
         Redis::InvalidClientConfig
         | Redis::EmptySentinelList

@@ -520,3 +520,49 @@ fn concurrent_checks_and_refunds_keep_the_count() {
         }
     });
 }
+
+/// Redis flushed between an admission and its refund: the refund finds
+/// nothing and gives nothing, the key stays whole (never above its
+/// quota). Redis frozen during a refund: a typed timeout; the refund sent
+/// may still land when Redis wakes, once, never twice.
+#[tokio::test]
+async fn a_refund_after_a_flush_or_into_a_frozen_redis_gives_nothing_extra() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    for quota in daily() {
+        let key = format!("flushed:{}", quota.algorithm());
+        let admitted = limiter
+            .check(Request::new(&quota, &key).cost(2))
+            .await
+            .unwrap();
+        let mut connection = server.connection().await;
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        limiter.refund(admitted).await.unwrap();
+        assert_eq!(left(&limiter, &quota, &key).await, 2, "{quota:?}");
+        let mut db_keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        db_keys.retain(|k| k.contains("flushed"));
+        assert!(db_keys.is_empty(), "{quota:?}: a refund wrote {db_keys:?}");
+    }
+    let quota = Quota::new(2, "2/d".parse().unwrap()).unwrap();
+    let admitted = limiter.check(Request::new(&quota, "frozen")).await.unwrap();
+    server.freeze();
+    let error = limiter.refund(admitted).await.unwrap_err();
+    server.thaw();
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{error:?}");
+    let now_left = left(&limiter, &quota, "frozen").await;
+    assert!(
+        (1..=2).contains(&now_left),
+        "a timed-out refund lands once or not at all: {now_left} left"
+    );
+}

@@ -230,8 +230,8 @@ impl RateLimitLayer {
     /// (`|status| !status.is_success()`), so that rejected requests do not
     /// spend a client's quota. The response keeps the fields of the
     /// admission; the refund is made before it is sent (a backend call
-    /// when the limiter is remote), and a refund that fails is logged and
-    /// leaves the tokens spent.
+    /// when the limiter is remote). A refund that fails is logged; it is
+    /// never sent twice (see [`Limiter::refund`]).
     ///
     /// ```
     /// use ratelimit::http::RateLimitLayer;

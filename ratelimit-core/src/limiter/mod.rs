@@ -265,8 +265,10 @@ impl Limiter {
     /// under half a window. Cached denials of the keys are forgotten, as
     /// they may end sooner now.
     ///
-    /// A backend fault is an `Err`, and the refund is lost: the cost stays
-    /// taken, which admits less, never more.
+    /// A backend fault is an `Err`. The refund is sent once and never again:
+    /// one that failed to reach the backend leaves the cost taken (which
+    /// admits less, never more), and one that timed out may still land
+    /// when the backend answers, but never twice.
     ///
     /// ```
     /// use ratelimit_core::{Limiter, Quota, Request};
