@@ -16,9 +16,19 @@ pub(crate) struct Sharded<S> {
 impl<S> Sharded<S> {
     /// `count` shards (at least one), each made by `shard`.
     pub(crate) fn new(count: usize, mut shard: impl FnMut() -> S) -> Self {
+        Self::hashing(count, |_| shard())
+    }
+
+    /// `count` shards, each made by `shard` from the hasher that picks
+    /// shards, so that a shard's table can reuse a key's hash
+    /// ([`KeyTable`]).
+    pub(crate) fn hashing(count: usize, mut shard: impl FnMut(&RandomState) -> S) -> Self {
+        let hasher = RandomState::new();
         Self {
-            shards: (0..count.max(1)).map(|_| Mutex::new(shard())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..count.max(1))
+                .map(|_| Mutex::new(shard(&hasher)))
+                .collect(),
+            hasher,
         }
     }
 
@@ -63,5 +73,72 @@ impl<S> Sharded<S> {
     #[cfg(test)]
     pub(crate) fn sum(&self, measure: impl Fn(&S) -> usize) -> usize {
         (0..self.count()).map(|i| measure(&self.lock(i))).sum()
+    }
+}
+
+/// A shard's table of keys: a map whose lookups take the key's hash from
+/// [`Sharded::hash`], so a key is hashed once per call rather than once to
+/// pick its shard and again to find it.
+pub(crate) struct KeyTable<V> {
+    table: hashbrown::HashTable<(Box<str>, V)>,
+    /// The same hasher as the shards', to rehash keys when the table grows.
+    hasher: RandomState,
+}
+
+impl<V> KeyTable<V> {
+    pub(crate) fn new(hasher: &RandomState) -> Self {
+        Self {
+            table: hashbrown::HashTable::new(),
+            hasher: hasher.clone(),
+        }
+    }
+
+    pub(crate) fn get(&self, hash: u64, key: &str) -> Option<&V> {
+        self.table.find(hash, |(k, _)| **k == *key).map(|(_, v)| v)
+    }
+
+    pub(crate) fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut V> {
+        self.table
+            .find_mut(hash, |(k, _)| **k == *key)
+            .map(|(_, v)| v)
+    }
+
+    pub(crate) fn remove(&mut self, hash: u64, key: &str) -> Option<V> {
+        match self.table.find_entry(hash, |(k, _)| **k == *key) {
+            Ok(entry) => Some(entry.remove().0 .1),
+            Err(_) => None,
+        }
+    }
+
+    /// Sets `key`'s value.
+    pub(crate) fn insert(&mut self, hash: u64, key: &str, value: V) {
+        if let Some(held) = self.get_mut(hash, key) {
+            *held = value;
+            return;
+        }
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(hash, (key.into(), value), |(k, _)| hasher.hash_one(&**k));
+    }
+
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut V) -> bool) {
+        self.table.retain(|(_, v)| keep(v));
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.table.iter().map(|(_, v)| v)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    pub(crate) fn shrink_to(&mut self, len: usize) {
+        let hasher = &self.hasher;
+        self.table.shrink_to(len, |(k, _)| hasher.hash_one(&**k));
     }
 }

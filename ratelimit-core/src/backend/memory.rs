@@ -1,14 +1,13 @@
 //! The embedded backend: the token bucket in process, with the same decisions
 //! as the Redis script.
 
-use std::collections::HashMap;
 use std::sync::{Arc, MutexGuard};
 
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::quota::Quota;
-use crate::sharded::Sharded;
+use crate::sharded::{KeyTable, Sharded};
 
 /// Shards keep threads deciding on different keys off each other's lock.
 const SHARDS: usize = 64;
@@ -34,7 +33,7 @@ pub(crate) struct MemoryBackend {
 
 struct Shard {
     /// Each key's state and the instant it expires (as Redis would expire it).
-    buckets: HashMap<Box<str>, (State, u64)>,
+    buckets: KeyTable<(State, u64)>,
     sweep_at: usize,
 }
 
@@ -48,8 +47,8 @@ impl MemoryBackend {
     pub(crate) fn bounded(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let max_keys = max_keys.max(1);
         let count = (max_keys / MIN_PER_SHARD).clamp(1, SHARDS);
-        let shards = Sharded::new(count, || Shard {
-            buckets: HashMap::new(),
+        let shards = Sharded::hashing(count, |hasher| Shard {
+            buckets: KeyTable::new(hasher),
             sweep_at: MIN_SWEEP,
         });
         Self {
@@ -59,14 +58,16 @@ impl MemoryBackend {
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        self.shards.lock_key(key)
+    /// The key's hash and its shard, locked.
+    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.shards.hash(key);
+        (hash, self.shards.lock(self.shards.index_of(hash)))
     }
 
     pub(crate) fn decide(&self, quota: &Quota, key: &str, cost: u64) -> Decision {
         let now = self.clock.now_micros();
-        let mut shard = self.shard(key);
-        match shard.buckets.get_mut(key) {
+        let (hash, mut shard) = self.shard(key);
+        match shard.buckets.get_mut(hash, key) {
             Some((state, expires_at)) => {
                 // State past its expiry decides as no state would under the
                 // quota that wrote it, so it is handed over as it is: under
@@ -83,7 +84,7 @@ impl MemoryBackend {
                 match current {
                     Some(kept) => *state = kept,
                     None => {
-                        shard.buckets.remove(key);
+                        shard.buckets.remove(hash, key);
                     }
                 }
                 decision
@@ -93,7 +94,7 @@ impl MemoryBackend {
                 let (decision, wrote) = algorithm::decide(quota, &mut fresh, now, cost);
                 if let (true, Some(state)) = (wrote, fresh) {
                     let expires_at = now + decision.reset_after.as_micros() as u64;
-                    shard.buckets.insert(key.into(), (state, expires_at));
+                    shard.buckets.insert(hash, key, (state, expires_at));
                     shard.sweep_if_due(now, self.max_per_shard);
                 }
                 decision
@@ -104,11 +105,9 @@ impl MemoryBackend {
     /// The decision a request of `cost` would get now, with nothing written.
     pub(crate) fn peek(&self, quota: &Quota, key: &str, cost: u64) -> Decision {
         let now = self.clock.now_micros();
-        let mut state = self
-            .shard(key)
-            .buckets
-            .get(key)
-            .map(|(state, _)| state.clone());
+        let (hash, shard) = self.shard(key);
+        let mut state = shard.buckets.get(hash, key).map(|(state, _)| state.clone());
+        drop(shard);
         algorithm::decide(quota, &mut state, now, cost).0
     }
 
@@ -116,8 +115,8 @@ impl MemoryBackend {
     /// The key keeps its expiry, which a refund can only bring closer.
     pub(crate) fn refund(&self, quota: &Quota, key: &str, refund: &algorithm::Refund) {
         let now = self.clock.now_micros();
-        let mut shard = self.shard(key);
-        let Some((state, _)) = shard.buckets.get_mut(key) else {
+        let (hash, mut shard) = self.shard(key);
+        let Some((state, _)) = shard.buckets.get_mut(hash, key) else {
             return;
         };
         let mut current = Some(std::mem::replace(
@@ -128,14 +127,15 @@ impl MemoryBackend {
         match current {
             Some(kept) => *state = kept,
             None => {
-                shard.buckets.remove(key);
+                shard.buckets.remove(hash, key);
             }
         }
     }
 
     /// Forgets `key`'s state: its quota is whole again.
     pub(crate) fn reset(&self, key: &str) {
-        self.shard(key).buckets.remove(key);
+        let (hash, mut shard) = self.shard(key);
+        shard.buckets.remove(hash, key);
     }
 
     /// Decides for every request at one instant, admitting all or none: the
@@ -144,31 +144,33 @@ impl MemoryBackend {
     /// the copies stored only if every key admits. The keys must be distinct.
     pub(crate) fn decide_all(&self, requests: &[(&Quota, &str, u64)]) -> Vec<Decision> {
         let now = self.clock.now_micros();
-        let indexes: Vec<usize> = requests
+        let hashes: Vec<u64> = requests
             .iter()
-            .map(|(_, key, _)| self.shards.index(key))
+            .map(|(_, key, _)| self.shards.hash(key))
             .collect();
+        let indexes: Vec<usize> = hashes.iter().map(|&h| self.shards.index_of(h)).collect();
         let mut order = indexes.clone();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, self.shards.lock(i))).collect();
         let mut decided = Vec::with_capacity(requests.len());
-        for ((quota, key, cost), index) in requests.iter().zip(&indexes) {
+        for (((quota, key, cost), index), &hash) in requests.iter().zip(&indexes).zip(&hashes) {
             let shard = &guards[guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0)].1;
-            let mut state = shard.buckets.get(*key).map(|(state, _)| state.clone());
+            let mut state = shard.buckets.get(hash, key).map(|(state, _)| state.clone());
             let (decision, wrote) = algorithm::decide(quota, &mut state, now, *cost);
             decided.push((decision, wrote.then_some(state).flatten()));
         }
         let all_admitted = decided.iter().all(|(d, _)| d.allowed);
         let mut decisions = Vec::with_capacity(requests.len());
-        for (((_, key, _), index), (decision, state)) in requests.iter().zip(&indexes).zip(decided)
+        for ((((_, key, _), index), &hash), (decision, state)) in
+            requests.iter().zip(&indexes).zip(&hashes).zip(decided)
         {
             if let (true, Some(state)) = (all_admitted, state) {
                 let position = guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0);
                 let shard = &mut guards[position].1;
                 let expires_at = now + decision.reset_after.as_micros() as u64;
-                shard.buckets.insert((*key).into(), (state, expires_at));
+                shard.buckets.insert(hash, key, (state, expires_at));
                 shard.sweep_if_due(now, self.max_per_shard);
             }
             decisions.push(decision);
@@ -196,7 +198,7 @@ impl Shard {
         if self.buckets.len() < self.sweep_at.min(max.saturating_add(1)) {
             return;
         }
-        self.buckets.retain(|_, (_, expires_at)| *expires_at > now);
+        self.buckets.retain(|(_, expires_at)| *expires_at > now);
         if self.buckets.len() > max {
             // Over the bound: keep the half of `max` (at least one key)
             // furthest from expiry; of keys expiring at the cut, only as many
@@ -207,7 +209,7 @@ impl Shard {
             let (_, cut, _) = expiries.select_nth_unstable(cut_index);
             let cut = *cut;
             let mut at_cut = keep - expiries.iter().filter(|&&e| e > cut).count();
-            self.buckets.retain(|_, (_, expires_at)| {
+            self.buckets.retain(|(_, expires_at)| {
                 if *expires_at > cut {
                     return true;
                 }
