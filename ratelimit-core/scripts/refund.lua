@@ -6,18 +6,20 @@
 -- algorithms' ids of prelude.lua. Uses parse_full_at (gcra.lua), window_end
 -- (fixed_window.lua) and call (prelude.lua).
 --
--- The windows' p3 is `until_end`: microseconds from the refund to the end of
+-- The buckets' p3 is the debt to take off, in the algorithm's units. The
+-- windows' p3 is `until_end`: microseconds from the refund to the end of
 -- the admission's window, as the caller measured it. `now + until_end` at
 -- the nearest window boundary is that end, whatever the offset between the
 -- caller's clock and this one, while round trips stay below half a window.
 
 local REFUNDS = {}
 
--- The token bucket, GCRA and the leaky bucket: the debt shrinks by the cost.
-local function refund_gcra(key, now, cost, tokens, period)
+-- The token bucket, GCRA and the leaky bucket: the debt shrinks by `units`,
+-- what the caller found is left of the admission's cost (see the twin).
+local function refund_gcra(key, now, cost, tokens, period, units)
   local s_full_at, s_rem = parse_full_at(call('GET', key))
   if not s_full_at or s_full_at < now then return end
-  local debt = (s_full_at - now) * tokens + s_rem - cost * period
+  local debt = (s_full_at - now) * tokens + s_rem - units
   if debt <= 0 then
     call('DEL', key)
     return

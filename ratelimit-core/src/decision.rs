@@ -46,8 +46,9 @@ pub struct Decision {
     /// The sliding log's tag of this admission's entries, which a refund
     /// removes them by (0: none).
     pub(crate) tag: u64,
-    /// For the windows: when the request was sent, on the limiter's clock,
-    /// from which a refund finds the admission's window.
+    /// When the request was sent, on the limiter's clock (the memory
+    /// backend's own): a refund measures from it what the admission still
+    /// holds of a bucket, or finds its window.
     pub(crate) at: u64,
     /// Where the admission's cost was taken, so a refund gives it back there.
     pub(crate) via: Via,
@@ -95,6 +96,12 @@ impl fmt::Debug for Decision {
 }
 
 impl Decision {
+    /// This decision, asked for at `at` on the limiter's clock (a refund
+    /// measures from it what the admission still holds).
+    pub(crate) fn asked_at(self, at: u64) -> Self {
+        Self { at, ..self }
+    }
+
     /// An admission by [`FailurePolicy::Open`](crate::FailurePolicy::Open):
     /// the backend failed, so nothing is known of the quota's state.
     pub(crate) fn fail_open(limit: u64) -> Self {

@@ -1469,6 +1469,20 @@ async fn a_denial_hook_shapes_the_response_and_the_layer_keeps_its_fields() {
         [r#""api.ip";q=1;w=3600"#, r#""api.global";q=100;w=360000"#]
     );
     assert_eq!(denied.all("ratelimit"), [r#""api.ip";r=0;t=3600"#]);
+
+    // A hook that sends the default problem gets each field once.
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(stopped_limiter(), hourly(1))
+            .name("api")
+            .on_denied(|denial| denial.problem().message("slow down").into_response()),
+    );
+    let base = serve(app).await;
+    assert_eq!(fetch(&client, &base).await.status, 200);
+    let denied = fetch(&client, &base).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.json()["message"], "slow down", "{}", denied.body);
+    assert_eq!(denied.all("ratelimit-policy"), [r#""api";q=1;w=3600"#]);
+    assert_eq!(denied.all("ratelimit"), [r#""api";r=0;t=3600"#]);
 }
 
 #[tokio::test]

@@ -197,9 +197,10 @@ impl RateLimitLayer {
     /// problem document ([`TooManyRequests`](super::TooManyRequests)):
     /// `hook` is given the denial, the denying limit's policy and the
     /// request's head ([`Denial`]), and [`Denial::problem`] is the default
-    /// response, to adjust or to send as it is. The layer adds the rate
-    /// limit fields of its limits to the hook's response, and `Retry-After`
-    /// when the hook set none and retrying can help.
+    /// response, to adjust or to send as it is. The layer sets the
+    /// `RateLimit-Policy` and `RateLimit` fields of its limits on the hook's
+    /// response (replacing any the hook set), and `Retry-After` when the
+    /// hook set none and retrying can help.
     ///
     /// ```
     /// use axum::http::StatusCode;

@@ -282,6 +282,10 @@ impl Shared {
             let retry_after = denial.retry_after_secs();
             let mut response = hook(&denial);
             let headers = response.headers_mut();
+            // The layer's fields, once each: a hook that sends the default
+            // problem (`denial.problem()`) has some of them already.
+            headers.remove(fields::ratelimit_policy());
+            headers.remove(fields::ratelimit());
             self.denial_fields(headers, asked, at, &denied);
             if let (Some(secs), false) = (retry_after, headers.contains_key(RETRY_AFTER)) {
                 headers.insert(RETRY_AFTER, HeaderValue::from(secs));

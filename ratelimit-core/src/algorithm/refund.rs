@@ -2,9 +2,13 @@
 //! `scripts/refund.lua`, which the differential tests hold it to.
 //!
 //! What a refund gives back, by algorithm:
-//! - the token bucket, GCRA and the leaky bucket: the debt shrinks by the
-//!   cost, at any time, never below a full bucket (a bucket that refilled
-//!   since gets back only what it still owes);
+//! - the token bucket, GCRA and the leaky bucket: the part of the
+//!   admission's cost the bucket has not refilled yet. A bucket's debt
+//!   drains oldest first, and the admission's cost was the newest part of
+//!   the debt its decision left, so what is left of it is that debt less
+//!   what has drained since, at most the cost: the tokens given back are
+//!   exactly those the bucket would not yet hold had the admission not been
+//!   made;
 //! - the fixed window: the count of the admission's window falls by the cost
 //!   while that window lasts; once it has ended there is nothing to give;
 //! - the sliding window counter: the count of the admission's window falls
@@ -24,6 +28,9 @@ pub(crate) struct Refund {
     /// The sliding log's tag of the admission's entries (the memory backend
     /// logs the admitted instant; Redis a tag unique to the request).
     pub tag: u64,
+    /// The buckets: the debt to take off, in the algorithm's units (a token
+    /// is `rate.period_us` of them).
+    pub units: u64,
     /// The windows: microseconds from the refund to the end of the
     /// admission's window, as the refunding process measured it. The
     /// backend rounds `now + until_end` to the nearest window boundary, so
@@ -48,22 +55,31 @@ impl Refund {
         let elapsed = i64::try_from(elapsed_us).unwrap_or(i64::MAX);
         let reset = i64::try_from(decision.reset_after.as_micros()).unwrap_or(i64::MAX);
         let window = i64::try_from(quota.window_us()).unwrap_or(i64::MAX);
-        let refund = |tag, until_end| {
-            Some(Self {
-                cost,
-                tag,
-                until_end,
-            })
+        let refund = Self {
+            cost,
+            tag: 0,
+            units: 0,
+            until_end: 0,
         };
         match quota.algorithm() {
-            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => refund(0, 0),
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
+                // Without the debt its decision left (a token served from a
+                // lease), what is left of the admission is unknown.
+                let debt = u128::from(decision.debt?);
+                let drained = u128::from(elapsed_us) * u128::from(quota.rate().tokens());
+                let cost_units = u128::from(cost) * u128::from(quota.rate().period_us());
+                let units = debt.saturating_sub(drained).min(cost_units);
+                (units > 0).then(|| Self {
+                    units: u64::try_from(units).unwrap_or(u64::MAX),
+                    ..refund
+                })
+            }
             // An admission's reset is its window's end.
             Algorithm::FixedWindow => {
                 let until_end = reset.saturating_sub(elapsed);
                 (until_end > 0).then_some(Self {
-                    cost,
-                    tag: 0,
                     until_end,
+                    ..refund
                 })
             }
             // An admission's reset is a window after its window's end, and
@@ -71,15 +87,13 @@ impl Refund {
             Algorithm::SlidingWindow => {
                 let until_end = reset.saturating_sub(window).saturating_sub(elapsed);
                 (until_end > -window).then_some(Self {
-                    cost,
-                    tag: 0,
                     until_end,
+                    ..refund
                 })
             }
             Algorithm::SlidingLog => (decision.tag != 0).then_some(Self {
-                cost,
                 tag: decision.tag,
-                until_end: 0,
+                ..refund
             }),
         }
     }
@@ -103,9 +117,9 @@ pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund:
             if *full_at < now {
                 return;
             }
-            let (tokens, period) = (quota.rate().tokens(), quota.rate().period_us());
+            let tokens = quota.rate().tokens();
             let debt = u128::from(*full_at - now) * u128::from(tokens) + u128::from(*rem);
-            let Some(debt) = debt.checked_sub(u128::from(cost) * u128::from(period)) else {
+            let Some(debt) = debt.checked_sub(u128::from(refund.units)) else {
                 *state = None;
                 return;
             };
@@ -281,6 +295,33 @@ mod tests {
         );
     }
 
+    /// A refund gives back only the part of its admission the bucket has
+    /// not refilled: an admission whose tokens came back before later ones
+    /// were taken gives nothing, and the later ones stay taken.
+    #[test]
+    fn a_bucket_refund_never_gives_back_tokens_that_already_refilled() {
+        let quota = Quota::builder(Algorithm::TokenBucket)
+            .capacity(2)
+            .rate("1/s".parse().unwrap())
+            .build()
+            .unwrap();
+        let mut state = None;
+        let (first, _) = decide(&quota, &mut state, 0, 1);
+        // Two seconds on, the bucket is full again; two more are taken.
+        decide(&quota, &mut state, 2_000_000, 1);
+        decide(&quota, &mut state, 2_000_000, 1);
+        assert_eq!(Refund::of(&quota, &first, 1, 2_000_000), None);
+        // Half a second on, half of an admission is still owed.
+        let (third, _) = decide(&quota, &mut state, 2_500_000, 0);
+        assert!(third.allowed);
+        let mut state = None;
+        let (one, _) = decide(&quota, &mut state, 0, 1);
+        let r = Refund::of(&quota, &one, 1, 500_000).unwrap();
+        assert_eq!(r.units, 500_000, "half a token's units");
+        refund(&quota, &mut state, 500_000, &r);
+        assert_eq!(state, None, "the bucket is full again");
+    }
+
     #[test]
     fn a_bucket_refund_never_fills_past_full() {
         let quota = Quota::builder(Algorithm::TokenBucket)
@@ -292,6 +333,7 @@ mod tests {
         let (d, _) = decide(&quota, &mut state, 10_000_000, 3);
         // 2.5 s later the bucket owes half a token: the refund fills it.
         let r = Refund::of(&quota, &d, 3, 2_500_000).unwrap();
+        assert_eq!(r.units, 500_000, "what is left of the three tokens");
         refund(&quota, &mut state, 12_500_000, &r);
         assert_eq!(state, None);
     }

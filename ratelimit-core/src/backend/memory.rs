@@ -78,6 +78,7 @@ impl MemoryBackend {
                     State::Window { start: 0, count: 0 },
                 ));
                 let (decision, wrote) = algorithm::decide(quota, &mut current, now, cost);
+                let decision = decision.asked_at(now);
                 if wrote {
                     *expires_at = now + decision.reset_after.as_micros() as u64;
                 }
@@ -92,6 +93,7 @@ impl MemoryBackend {
             None => {
                 let mut fresh = None;
                 let (decision, wrote) = algorithm::decide(quota, &mut fresh, now, cost);
+                let decision = decision.asked_at(now);
                 if let (true, Some(state)) = (wrote, fresh) {
                     let expires_at = now + decision.reset_after.as_micros() as u64;
                     shard.buckets.insert(hash, key, (state, expires_at));
@@ -159,7 +161,7 @@ impl MemoryBackend {
             let shard = &guards[guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0)].1;
             let mut state = shard.buckets.get(hash, key).map(|(state, _)| state.clone());
             let (decision, wrote) = algorithm::decide(quota, &mut state, now, *cost);
-            decided.push((decision, wrote.then_some(state).flatten()));
+            decided.push((decision.asked_at(now), wrote.then_some(state).flatten()));
         }
         let all_admitted = decided.iter().all(|(d, _)| d.allowed);
         let mut decisions = Vec::with_capacity(requests.len());

@@ -365,13 +365,10 @@ impl LimiterBuilder {
                 .into())
             }
         };
-        // The local fallback runs on this process's clock, whatever the backend's.
-        let local_clock: Arc<dyn Clock> = match &self.clock {
-            Some(clock) => clock.clone(),
-            None => Arc::new(MonotonicClock::new()),
-        };
+        // The local fallback, the deny cache and refunds run on this
+        // process's clock (the memory backend's own), whatever the backend's.
         Ok(Limiter {
-            inner: Arc::new(Inner::new(backend, &self, local_clock)),
+            inner: Arc::new(Inner::new(backend, &self, clock)),
         })
     }
 }

@@ -244,13 +244,17 @@ impl Limiter {
     /// receipt, taken by value, so an admission is refunded at most once.
     ///
     /// Each request's cost goes back where it was taken: to the backend, to
-    /// the token lease that served it, or to the local limiter of the
-    /// failure policy; an admission by [`FailurePolicy::Open`] took nothing.
-    /// What a refund gives back depends on the algorithm:
+    /// the token lease that served it (while that lease lives), or to the
+    /// local limiter of the failure policy; an admission by
+    /// [`FailurePolicy::Open`] took nothing. What a refund gives back depends
+    /// on the algorithm:
     ///
-    /// - the token bucket, GCRA and the leaky bucket: the cost, at any
-    ///   time, but never beyond a full bucket (a bucket that refilled since
-    ///   gets back only what it still owes);
+    /// - the token bucket, GCRA and the leaky bucket: the part of the cost
+    ///   the bucket has not refilled since. A bucket refills its oldest debt
+    ///   first, so an admission's tokens come back in the order taken: all
+    ///   of the cost right after the check, none of it once the bucket would
+    ///   have been full again without it. What is given back is exactly what
+    ///   the bucket would hold had the admission not been made;
     /// - the fixed window: the cost, while the admission's window lasts;
     ///   after it ends the next window starts whole anyway, and nothing is
     ///   given;

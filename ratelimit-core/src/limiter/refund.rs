@@ -25,18 +25,11 @@ impl Limiter {
                     self.inner.local.refund(&share, key, &refund);
                 }
                 Via::Lease(id) => {
+                    // A lease gone took its tokens with it: what is left of
+                    // this one in the backend is not known, and giving
+                    // anything back could give back a refilled token.
                     if !self.inner.leases.give_back(quota, key, cost, id, now) {
-                        // The lease is gone. A bucket still owes the token
-                        // in the backend; a window's lease ended no later
-                        // than its window, and with it what there was to
-                        // give back.
-                        if quota.algorithm().is_windowed() {
-                            continue;
-                        }
-                        let Some(refund) = Refund::of(quota, decision, cost, 0) else {
-                            continue;
-                        };
-                        remote.push((quota, key, refund));
+                        continue;
                     }
                 }
                 Via::Backend => {

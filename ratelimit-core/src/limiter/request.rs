@@ -140,13 +140,6 @@ impl Decisions {
             Decisions::Many(decisions) => decisions,
         }
     }
-
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [Decision] {
-        match self {
-            Decisions::One(decision) => std::slice::from_mut(decision),
-            Decisions::Many(decisions) => decisions,
-        }
-    }
 }
 
 /// The requests of an admission, inline for one.

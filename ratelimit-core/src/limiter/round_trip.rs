@@ -50,31 +50,14 @@ impl Limiter {
     /// The answer to `requests` (distinct keys, each cost within its
     /// capacity), all or nothing.
     pub(super) async fn round_trip(&self, requests: &[Request<'_>]) -> Result<Answer, Error> {
-        // A window's refund finds the admission's window from when it was
-        // asked for (see `Refund`); the other algorithms need no instant.
-        let windowed = requests.iter().any(|r| {
-            matches!(
-                r.quota.algorithm(),
-                Algorithm::FixedWindow | Algorithm::SlidingWindow
-            )
-        });
-        let at = if windowed {
-            self.inner.cache_clock.now_micros()
-        } else {
-            0
-        };
-        let mut answer = match requests {
+        match requests {
             [one] if self.leases(one) => self.decide_leased(one).await.map(Answer::of_one),
             [one] => self
                 .decide_one(one.quota, one.key, one.cost)
                 .await
                 .map(Answer::of_one),
             _ => self.decide_all(requests).await,
-        }?;
-        if let (true, Answer::Admitted(decisions)) = (windowed, &mut answer) {
-            decisions.as_mut_slice().iter_mut().for_each(|d| d.at = at);
         }
-        Ok(answer)
     }
 
     /// Whether `request` is served from token leases.
@@ -97,10 +80,12 @@ impl Limiter {
             return decision;
         }
         self.inner.leases.forget_other_quota(quota, key);
-        let Some(cache) = &self.inner.deny_cache else {
-            return self.guarded(backend.decide(quota, key, cost)).await;
-        };
         let clock = &*self.inner.cache_clock;
+        let Some(cache) = &self.inner.deny_cache else {
+            let asked = clock.now_micros();
+            let result = self.guarded(backend.decide(quota, key, cost)).await;
+            return result.map(|decision| decision.asked_at(asked));
+        };
         let probe = match cache
             .consult(quota, key, cost, clock, self.inner.timeout)
             .await
@@ -115,11 +100,12 @@ impl Limiter {
         };
         // The backend decides between these two instants; the cache keeps
         // both (see `deny_cache`).
-        let asked = cache.asked(key, clock.now_micros());
+        let asked_at = clock.now_micros();
+        let asked = cache.asked(key, asked_at);
         let result = self.guarded(backend.decide(quota, key, cost)).await;
         let now = clock.now_micros();
         cache.record(quota, key, cost, asked, now, &result, probe);
-        result
+        result.map(|decision| decision.asked_at(asked_at))
     }
 
     /// Serves the request from a live lease, or leases up to its `lease`
@@ -203,11 +189,17 @@ impl Limiter {
         for r in requests {
             self.inner.leases.forget_other_quota(r.quota, r.key);
         }
+        let asked_at = self.inner.cache_clock.now_micros();
         let asked: Option<Vec<_>> = cache.map(|cache| {
-            let now = self.inner.cache_clock.now_micros();
-            requests.iter().map(|r| cache.asked(r.key, now)).collect()
+            requests
+                .iter()
+                .map(|r| cache.asked(r.key, asked_at))
+                .collect()
         });
-        let decisions = self.guarded(backend.decide_all(&batch)).await?;
+        let mut decisions = self.guarded(backend.decide_all(&batch)).await?;
+        for decision in &mut decisions {
+            *decision = decision.asked_at(asked_at);
+        }
         if let (Some(cache), Some(asked)) = (cache, asked) {
             // A check that admitted consumed on every key. In one that was
             // denied, a key denied is denied on its own too; one that

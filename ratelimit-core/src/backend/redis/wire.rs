@@ -37,17 +37,20 @@ impl Request {
     }
 
     /// The refund of an admission on `quota` (see `refund.lua`): the
-    /// windows' third number is `until_end`, the sliding log's the tag.
+    /// buckets' third number is the debt to take off, the windows'
+    /// `until_end`, the sliding log's the tag.
     pub(crate) fn refund(quota: &Quota, refund: &Refund, now: Option<u64>) -> Self {
-        let p3 = match quota.algorithm() {
+        let algorithm = quota.algorithm();
+        let mut request = Self::with_p3(quota, refund.cost, now, 0);
+        let windows = matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow);
+        request.params[2] = match algorithm {
             Algorithm::SlidingLog => refund.tag,
             // Encoded as an unsigned number (the script reads it back as
             // signed, see `push_group`).
-            _ => refund.until_end as u64,
+            _ if windows => refund.until_end as u64,
+            _ => refund.units,
         };
-        let mut request = Self::with_p3(quota, refund.cost, now, p3);
-        request.signed_p3 =
-            quota.algorithm().is_windowed() && quota.algorithm() != Algorithm::SlidingLog;
+        request.signed_p3 = windows;
         request
     }
 
