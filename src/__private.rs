@@ -9,7 +9,7 @@ pub use ratelimit_core::{Algorithm, FailurePolicy, KeyBuilder, Limiter, Quota, R
 
 use std::time::Duration;
 
-use ratelimit_core::{Admitted, DenialCause, Request};
+use ratelimit_core::{Admitted, DenialCause, OwnedAdmitted, Request};
 
 /// One `#[rate_limit]` attribute, built in a `static` at compile time: how
 /// its calls are named and decided. Its quota is a `static` of its own
@@ -358,10 +358,12 @@ pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimit
 }
 
 /// What `refund_on` gives back: each admission of a call's checks, with the
-/// limiter that made it.
+/// limiter that made it. It owns what it holds, so the body may use the
+/// arguments (and the `limiter = ...` expression's source) as it would
+/// without `refund_on`.
 #[derive(Debug)]
-pub struct Receipt<'a> {
-    kept: Vec<(&'a Limiter, Admitted<'a>)>,
+pub struct Receipt {
+    kept: Vec<(Limiter, OwnedAdmitted)>,
 }
 
 /// `refund_on = err | ok`: which outcome of the body gives the call's
@@ -376,9 +378,7 @@ pub enum RefundOn {
 
 /// [`acquire_all`] (or [`acquire`], for one call), keeping each admission
 /// for [`settle`].
-pub async fn acquire_kept<'a>(
-    calls: &'a mut [Option<Call<'_>>],
-) -> Result<Receipt<'a>, RateLimited> {
+pub async fn acquire_kept(calls: &mut [Option<Call<'_>>]) -> Result<Receipt, RateLimited> {
     acquire_several(calls, true).await
 }
 
@@ -392,7 +392,7 @@ pub fn output<T, F: Future<Output = T>>(body: F) -> F {
 
 /// Gives the call's tokens back when `output` is the outcome `refund_on`
 /// names. A refund that fails is logged; the output stands.
-pub async fn settle<R: ReturnsDenial>(receipt: Receipt<'_>, output: &R, refund_on: RefundOn) {
+pub async fn settle<R: ReturnsDenial>(receipt: Receipt, output: &R, refund_on: RefundOn) {
     let refund = match refund_on {
         RefundOn::Err => output.is_err(),
         RefundOn::Ok => !output.is_err(),
@@ -401,17 +401,17 @@ pub async fn settle<R: ReturnsDenial>(receipt: Receipt<'_>, output: &R, refund_o
         return;
     }
     for (limiter, admitted) in receipt.kept {
-        if let Err(error) = limiter.refund(admitted).await {
+        if let Err(error) = limiter.__refund_owned(admitted).await {
             tracing::warn!(%error, "could not give back a call's tokens");
         }
     }
 }
 
 /// The admissions of `calls` (see [`acquire_all`]), kept when `keep`.
-async fn acquire_several<'a>(
-    calls: &'a mut [Option<Call<'_>>],
+async fn acquire_several(
+    calls: &mut [Option<Call<'_>>],
     keep: bool,
-) -> Result<Receipt<'a>, RateLimited> {
+) -> Result<Receipt, RateLimited> {
     for i in 1..calls.len() {
         let (earlier, rest) = calls.split_at_mut(i);
         let Some(call) = rest[0].as_mut() else {
@@ -422,8 +422,7 @@ async fn acquire_several<'a>(
             call.key.push_str(&(i + 1).to_string());
         }
     }
-    let calls: &'a [Option<Call<'_>>] = calls;
-    let calls: Vec<&'a Call<'_>> = calls.iter().flatten().collect();
+    let calls: Vec<&Call<'_>> = calls.iter().flatten().collect();
     let mut receipt = Receipt { kept: Vec::new() };
     let Some((first, rest)) = calls.split_first() else {
         return Ok(receipt);
@@ -434,12 +433,14 @@ async fn acquire_several<'a>(
         for call in &calls {
             let admitted = acquire_one(call).await?;
             if keep {
-                receipt.kept.push((call.limiter, admitted));
+                receipt
+                    .kept
+                    .push((call.limiter.clone(), admitted.__into_owned()));
             }
         }
         return Ok(receipt);
     }
-    let requests: Vec<Request<'a>> = calls.iter().map(|call| call.request()).collect();
+    let requests: Vec<Request<'_>> = calls.iter().map(|call| call.request()).collect();
     let admitted = first.limiter.check(&requests[..]).await.map_err(|denied| {
         match calls.iter().find(|call| call.key == denied.key) {
             Some(call) => call.shown(denied),
@@ -452,7 +453,9 @@ async fn acquire_several<'a>(
         tokio::time::sleep(delay).await;
     }
     if keep {
-        receipt.kept.push((first.limiter, admitted));
+        receipt
+            .kept
+            .push((first.limiter.clone(), admitted.__into_owned()));
     }
     Ok(receipt)
 }

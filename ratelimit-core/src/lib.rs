@@ -34,6 +34,8 @@ pub use denial::{DenialCause, RateLimited};
 pub use error::{ConfigError, Error, ErrorKind};
 pub use global::{global, install};
 pub use key::KeyBuilder;
+#[doc(hidden)]
+pub use limiter::OwnedAdmitted;
 pub use limiter::{
     Admitted, FailurePolicy, Limiter, LimiterBuilder, Request, DEFAULT_MEMORY_MAX_KEYS,
     DEFAULT_PREFIX, DEFAULT_TIMEOUT,

@@ -217,7 +217,9 @@ fn holds_impl(tokens: TokenStream) -> bool {
 ///
 /// The body runs in an async block so that its `return`s and `?`s give
 /// the output the refund is decided on. It captures as a closure would, so
-/// the parameters it uses stay where they are unless it moves them.
+/// the parameters it uses stay where they are unless it moves them; the
+/// receipt owns its keys and a clone of the limiter, so nothing the checks
+/// borrowed stays borrowed while the body runs.
 fn refunding(
     function: &Function,
     checks: &[Check],
@@ -245,6 +247,10 @@ fn refunding(
                 ::core::result::Result::Ok(receipt) => receipt,
                 ::core::result::Result::Err(__ratelimit_denied) => return #path #denied,
             };
+            // The receipt owns what it needs: the body may use what the
+            // calls borrowed (`limiter = self.limiter` in a `&mut self`
+            // method, say).
+            ::core::mem::drop(__ratelimit_calls);
             let __ratelimit_output = #private::output::<#output, _>(async { #body }).await;
             #private::settle(
                 __ratelimit_receipt,

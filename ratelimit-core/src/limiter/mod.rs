@@ -30,7 +30,7 @@ mod round_trip;
 
 pub use builder::LimiterBuilder;
 pub use policy::FailurePolicy;
-pub use request::{Admitted, Request};
+pub use request::{Admitted, OwnedAdmitted, Request};
 
 /// The default key prefix, so limiter keys are easy to find and to keep apart
 /// from an application's own keys.

@@ -1,19 +1,63 @@
 //! Refunds: an admission's cost given back where it was taken (see
 //! [`Limiter::refund`]).
 
-use super::request::Admitted;
+use super::request::{Admitted, OwnedAdmitted};
 use super::{answered_in_process, Limiter};
 use crate::algorithm::Refund;
+use crate::decision::Decision;
 use crate::decision::Via;
 use crate::error::Error;
 use crate::quota::Quota;
 
+/// One request an admission took, as a refund needs it.
+pub(super) struct Taken<'a> {
+    quota: &'a Quota,
+    key: &'a str,
+    cost: u64,
+    rule: &'static str,
+    decision: &'a Decision,
+}
+
 impl Limiter {
     pub(super) async fn give_back(&self, admitted: &Admitted<'_>) -> Result<(), Error> {
+        let taken = admitted.taken().map(|(request, decision)| Taken {
+            quota: request.quota,
+            key: request.key,
+            cost: request.cost,
+            rule: request.rule,
+            decision,
+        });
+        self.give_back_each(taken).await
+    }
+
+    /// [`refund`](Self::refund) of an admission whose keys and quotas it
+    /// owns (`#[rate_limit(refund_on = ...)]` keeps one while the body runs).
+    #[doc(hidden)]
+    pub async fn __refund_owned(&self, admitted: OwnedAdmitted) -> Result<(), Error> {
+        let taken = admitted.taken.iter().map(|t| Taken {
+            quota: &t.quota,
+            key: &t.key,
+            cost: t.cost,
+            rule: t.rule,
+            decision: &t.decision,
+        });
+        self.give_back_each(taken).await
+    }
+
+    async fn give_back_each<'a>(
+        &self,
+        taken: impl Iterator<Item = Taken<'a>>,
+    ) -> Result<(), Error> {
         let now = self.inner.cache_clock.now_micros();
         let mut remote: Vec<(&Quota, &str, Refund)> = Vec::new();
-        for (request, decision) in admitted.taken() {
-            let (quota, key, cost) = (request.quota, request.key, request.cost);
+        for Taken {
+            quota,
+            key,
+            cost,
+            rule,
+            decision,
+        } in taken
+        {
             let elapsed = now.saturating_sub(decision.at);
             match decision.via {
                 Via::Nothing => continue,
@@ -39,7 +83,7 @@ impl Limiter {
                     remote.push((quota, key, refund));
                 }
             }
-            self.inner.stats.refunded(request.rule);
+            self.inner.stats.refunded(rule);
         }
         if remote.is_empty() {
             answered_in_process().await;

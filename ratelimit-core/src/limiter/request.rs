@@ -168,6 +168,23 @@ impl<'a> Admitted<'a> {
         self
     }
 
+    /// This admission with its keys and quotas owned, for a receipt kept
+    /// while what borrowed them is gone (`#[rate_limit(refund_on = ...)]`).
+    #[doc(hidden)]
+    pub fn __into_owned(self) -> OwnedAdmitted {
+        let taken = self
+            .taken()
+            .map(|(request, decision)| OwnedTaken {
+                quota: *request.quota,
+                key: request.key.into(),
+                cost: request.cost,
+                rule: request.rule,
+                decision: *decision,
+            })
+            .collect();
+        OwnedAdmitted { taken }
+    }
+
     /// Each request that took its cost, with its decision.
     pub(crate) fn taken(&self) -> impl Iterator<Item = (&Request<'a>, &Decision)> {
         let requests = match &self.taken {
@@ -209,4 +226,22 @@ impl<'a> Admitted<'a> {
             .max()
             .unwrap_or(Duration::ZERO)
     }
+}
+
+/// An [`Admitted`] that owns its keys and quotas: what the attribute keeps
+/// for `refund_on` while the body runs. Refunded with
+/// [`Limiter::__refund_owned`](super::Limiter::__refund_owned).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct OwnedAdmitted {
+    pub(crate) taken: Vec<OwnedTaken>,
+}
+
+#[derive(Debug)]
+pub(crate) struct OwnedTaken {
+    pub(crate) quota: Quota,
+    pub(crate) key: Box<str>,
+    pub(crate) cost: u64,
+    pub(crate) rule: &'static str,
+    pub(crate) decision: Decision,
 }

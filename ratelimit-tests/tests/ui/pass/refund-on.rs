@@ -40,6 +40,7 @@ async fn shown(n: u32) -> Result<impl Display, AppError> {
 
 struct Service {
     limiter: Limiter,
+    calls: u64,
 }
 
 impl Service {
@@ -47,6 +48,24 @@ impl Service {
     async fn call(&self, id: u64) -> Result<u64, AppError> {
         Ok(id)
     }
+
+    fn count(&mut self) {
+        self.calls += 1;
+    }
+
+    // The limiter is a field of `self`, which the body borrows mutably.
+    #[rate_limit(key = "bump", capacity = 2, rate = "1/min", limiter = self.limiter, refund_on = err)]
+    async fn bump(&mut self) -> Result<u64, AppError> {
+        self.count();
+        Ok(self.calls)
+    }
+}
+
+// The limiter comes from an argument the body moves.
+#[rate_limit(key = "owned", capacity = 2, rate = "1/min", limiter = &limiter, refund_on = ok)]
+async fn owned(limiter: Limiter) -> Result<(), AppError> {
+    drop(limiter);
+    Ok(())
 }
 
 #[async_trait::async_trait]
@@ -78,9 +97,11 @@ async fn main() {
     assert_eq!(parse("ann".into(), "2".into()).await, Ok(2));
     assert_eq!(parse("ann".into(), "3".into()).await, Err(AppError::Limited));
     assert!(shown(1).await.is_ok());
-    let service = Service { limiter: Limiter::memory() };
+    let mut service = Service { limiter: Limiter::memory(), calls: 0 };
     let call = service.call(7);
     is_send(&call);
     assert_eq!(call.await, Ok(7));
+    assert_eq!(service.bump().await, Ok(1));
+    assert_eq!(owned(Limiter::memory()).await, Ok(()));
     assert!(Memory.put(1).await.is_ok());
 }
