@@ -65,6 +65,14 @@ pub enum Error {
     /// An invalid quota.
     #[error(transparent)]
     Quota(#[from] QuotaError),
+    /// [`Limiter::refund`](crate::Limiter::refund) was given an admission
+    /// that another limiter made (not this one or a clone of it): nothing
+    /// was given back, as its tokens were taken elsewhere.
+    #[error(
+        "this admission was made by another limiter; refund it with the limiter whose check \
+         admitted it"
+    )]
+    OtherLimiter,
     /// The server is not the kind this limiter was configured for: a Redis
     /// Cluster node given as one Redis, one Redis given as a cluster, or a
     /// read-only replica given as the master. With Sentinel, a replica
@@ -333,7 +341,8 @@ impl Error {
             Error::Config(_)
             | Error::Quota(_)
             | Error::AlreadyInstalled
-            | Error::NoRuntime { .. } => ErrorKind::Configuration,
+            | Error::NoRuntime { .. }
+            | Error::OtherLimiter => ErrorKind::Configuration,
         }
     }
 

@@ -629,3 +629,25 @@ fn a_bucket_refund_never_gives_back_a_token_that_refilled() {
         }
     }
 }
+
+/// An admission is refunded by the limiter that made it, or a clone of it;
+/// another limiter refuses it and gives nothing back.
+#[tokio::test]
+async fn only_the_limiter_that_admitted_takes_the_refund() {
+    let (a, b) = (Limiter::memory(), Limiter::memory());
+    let quota = Quota::per_minute(1).unwrap();
+    b.check(Request::new(&quota, "k")).await.unwrap();
+    let admitted = a.check(Request::new(&quota, "k")).await.unwrap();
+    let error = b.refund(admitted).await.unwrap_err();
+    assert!(matches!(error, ratelimit::Error::OtherLimiter), "{error:?}");
+    assert_eq!(error.kind(), ErrorKind::Configuration);
+    assert_eq!(left(&b, &quota, "k").await, 0, "b's key untouched");
+    assert_eq!(left(&a, &quota, "k").await, 0, "a's admission stands");
+    let admitted = b.clone().check(Request::new(&quota, "j")).await.unwrap();
+    b.refund(admitted).await.unwrap();
+    assert_eq!(
+        left(&b, &quota, "j").await,
+        1,
+        "a clone is the same limiter"
+    );
+}

@@ -269,6 +269,9 @@ impl Limiter {
     /// under half a window. Cached denials of the keys are forgotten, as
     /// they may end sooner now.
     ///
+    /// An admission made by another limiter (not this one or a clone) is
+    /// [`Error::OtherLimiter`], and nothing is given back.
+    ///
     /// A backend fault is an `Err`. The refund is sent once and never again:
     /// one that failed to reach the backend leaves the cost taken (which
     /// admits less, never more), and one that timed out may still land
@@ -376,6 +379,12 @@ impl Limiter {
         self.inner
             .stats
             .record(rule, crate::metrics::Outcome::Exempt);
+    }
+
+    /// This limiter's identity, shared by its clones: what its admissions
+    /// name, so that only it takes their refunds.
+    pub(crate) fn origin(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
     }
 
     /// Whether `self` and `other` are clones of one limiter.

@@ -81,14 +81,21 @@ impl Limiter {
         requests: &[Request<'a>],
     ) -> Result<Admitted<'a>, RateLimited> {
         if requests.is_empty() {
-            return Ok(Admitted::new(Decisions::Many(Vec::new()), &[]));
+            return Ok(Admitted::new(
+                Decisions::Many(Vec::new()),
+                &[],
+                self.origin(),
+            ));
         }
         let shadow = requests.iter().filter(|r| r.shadow).count();
         if shadow == 0 || shadow == requests.len() {
             return match self.decide_group(requests, shadow > 0).await {
-                Ok(decisions) => Ok(Admitted::new(decisions, requests)),
+                Ok(decisions) => Ok(Admitted::new(decisions, requests, self.origin())),
                 Err(denied) if shadow > 0 => {
-                    Ok(Admitted::new(Decisions::Many(Vec::new()), &[]).with_would_deny(denied))
+                    Ok(
+                        Admitted::new(Decisions::Many(Vec::new()), &[], self.origin())
+                            .with_would_deny(denied),
+                    )
                 }
                 Err(denied) => Err(denied),
             };
@@ -114,9 +121,16 @@ impl Limiter {
                     })
                     .copied()
                     .collect();
-                Ok(Admitted::new(Decisions::Many(decisions), requests))
+                Ok(Admitted::new(
+                    Decisions::Many(decisions),
+                    requests,
+                    self.origin(),
+                ))
             }
-            Err(denied) => Ok(Admitted::new(enforced_decisions, &enforced).with_would_deny(denied)),
+            Err(denied) => {
+                Ok(Admitted::new(enforced_decisions, &enforced, self.origin())
+                    .with_would_deny(denied))
+            }
         }
     }
 

@@ -20,6 +20,9 @@ pub(super) struct Taken<'a> {
 
 impl Limiter {
     pub(super) async fn give_back(&self, admitted: &Admitted<'_>) -> Result<(), Error> {
+        if admitted.origin() != self.origin() {
+            return Err(Error::OtherLimiter);
+        }
         let taken = admitted.taken().map(|(request, decision)| Taken {
             quota: request.quota,
             key: request.key,
@@ -34,6 +37,9 @@ impl Limiter {
     /// owns (`#[rate_limit(refund_on = ...)]` keeps one while the body runs).
     #[doc(hidden)]
     pub async fn __refund_owned(&self, admitted: OwnedAdmitted) -> Result<(), Error> {
+        if admitted.origin != self.origin() {
+            return Err(Error::OtherLimiter);
+        }
         let taken = admitted.taken.iter().map(|t| Taken {
             quota: &t.quota,
             key: &t.key,

@@ -124,6 +124,9 @@ pub struct Admitted<'a> {
     taken: Taken<'a>,
     /// Boxed: only shadow mode has one, and every check returns the rest.
     would_deny: Option<Box<RateLimited>>,
+    /// The limiter that made it (its shared state's address), so that no
+    /// other limiter takes its refund.
+    origin: usize,
 }
 
 /// One decision inline: most checks are of one request.
@@ -150,8 +153,8 @@ enum Taken<'a> {
 }
 
 impl<'a> Admitted<'a> {
-    /// `decisions` of `requests`, one each, in order.
-    pub(crate) fn new(decisions: Decisions, requests: &[Request<'a>]) -> Self {
+    /// `decisions` of `requests`, one each, in order, by the limiter `origin`.
+    pub(crate) fn new(decisions: Decisions, requests: &[Request<'a>], origin: usize) -> Self {
         let taken = match requests {
             [one] => Taken::One(*one),
             many => Taken::Many(many.to_vec()),
@@ -160,6 +163,7 @@ impl<'a> Admitted<'a> {
             decisions,
             taken,
             would_deny: None,
+            origin,
         }
     }
 
@@ -182,7 +186,15 @@ impl<'a> Admitted<'a> {
                 decision: *decision,
             })
             .collect();
-        OwnedAdmitted { taken }
+        OwnedAdmitted {
+            taken,
+            origin: self.origin,
+        }
+    }
+
+    /// The limiter that made it.
+    pub(crate) fn origin(&self) -> usize {
+        self.origin
     }
 
     /// Each request that took its cost, with its decision.
@@ -235,6 +247,7 @@ impl<'a> Admitted<'a> {
 #[derive(Debug)]
 pub struct OwnedAdmitted {
     pub(crate) taken: Vec<OwnedTaken>,
+    pub(crate) origin: usize,
 }
 
 #[derive(Debug)]
