@@ -1433,8 +1433,8 @@ async fn a_denial_hook_shapes_the_response_and_the_layer_keeps_its_fields() {
             "error": "slow_down",
             "limit": denial.limit(),
             "path": denial.request().uri.path(),
-            "q": denial.quota_units(),
-            "w": denial.window_secs(),
+            "q": denial.policy().quota_units(),
+            "w": denial.policy().window_secs(),
             "retry": denial.retry_after_secs(),
             "cause": format!("{:?}", denial.denied().cause),
         });

@@ -3,7 +3,7 @@
 use axum::http::request::Parts;
 
 use super::problem::TooManyRequests;
-use crate::RateLimited;
+use crate::{QuotaPolicy, RateLimited};
 
 /// A request a [`RateLimitLayer`](super::RateLimitLayer) denies, as its
 /// [`on_denied`](super::RateLimitLayer::on_denied) hook sees it: which
@@ -32,8 +32,7 @@ use crate::RateLimited;
 pub struct Denial<'a> {
     pub(super) limit: &'a str,
     pub(super) denied: &'a RateLimited,
-    pub(super) q: u64,
-    pub(super) w: u64,
+    pub(super) policy: QuotaPolicy,
     pub(super) request: &'a Parts,
 }
 
@@ -49,15 +48,10 @@ impl<'a> Denial<'a> {
         self.denied
     }
 
-    /// The policy's `q`: the units the limit allows in
-    /// [`window_secs`](Self::window_secs).
-    pub fn quota_units(&self) -> u64 {
-        self.q
-    }
-
-    /// The policy's `w`, in seconds.
-    pub fn window_secs(&self) -> u64 {
-        self.w
+    /// The denying limit's policy (`q` units in every `w` seconds), as the
+    /// `RateLimit-Policy` field advertises it.
+    pub fn policy(&self) -> QuotaPolicy {
+        self.policy
     }
 
     /// The `Retry-After` value the default response sends: whole seconds,
@@ -75,6 +69,6 @@ impl<'a> Denial<'a> {
     /// The response the layer sends without a hook: a problem document
     /// (`429`, or `503` when a failing backend denied) naming the limit.
     pub fn problem(&self) -> TooManyRequests {
-        TooManyRequests::new(self.denied.clone()).with_policy(self.limit, self.q, self.w)
+        TooManyRequests::new(self.denied.clone()).policy_name(self.limit)
     }
 }

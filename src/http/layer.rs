@@ -14,7 +14,9 @@ use super::fields;
 use super::key::{KeySource, TrustedProxies};
 use super::limit::{Limit, MissingKey, QuotaSource};
 use super::problem::{self};
-use super::service::{Advertised, DenialHook, Hook, Prepared, RateLimitService, RefundOn, Shared};
+use super::service::{
+    policy_field, DenialHook, Hook, Prepared, RateLimitService, RefundOn, Shared,
+};
 use crate::{KeyBuilder, Limiter};
 
 /// A [tower] layer that limits requests to a service: one token per request
@@ -483,7 +485,7 @@ impl RateLimitLayer {
             name,
             prefix,
             home: limit.quota.home_algorithm(),
-            fixed: limit.quota.fixed_quota().map(|q| Advertised::new(name, &q)),
+            fixed: limit.quota.fixed_quota().map(|q| policy_field(name, &q)),
         }
     }
 }

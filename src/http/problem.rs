@@ -145,8 +145,6 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 pub struct TooManyRequests {
     denied: RateLimited,
     policy: Option<String>,
-    /// A layer's `q` and `w` for the policy.
-    advertised: Option<(u64, u64)>,
     message: Option<String>,
 }
 
@@ -156,7 +154,6 @@ impl TooManyRequests {
         Self {
             denied,
             policy: None,
-            advertised: None,
             message: None,
         }
     }
@@ -190,13 +187,6 @@ impl TooManyRequests {
     #[must_use]
     pub fn message(mut self, message: impl Into<String>) -> Self {
         self.message = Some(message.into());
-        self
-    }
-
-    /// A checked policy name and the quota's `q` and `w`, from a layer.
-    pub(crate) fn with_policy(mut self, name: &str, q: u64, w: u64) -> Self {
-        self.policy = Some(name.to_owned());
-        self.advertised = Some((q, w));
         self
     }
 
@@ -335,10 +325,9 @@ impl IntoResponse for TooManyRequests {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         // A denial from a check names its quota's policy, which has a window.
-        let (q, w) = match (self.advertised, self.denied.policy) {
-            (Some((q, w)), _) => (q, Some(w)),
-            (None, Some(policy)) => (policy.quota_units(), Some(policy.window_secs())),
-            (None, None) => (self.denied.limit, None),
+        let (q, w) = match self.denied.policy {
+            Some(policy) => (policy.quota_units(), Some(policy.window_secs())),
+            None => (self.denied.limit, None),
         };
         headers.append(
             fields::ratelimit_policy(),

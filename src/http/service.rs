@@ -69,26 +69,13 @@ pub(super) struct Prepared {
     /// See [`QuotaSource::home_algorithm`].
     pub(super) home: Algorithm,
     /// The policy field of a fixed quota, the same for every request.
-    pub(super) fixed: Option<Advertised>,
+    pub(super) fixed: Option<HeaderValue>,
 }
 
-/// A quota as the `RateLimit-Policy` field advertises it.
-#[derive(Debug, Clone)]
-pub(super) struct Advertised {
-    pub(super) field: HeaderValue,
-    pub(super) q: u64,
-    pub(super) w: u64,
-}
-
-impl Advertised {
-    pub(super) fn new(name: &str, quota: &Quota) -> Self {
-        let (q, w) = fields::advertised(quota);
-        Self {
-            field: fields::policy_value(name, q, Some(w)),
-            q,
-            w,
-        }
-    }
+/// The `RateLimit-Policy` member of the limit `name` under `quota`.
+pub(super) fn policy_field(name: &str, quota: &Quota) -> HeaderValue {
+    let policy = quota.policy();
+    fields::policy_value(name, policy.quota_units(), Some(policy.window_secs()))
 }
 
 /// One limit's part of a request: its key and quota now.
@@ -99,10 +86,11 @@ pub(super) struct Asked<'a> {
 }
 
 impl Asked<'_> {
-    fn advertised(&self) -> Advertised {
+    /// The limit's `RateLimit-Policy` member.
+    fn policy_field(&self) -> HeaderValue {
         match &self.limit.fixed {
             Some(fixed) => fixed.clone(),
-            None => Advertised::new(self.limit.name, &self.quota),
+            None => policy_field(self.limit.name, &self.quota),
         }
     }
 }
@@ -204,7 +192,7 @@ impl Shared {
         }
         for (asked, decision) in asked.iter().zip(decisions) {
             let name = asked.limit.name;
-            headers.append(fields::ratelimit_policy(), asked.advertised().field);
+            headers.append(fields::ratelimit_policy(), asked.policy_field());
             if decision.fallback {
                 // The backend failed and the failure policy admitted the
                 // request: the remaining quota is unknown, and `r=0` would
@@ -243,7 +231,7 @@ impl Shared {
         denied: &RateLimited,
     ) {
         for (i, a) in asked.iter().enumerate() {
-            headers.append(fields::ratelimit_policy(), a.advertised().field);
+            headers.append(fields::ratelimit_policy(), a.policy_field());
             if i != at || denied.cause != DenialCause::Quota {
                 continue;
             }
@@ -270,13 +258,11 @@ impl Shared {
         request: &Parts,
     ) -> Response {
         let denying = &asked[at];
-        let advertised = denying.advertised();
         if let Some(Hook(hook)) = &self.on_denied {
             let denial = Denial {
                 limit: denying.limit.name,
                 denied: &denied,
-                q: advertised.q,
-                w: advertised.w,
+                policy: denying.quota.policy(),
                 request,
             };
             let retry_after = denial.retry_after_secs();
@@ -293,17 +279,13 @@ impl Shared {
             return response;
         }
         let (limit, remaining) = (denied.limit, denied.remaining);
-        let problem = TooManyRequests::new(denied).with_policy(
-            denying.limit.name,
-            advertised.q,
-            advertised.w,
-        );
+        let problem = TooManyRequests::new(denied).policy_name(denying.limit.name);
         let reset = problem.retry_after_secs();
         let mut response = problem.into_response();
         let headers = response.headers_mut();
         for (i, a) in asked.iter().enumerate() {
             if i != at {
-                headers.append(fields::ratelimit_policy(), a.advertised().field);
+                headers.append(fields::ratelimit_policy(), a.policy_field());
             }
         }
         // A 503 says nothing of what is left.

@@ -120,3 +120,55 @@ const fn gcd(mut a: u128, mut b: u128) -> u128 {
     }
     a
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn advertised(quota: &Quota) -> (u64, u64) {
+        let policy = quota.policy();
+        (policy.quota_units(), policy.window_secs())
+    }
+
+    fn q_w(capacity: u64, rate: &str) -> (u64, u64) {
+        advertised(&Quota::new(capacity, rate.parse().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn the_policy_tells_the_sustained_rate_and_at_least_the_burst() {
+        assert_eq!(q_w(10, "100/s"), (100, 1), "fast: the rate, not the burst");
+        assert_eq!(q_w(20, "10/s"), (20, 2));
+        assert_eq!(q_w(100, "50/s"), (100, 2));
+        assert_eq!(q_w(5, "5/min"), (5, 60));
+        assert_eq!(q_w(3, "3/10s"), (3, 10));
+        assert_eq!(q_w(10, "1/h"), (10, 36_000));
+        // 1 every 1.2 s: no whole q in 2 s, 5 in 6 s.
+        assert_eq!(q_w(1, "1/1200ms"), (5, 6));
+        // 1 every 480 ms: 25 in 12 s.
+        assert_eq!(q_w(1, "1/480ms"), (25, 12));
+        // No whole q within a minute: the smallest window, q rounded down.
+        let odd = Quota::new(
+            1,
+            crate::quota::Rate::new(1, Duration::from_micros(1_000_001)).unwrap(),
+        )
+        .unwrap();
+        let (q, w) = advertised(&odd);
+        assert_eq!(w, 2, "1.000001 s to fill: the smallest whole window is 2 s");
+        assert_eq!(q, 1, "rounded down, never overstated");
+        let window = Quota::fixed_window(100, Duration::from_secs(60)).unwrap();
+        assert_eq!(advertised(&window), (100, 60));
+        let short = Quota::fixed_window(5, Duration::from_millis(500)).unwrap();
+        assert_eq!(advertised(&short), (10, 1));
+        for (capacity, rate) in [(10, "100/s"), (7, "3/s"), (1, "1/480ms"), (1000, "1/d")] {
+            let quota = Quota::new(capacity, rate.parse().unwrap()).unwrap();
+            let (q, w) = advertised(&quota);
+            assert!(q >= capacity, "{quota}: q={q} is at least the burst");
+            let per_second = quota.rate().per_second_f64();
+            assert!(
+                ((q as f64 / w as f64) - per_second).abs() < 1e-9,
+                "{quota}: q/w = {q}/{w} is the rate {per_second}/s"
+            );
+        }
+    }
+}
