@@ -14,11 +14,10 @@
 //! one) and the leaky bucket (whose admissions carry each call's delay) take
 //! no leases.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::quota::Quota;
-use crate::sharded::Sharded;
+use crate::sharded::{KeyTable, Sharded};
 
 const SHARDS: usize = 16;
 
@@ -51,7 +50,7 @@ impl Lease {
 }
 
 pub(crate) struct Leases {
-    shards: Sharded<HashMap<Box<str>, Lease>>,
+    shards: Sharded<KeyTable<Lease>>,
     max_per_shard: usize,
     /// Whether any lease was ever taken: until then, no decision pays for a
     /// look at the leases.
@@ -62,15 +61,16 @@ pub(crate) struct Leases {
 impl Leases {
     pub(crate) fn new(max_keys: usize) -> Self {
         Self {
-            shards: Sharded::new(SHARDS, HashMap::new),
+            shards: Sharded::new(SHARDS, KeyTable::new),
             max_per_shard: (max_keys / SHARDS).max(1),
             used: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
         }
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Lease>> {
-        self.shards.lock_key(key)
+    /// The key's hash and its shard, locked.
+    fn shard(&self, key: &str) -> (u64, std::sync::MutexGuard<'_, KeyTable<Lease>>) {
+        self.shards.lock_hashed(key)
     }
 
     /// Takes `cost` from `key`'s live lease under `quota`: the tokens left in
@@ -83,8 +83,8 @@ impl Leases {
         cost: u64,
         now_us: u64,
     ) -> Option<(u64, u64)> {
-        let mut shard = self.shard(key);
-        let lease = shard.get_mut(key)?;
+        let (hash, mut shard) = self.shard(key);
+        let lease = shard.get_mut(hash, key)?;
         if lease.quota != *quota || lease.expires_at_us <= now_us {
             return None;
         }
@@ -107,8 +107,8 @@ impl Leases {
         id: u64,
         now_us: u64,
     ) -> bool {
-        let mut shard = self.shard(key);
-        match shard.get_mut(key) {
+        let (hash, mut shard) = self.shard(key);
+        match shard.get_mut(hash, key) {
             Some(lease)
                 if lease.id == id && lease.quota == *quota && lease.expires_at_us > now_us =>
             {
@@ -127,15 +127,19 @@ impl Leases {
         if !self.used.load(Ordering::Relaxed) {
             return;
         }
-        let mut shard = self.shard(key);
-        if shard.get(key).is_some_and(|lease| lease.quota != *quota) {
-            shard.remove(key);
+        let (hash, mut shard) = self.shard(key);
+        if shard
+            .get(hash, key)
+            .is_some_and(|lease| lease.quota != *quota)
+        {
+            shard.remove(hash, key);
         }
     }
 
     /// Drops `key`'s lease, if any.
     pub(crate) fn remove(&self, key: &str) {
-        self.shard(key).remove(key);
+        let (hash, mut shard) = self.shard(key);
+        shard.remove(hash, key);
     }
 
     /// Keeps `tokens` leased for `key` until `expires_at_us` (for a bucket,
@@ -156,8 +160,8 @@ impl Leases {
         owed_until_us: Option<u64>,
     ) -> Option<u64> {
         self.used.store(true, Ordering::Relaxed);
-        let mut shard = self.shard(key);
-        if let Some(live) = shard.get_mut(key) {
+        let (hash, mut shard) = self.shard(key);
+        if let Some(live) = shard.get_mut(hash, key) {
             if live.quota == *quota && live.expires_at_us > now_us {
                 live.tokens = live.usable(now_us).saturating_add(tokens);
                 live.expires_at_us = live.expires_at_us.min(expires_at_us);
@@ -165,15 +169,16 @@ impl Leases {
                 return Some(live.id);
             }
         }
-        if shard.len() >= self.max_per_shard && !shard.contains_key(key) {
-            shard.retain(|_, lease| lease.expires_at_us > now_us && lease.tokens > 0);
+        if shard.len() >= self.max_per_shard && shard.get(hash, key).is_none() {
+            shard.retain(|lease| lease.expires_at_us > now_us && lease.tokens > 0);
             if shard.len() >= self.max_per_shard {
                 return None;
             }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         shard.insert(
-            key.into(),
+            hash,
+            key,
             Lease {
                 quota: *quota,
                 tokens,

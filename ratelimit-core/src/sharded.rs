@@ -14,15 +14,10 @@ pub(crate) struct Sharded<S> {
 }
 
 impl<S> Sharded<S> {
-    /// `count` shards (at least one), each made by `shard`.
-    pub(crate) fn new(count: usize, mut shard: impl FnMut() -> S) -> Self {
-        Self::hashing(count, |_| shard())
-    }
-
-    /// `count` shards, each made by `shard` from the hasher that picks
-    /// shards, so that a shard's table can reuse a key's hash
-    /// ([`KeyTable`]).
-    pub(crate) fn hashing(count: usize, mut shard: impl FnMut(&RandomState) -> S) -> Self {
+    /// `count` shards (at least one), each made by `shard` from the hasher
+    /// that picks shards, so that a shard's [`KeyTable`] finds a key by the
+    /// same hash.
+    pub(crate) fn new(count: usize, mut shard: impl FnMut(&RandomState) -> S) -> Self {
         let hasher = RandomState::new();
         Self {
             shards: (0..count.max(1))
@@ -44,11 +39,6 @@ impl<S> Sharded<S> {
         hash as usize % self.shards.len()
     }
 
-    /// The shard of `key`.
-    pub(crate) fn index(&self, key: &str) -> usize {
-        self.index_of(self.hash(key))
-    }
-
     /// Locks the shard at `index`. Each holds plain data updated without
     /// panicking, so a lock poisoned by a panic elsewhere while it was held
     /// still guards consistent state.
@@ -58,9 +48,10 @@ impl<S> Sharded<S> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Locks the shard of `key`.
-    pub(crate) fn lock_key(&self, key: &str) -> MutexGuard<'_, S> {
-        self.lock(self.index(key))
+    /// `key`'s hash, for its shard's [`KeyTable`], and its shard, locked.
+    pub(crate) fn lock_hashed(&self, key: &str) -> (u64, MutexGuard<'_, S>) {
+        let hash = self.hash(key);
+        (hash, self.lock(self.index_of(hash)))
     }
 
     /// How many shards there are.
@@ -131,6 +122,10 @@ impl<V> KeyTable<V> {
 
     pub(crate) fn len(&self) -> usize {
         self.table.len()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.table.clear();
     }
 
     pub(crate) fn capacity(&self) -> usize {

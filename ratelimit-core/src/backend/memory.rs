@@ -47,7 +47,7 @@ impl MemoryBackend {
     pub(crate) fn bounded(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let max_keys = max_keys.max(1);
         let count = (max_keys / MIN_PER_SHARD).clamp(1, SHARDS);
-        let shards = Sharded::hashing(count, |hasher| Shard {
+        let shards = Sharded::new(count, |hasher| Shard {
             buckets: KeyTable::new(hasher),
             sweep_at: MIN_SWEEP,
         });
@@ -60,8 +60,7 @@ impl MemoryBackend {
 
     /// The key's hash and its shard, locked.
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let hash = self.shards.hash(key);
-        (hash, self.shards.lock(self.shards.index_of(hash)))
+        self.shards.lock_hashed(key)
     }
 
     pub(crate) fn decide(&self, quota: &Quota, key: &str, cost: u64) -> Decision {

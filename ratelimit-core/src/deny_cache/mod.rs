@@ -44,7 +44,6 @@
 //! number: under more distinct keys than the bound, the cache forgets, which
 //! only costs a backend call.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::MutexGuard;
 use std::time::Duration;
@@ -55,7 +54,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::Quota;
-use crate::sharded::Sharded;
+use crate::sharded::{KeyTable, Sharded};
 
 mod known;
 
@@ -72,7 +71,7 @@ const STRIPES: usize = 256;
 const COSTS_PER_KEY: usize = 4;
 
 pub(crate) struct DenyCache {
-    shards: Sharded<HashMap<Box<str>, Known>>,
+    shards: Sharded<KeyTable<Known>>,
     max_per_shard: usize,
     /// Per stripe of keys, counts `forget`s: a reply asked for before a
     /// refund of its key may count tokens since given back, and is not
@@ -101,7 +100,8 @@ pub(crate) enum Consulted<'a> {
 #[derive(Clone, Copy)]
 pub(crate) struct Asked {
     at_us: u64,
-    shard: usize,
+    /// The key's hash: its shard, and where it is in the shard.
+    hash: u64,
     stripe: usize,
     forgets: u64,
     admissions: u64,
@@ -148,15 +148,15 @@ pub(crate) struct Probe<'a> {
 impl Drop for Probe<'_> {
     fn drop(&mut self) {
         let mine = self.end.subscribe();
-        let mut shard = self.cache.shard(self.key);
-        if let Some(known) = shard.get_mut(self.key) {
+        let (hash, mut shard) = self.cache.shard(self.key);
+        if let Some(known) = shard.get_mut(hash, self.key) {
             if known.probe.as_ref().is_some_and(|p| p.same_channel(&mine)) {
                 known.probe = None;
             }
             if let State::Denials(denials) = &mut known.state {
                 denials.retain(|d| d.until.early > self.began_us);
                 if denials.is_empty() && known.probe.is_none() {
-                    shard.remove(self.key);
+                    shard.remove(hash, self.key);
                 }
             }
         }
@@ -173,25 +173,26 @@ impl DenyCache {
     pub(crate) fn new(max_keys: usize) -> Self {
         let counters = || (0..STRIPES).map(|_| AtomicU64::new(0)).collect();
         Self {
-            shards: Sharded::new(SHARDS, HashMap::new),
+            shards: Sharded::new(SHARDS, KeyTable::new),
             max_per_shard: (max_keys / SHARDS).max(1),
             forgets: counters(),
             admissions: counters(),
         }
     }
 
-    /// Where `key` is kept: its shard and its stripe, from one hash.
-    fn place(&self, key: &str) -> (usize, usize) {
+    /// Where `key` is kept: its hash (which picks its shard and finds it
+    /// there) and its stripe, from one hash.
+    fn place(&self, key: &str) -> (u64, usize) {
         let hash = self.shards.hash(key);
-        (self.shards.index_of(hash), (hash >> 32) as usize % STRIPES)
+        (hash, (hash >> 32) as usize % STRIPES)
     }
 
     /// Taken just before a backend call on `key`, at `now_us`, for `record`.
     pub(crate) fn asked(&self, key: &str, now_us: u64) -> Asked {
-        let (shard, stripe) = self.place(key);
+        let (hash, stripe) = self.place(key);
         Asked {
             at_us: now_us,
-            shard,
+            hash,
             stripe,
             forgets: self.forgets[stripe].load(Ordering::SeqCst),
             admissions: self.admissions[stripe].load(Ordering::SeqCst),
@@ -267,12 +268,14 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Known>> {
-        self.lock(self.place(key).0)
+    /// The key's hash and its shard, locked.
+    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, KeyTable<Known>>) {
+        self.shards.lock_hashed(key)
     }
 
-    fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<Box<str>, Known>> {
-        self.shards.lock(shard)
+    /// The shard of a key of this hash, locked.
+    fn lock(&self, hash: u64) -> MutexGuard<'_, KeyTable<Known>> {
+        self.shards.lock(self.shards.index_of(hash))
     }
 
     /// What is known of a request of `cost` from `key` under `quota` at
@@ -281,8 +284,8 @@ impl DenyCache {
         if cost == 0 {
             return Lookup::Miss;
         }
-        let mut shard = self.shard(key);
-        let Some(known) = shard.get_mut(key).filter(|k| k.quota == *quota) else {
+        let (hash, mut shard) = self.shard(key);
+        let Some(known) = shard.get_mut(hash, key).filter(|k| k.quota == *quota) else {
             return Lookup::Miss;
         };
         if let Some(denial) = known.denial(cost, now_us) {
@@ -319,8 +322,8 @@ impl DenyCache {
         if cost == 0 {
             return None;
         }
-        let shard = self.shard(key);
-        let known = shard.get(key).filter(|k| k.quota == *quota)?;
+        let (hash, shard) = self.shard(key);
+        let known = shard.get(hash, key).filter(|k| k.quota == *quota)?;
         known.denial(cost, now_us)
     }
 
@@ -373,8 +376,9 @@ impl DenyCache {
                 }),
             Kind::Sliding => None,
         };
-        // The shard `asked` found from the key's hash: no second hash.
-        let mut shard = self.lock(asked.shard);
+        // The hash `asked` took: no second hash.
+        let hash = asked.hash;
+        let mut shard = self.lock(hash);
         // Checked under the shard's lock, which `forget` bumps it under.
         if self.forgets[asked.stripe].load(Ordering::SeqCst) != asked.forgets {
             return;
@@ -383,7 +387,7 @@ impl DenyCache {
             if answer.allowed {
                 if cost > 0 {
                     self.admissions[asked.stripe].fetch_add(1, Ordering::SeqCst);
-                    shard.remove(key);
+                    shard.remove(hash, key);
                 }
                 return;
             }
@@ -395,15 +399,15 @@ impl DenyCache {
             // Nothing exact to keep (a denial changes nothing); what was
             // kept of a key that has since consumed is stale.
             if answer.allowed && cost > 0 {
-                shard.remove(key);
+                shard.remove(hash, key);
             }
             return;
         };
-        match shard.get_mut(key) {
+        match shard.get_mut(hash, key) {
             Some(known) if known.quota == *quota && known.learned_us <= now_us => {
                 known.merge(learned, now_us);
                 if !known.live(now_us) {
-                    shard.remove(key);
+                    shard.remove(hash, key);
                 }
             }
             kept => {
@@ -423,19 +427,19 @@ impl DenyCache {
                     // Most admissions leave room and had no entry: no second
                     // look-up for them.
                     if existed {
-                        shard.remove(key);
+                        shard.remove(hash, key);
                     }
                     return;
                 }
-                if !shard.contains_key(key) && shard.len() >= self.max_per_shard {
-                    shard.retain(|_, known| known.live(now_us));
+                if shard.get(hash, key).is_none() && shard.len() >= self.max_per_shard {
+                    shard.retain(|known| known.live(now_us));
                     if shard.len() >= self.max_per_shard {
                         // Still full of live entries: forgetting only costs
                         // backend calls.
                         shard.clear();
                     }
                 }
-                shard.insert(key.into(), known);
+                shard.insert(hash, key, known);
             }
         }
     }
@@ -443,15 +447,15 @@ impl DenyCache {
     /// Drops what is known of `key`: after a refund, it may be admitted
     /// sooner.
     pub(crate) fn forget(&self, key: &str) {
-        let (shard, stripe) = self.place(key);
-        let mut shard = self.lock(shard);
-        shard.remove(key);
+        let (hash, stripe) = self.place(key);
+        let mut shard = self.lock(hash);
+        shard.remove(hash, key);
         self.forgets[stripe].fetch_add(1, Ordering::SeqCst);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.sum(HashMap::len)
+        self.shards.sum(KeyTable::len)
     }
 }
 
