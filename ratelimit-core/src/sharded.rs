@@ -3,22 +3,25 @@
 //! other. The deny cache, the token leases and the memory backend keep
 //! their state in one.
 
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// foldhash, seeded per process, so that keys chosen by clients cannot be
+/// made to crowd one shard or one part of a table: a key is hashed on every
+/// call, and SipHash (std's) costs several times as much on short keys.
+pub(crate) type KeyHasher = hashbrown::DefaultHashBuilder;
 
 pub(crate) struct Sharded<S> {
     shards: Box<[Mutex<S>]>,
-    /// Seeded per process, so that keys chosen by clients cannot be made to
-    /// crowd one shard.
-    hasher: RandomState,
+    hasher: KeyHasher,
 }
 
 impl<S> Sharded<S> {
     /// `count` shards (at least one), each made by `shard` from the hasher
     /// that picks shards, so that a shard's [`KeyTable`] finds a key by the
     /// same hash.
-    pub(crate) fn new(count: usize, mut shard: impl FnMut(&RandomState) -> S) -> Self {
-        let hasher = RandomState::new();
+    pub(crate) fn new(count: usize, mut shard: impl FnMut(&KeyHasher) -> S) -> Self {
+        let hasher = KeyHasher::default();
         Self {
             shards: (0..count.max(1))
                 .map(|_| Mutex::new(shard(&hasher)))
@@ -27,16 +30,18 @@ impl<S> Sharded<S> {
         }
     }
 
-    /// The key's hash, from which its shard is chosen (its low bits), and
-    /// which the deny cache also uses for a stripe of counters (its high
-    /// bits).
+    /// The key's hash, from which its shard is chosen (bits 32 and up), and
+    /// which the deny cache also uses for a stripe of counters (bits 48 and
+    /// up).
     pub(crate) fn hash(&self, key: &str) -> u64 {
         self.hasher.hash_one(key)
     }
 
-    /// The shard of a key of this hash.
+    /// The shard of a key of this hash. Not from the low bits: a shard's
+    /// [`KeyTable`] places keys by those, and keys that all shared them
+    /// would start their probes in a fraction of its buckets.
     pub(crate) fn index_of(&self, hash: u64) -> usize {
-        hash as usize % self.shards.len()
+        (hash >> 32) as usize % self.shards.len()
     }
 
     /// Locks the shard at `index`. Each holds plain data updated without
@@ -73,11 +78,11 @@ impl<S> Sharded<S> {
 pub(crate) struct KeyTable<V> {
     table: hashbrown::HashTable<(Box<str>, V)>,
     /// The same hasher as the shards', to rehash keys when the table grows.
-    hasher: RandomState,
+    hasher: KeyHasher,
 }
 
 impl<V> KeyTable<V> {
-    pub(crate) fn new(hasher: &RandomState) -> Self {
+    pub(crate) fn new(hasher: &KeyHasher) -> Self {
         Self {
             table: hashbrown::HashTable::new(),
             hasher: hasher.clone(),
@@ -135,5 +140,31 @@ impl<V> KeyTable<V> {
     pub(crate) fn shrink_to(&mut self, len: usize) {
         let hasher = &self.hasher;
         self.table.shrink_to(len, |(k, _)| hasher.hash_one(&**k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard's table starts a key's probe at its hash's low bits: were the
+    /// shard chosen by those bits too, every key of a shard would share them
+    /// and crowd a fraction of its buckets (with 64 shards, one in 64).
+    #[test]
+    fn the_keys_of_one_shard_spread_over_the_low_bits_their_table_uses() {
+        let sharded = Sharded::new(64, |_| ());
+        let mut low_bits = std::collections::HashSet::new();
+        for i in 0..20_000 {
+            let key = format!("user:{i}");
+            let hash = sharded.hash(&key);
+            if sharded.index_of(hash) == 0 {
+                low_bits.insert(hash & 63);
+            }
+        }
+        assert!(
+            low_bits.len() > 48,
+            "the keys of shard 0 take {} of 64 values of their low bits",
+            low_bits.len()
+        );
     }
 }

@@ -184,7 +184,7 @@ impl DenyCache {
     /// there) and its stripe, from one hash.
     fn place(&self, key: &str) -> (u64, usize) {
         let hash = self.shards.hash(key);
-        (hash, (hash >> 32) as usize % STRIPES)
+        (hash, (hash >> 48) as usize % STRIPES)
     }
 
     /// Taken just before a backend call on `key`, at `now_us`, for `record`.
