@@ -73,7 +73,7 @@ pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> D
     let period = quota.rate().period_us();
     let depth = quota.depth();
     let new_debt = debt + cost * period;
-    if new_debt > depth {
+    if !fits(quota, debt, cost) {
         // The request fits once the debt has shrunk by the excess.
         let denial = decision(
             quota,
@@ -101,6 +101,12 @@ pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> D
         debt: Some(new_debt),
         ..admission
     }
+}
+
+/// Whether a request of `cost` fits in the bucket when it owes `debt` units
+/// (at most its depth; the cost at most its capacity, so nothing overflows).
+pub(crate) fn fits(quota: &Quota, debt: u64, cost: u64) -> bool {
+    debt + cost * quota.rate().period_us() <= quota.depth()
 }
 
 #[cfg(test)]

@@ -100,12 +100,17 @@ impl Known {
                 let Kind::Bucket { leaky } = kind(quota) else {
                     return None;
                 };
-                let decide =
-                    |paid_off| gcra::decide_debt(quota, self.debt(paid_off, now_us), cost, leaky);
-                if decide(*early).allowed {
+                // Denied even by the earliest the backend may have decided;
+                // the wait counts from the latest.
+                if gcra::fits(quota, self.debt(*early, now_us), cost) {
                     return None;
                 }
-                Some(decide(*late))
+                Some(gcra::decide_debt(
+                    quota,
+                    self.debt(*late, now_us),
+                    cost,
+                    leaky,
+                ))
             }
             State::Window { count, end } => (now_us < end.early && count + cost > quota.capacity())
                 .then(|| {
