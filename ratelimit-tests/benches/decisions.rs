@@ -1,5 +1,6 @@
 //! Memory-backend benchmarks: the attribute's overhead over a direct
-//! `Limiter` call, and decisions per second on one and two threads.
+//! `Limiter` call, and decisions per second on one and two threads, beside
+//! governor's keyed limiter deciding on the same keys (`governor_keyed`).
 //!
 //!     cargo bench -p ratelimit-tests --bench decisions
 
@@ -63,44 +64,67 @@ fn macro_overhead(c: &mut Criterion) {
     group.finish();
 }
 
-/// Decisions per second with `threads` threads deciding on 10,000 keys.
+/// Runs `decide` `iters` times split over `threads` threads, each on a
+/// Tokio current-thread runtime, on 10,000 keys; returns the wall time.
+fn on_threads<'k, F: std::future::Future>(
+    iters: u64,
+    threads: usize,
+    keys: &'k [String],
+    decide: impl Fn(&'k String) -> F + Sync,
+) -> Duration {
+    let per_thread = iters.div_ceil(threads as u64);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let decide = &decide;
+            s.spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    for i in 0..per_thread {
+                        let key = &keys[(i as usize * 7 + t * 5_003) % keys.len()];
+                        black_box(decide(key).await);
+                    }
+                });
+            });
+        }
+    });
+    // Criterion divides by iters; threads ran in parallel.
+    start.elapsed()
+}
+
+/// Decisions per second with `threads` threads deciding on 10,000 keys, on
+/// the memory backend and on governor's keyed limiter with the same quota.
 fn throughput(c: &mut Criterion) {
     let quota = quota();
     let keys: Vec<String> = (0..10_000).map(|i| format!("user:{i}")).collect();
     let mut group = c.benchmark_group("memory_decisions");
     group.throughput(Throughput::Elements(1));
     group.measurement_time(Duration::from_secs(5));
+    let governor = governor::RateLimiter::keyed(governor::Quota::per_second(
+        std::num::NonZeroU32::new(1_000_000_000).unwrap(),
+    ));
     for threads in [1usize, 2] {
         group.bench_with_input(
             BenchmarkId::new("threads", threads),
             &threads,
             |b, &threads| {
                 b.iter_custom(|iters| {
-                    let per_thread = iters.div_ceil(threads as u64);
-                    let start = Instant::now();
-                    std::thread::scope(|s| {
-                        for t in 0..threads {
-                            let (keys, quota) = (&keys, &quota);
-                            s.spawn(move || {
-                                let runtime = tokio::runtime::Builder::new_current_thread()
-                                    .build()
-                                    .unwrap();
-                                runtime.block_on(async {
-                                    for i in 0..per_thread {
-                                        let key = &keys[(i as usize * 7 + t * 5_003) % keys.len()];
-                                        black_box(
-                                            limiter()
-                                                .check(Request::new(quota, key))
-                                                .await
-                                                .unwrap(),
-                                        );
-                                    }
-                                });
-                            });
-                        }
-                    });
-                    // Criterion divides by iters; threads ran in parallel.
-                    start.elapsed()
+                    on_threads(iters, threads, &keys, |key| async {
+                        limiter().check(Request::new(&quota, key)).await.unwrap();
+                    })
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("governor_keyed", threads),
+            &threads,
+            |b, &threads| {
+                b.iter_custom(|iters| {
+                    on_threads(iters, threads, &keys, |key| async {
+                        governor.check_key(key).unwrap();
+                    })
                 })
             },
         );
