@@ -146,6 +146,11 @@ impl Limiter {
             answered_in_process().await;
             return Err(denied);
         }
+        // In process, the answer is at hand: no round trip's future to build.
+        if let Some(answer) = self.in_process(requests) {
+            answered_in_process().await;
+            return self.settle(requests, answer, shadow);
+        }
         // Only a subscriber that records debug spans pays for one: a denial
         // answered in process takes well under a microsecond. The round
         // trip's future is made where it is awaited, so it is not moved.
@@ -164,18 +169,31 @@ impl Limiter {
             self.round_trip(requests).await
         };
         match answer {
-            Ok(Answer::Admitted(decisions)) => {
+            Ok(answer) => self.settle(requests, answer, shadow),
+            Err(error) => self.fall_back(requests, error, shadow).await,
+        }
+    }
+
+    /// The admission or denial of `requests` by the backend's `answer`,
+    /// counted.
+    fn settle(
+        &self,
+        requests: &[Request<'_>],
+        answer: Answer,
+        shadow: bool,
+    ) -> Result<Decisions, RateLimited> {
+        match answer {
+            Answer::Admitted(decisions) => {
                 for r in requests {
                     self.inner.stats.record(r.rule, Outcome::Allowed);
                 }
                 Ok(decisions)
             }
-            Ok(Answer::Denied { index, decision }) => {
+            Answer::Denied { index, decision } => {
                 let request = &requests[index];
                 let denied = RateLimited::from_decision(request.key, &decision);
                 Err(self.denied(request, denied, Outcome::Denied, shadow))
             }
-            Err(error) => self.fall_back(requests, error, shadow).await,
         }
     }
 

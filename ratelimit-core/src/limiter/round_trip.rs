@@ -9,6 +9,7 @@
 
 use super::request::{Decisions, Request};
 use super::{answered_in_process, Limiter};
+use crate::backend::Backend;
 use crate::decision::{Decision, Via};
 use crate::deny_cache::Consulted;
 use crate::error::Error;
@@ -70,15 +71,29 @@ impl Limiter {
             )
     }
 
-    /// One key: from the deny cache when it knows the answer, else from the
-    /// backend, whose answer the cache learns.
+    /// The answer to `requests` when the backend is in this process (the
+    /// memory backend), given at once: it cannot fail, and no cache or lease
+    /// stands in front of it. `None` for a remote backend.
+    pub(super) fn in_process(&self, requests: &[Request<'_>]) -> Option<Answer> {
+        let memory = match &self.inner.backend {
+            Backend::Memory(memory) => memory,
+            #[allow(unreachable_patterns)]
+            _ => return None,
+        };
+        Some(match requests {
+            [one] => Answer::of_one(memory.decide(one.quota, one.key, one.cost)),
+            _ => {
+                let batch: Vec<(&Quota, &str, u64)> =
+                    requests.iter().map(|r| (r.quota, r.key, r.cost)).collect();
+                Answer::of_all(memory.decide_all(&batch))
+            }
+        })
+    }
+
+    /// One key on a remote backend: from the deny cache when it knows the
+    /// answer, else from the backend, whose answer the cache learns.
     async fn decide_one(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
         let backend = &self.inner.backend;
-        if !backend.can_fail() {
-            let decision = backend.decide(quota, key, cost).await;
-            answered_in_process().await;
-            return decision;
-        }
         self.inner.leases.forget_other_quota(quota, key);
         let clock = &*self.inner.cache_clock;
         let Some(cache) = &self.inner.deny_cache else {
@@ -167,11 +182,6 @@ impl Limiter {
         let batch: Vec<(&Quota, &str, u64)> =
             requests.iter().map(|r| (r.quota, r.key, r.cost)).collect();
         let backend = &self.inner.backend;
-        if !backend.can_fail() {
-            let decisions = backend.decide_all(&batch).await;
-            answered_in_process().await;
-            return decisions.map(Answer::of_all);
-        }
         let cache = self.inner.deny_cache.as_ref();
         if let Some(cache) = cache {
             let now = self.inner.cache_clock.now_micros();
