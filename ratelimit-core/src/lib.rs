@@ -20,6 +20,8 @@ pub mod key;
 mod lease;
 mod limiter;
 mod metrics;
+#[doc(hidden)]
+pub mod native;
 mod quota;
 #[cfg(feature = "redis")]
 mod rule_source;

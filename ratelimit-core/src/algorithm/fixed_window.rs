@@ -53,7 +53,7 @@ pub(super) fn decide(
 /// The end of the window a count begun at `start` belongs to: the current
 /// window's (beginning at `current`) when it began inside it, else (only
 /// after the clock went back) the end of the window holding `start`.
-pub(super) fn window_end(start: u64, current: u64, window: u64) -> u64 {
+pub(crate) fn window_end(start: u64, current: u64, window: u64) -> u64 {
     if start < current + window {
         current + window
     } else {

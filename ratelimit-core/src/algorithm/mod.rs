@@ -20,6 +20,7 @@ mod sliding_window;
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 
+pub(crate) use fixed_window::window_end;
 pub(crate) use refund::{refund, Refund};
 
 /// One key's state in the memory backend.

@@ -826,3 +826,41 @@ pub fn window(algorithm: ratelimit::Algorithm, limit: u64, window: &str) -> rate
         .build()
         .expect("a window quota")
 }
+
+/// The native module (`ratelimit-module`), built for these tests:
+/// `RATELIMIT_MODULE` when set (`scripts/test` builds it and sets it), else
+/// built here once, with `cargo build -p ratelimit-module` in a target
+/// directory of its own (the one running the tests is locked). Fails with
+/// what to install when it cannot be built.
+pub fn native_module() -> PathBuf {
+    static MODULE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MODULE
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("RATELIMIT_MODULE") {
+                let path = PathBuf::from(path);
+                assert!(
+                    path.exists(),
+                    "RATELIMIT_MODULE names {}, which does not exist",
+                    path.display()
+                );
+                return path;
+            }
+            let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let target = workspace.join("target").join("module");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .args(["build", "--quiet", "-p", "ratelimit-module"])
+                .env("CARGO_TARGET_DIR", &target)
+                .current_dir(&workspace)
+                .output()
+                .expect("run cargo to build the native module");
+            assert!(
+                out.status.success(),
+                "`cargo build -p ratelimit-module` failed; bindgen needs libclang \
+                 (Debian/Ubuntu: `apt-get install libclang-dev`):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            target.join("debug").join("libratelimit_module.so")
+        })
+        .clone()
+}

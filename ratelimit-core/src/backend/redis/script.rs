@@ -2,7 +2,8 @@
 //! library, and how a call is sent (FCALL while the server runs the library,
 //! else EVALSHA).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use once_cell::sync::Lazy;
 
@@ -80,9 +81,74 @@ pub(crate) static LIBRARY: Lazy<Library> = Lazy::new(|| {
 #[derive(Debug, Default)]
 pub(crate) struct Functions {
     refused: AtomicBool,
+    /// Whether calls may go to the native module (see [`Native`]): on one
+    /// server, not on a cluster, whose client routes a command it does not
+    /// know by its first argument.
+    native: Option<Native>,
+}
+
+/// Whether a server runs the native module (`ratelimit-module`) of this
+/// wire version: found by calling it. A server that refuses it (no module,
+/// another version, an ACL user without the command) is asked again a minute
+/// later, so a limiter finds the module on a server it fails over to, or
+/// once it is loaded.
+#[derive(Debug, Default)]
+struct Native {
+    /// When to ask again, in seconds since the Unix epoch; 0 while the
+    /// module answers (or before it was first asked).
+    retry_at: AtomicU64,
+    /// Whether the refusal was logged since the module last answered.
+    logged: AtomicBool,
+}
+
+/// How long a server that refused the module is not asked again.
+const NATIVE_RETRY_SECS: u64 = 60;
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Native {
+    fn worth_asking(&self) -> bool {
+        let retry_at = self.retry_at.load(Ordering::Relaxed);
+        retry_at == 0 || unix_secs() >= retry_at
+    }
+
+    fn answered(&self) {
+        if self.retry_at.load(Ordering::Relaxed) != 0 {
+            self.retry_at.store(0, Ordering::Relaxed);
+            self.logged.store(false, Ordering::Relaxed);
+            tracing::info!("this Redis runs the native module: deciding with it");
+        }
+    }
+
+    /// The module is not there, or not for this call's user or version. The
+    /// log names the error's code alone (the reply to an unknown command
+    /// quotes its arguments, which hold keys).
+    fn refused(&self, error: &redis::RedisError) {
+        self.retry_at
+            .store(unix_secs() + NATIVE_RETRY_SECS, Ordering::Relaxed);
+        if !self.logged.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                code = error.code().unwrap_or("none"),
+                "this Redis does not run the native module of this version; deciding with the \
+                 Lua function (asked again in a minute)"
+            );
+        }
+    }
 }
 
 impl Functions {
+    /// A server's: calls go to the native module where it runs.
+    pub(crate) fn with_native() -> Self {
+        Self {
+            native: Some(Native::default()),
+            ..Self::default()
+        }
+    }
+
     /// From now on, EVALSHA. The log names the error's code alone: a reply
     /// to an unknown command quotes the call's arguments, which hold keys.
     fn refuse(&self, error: &redis::RedisError) {
@@ -133,6 +199,18 @@ impl ScriptCall {
         fcall
     }
 
+    /// The call as the native module's command: the same keys and
+    /// arguments after the wire version and the keys' count.
+    fn native(&self) -> redis::Cmd {
+        let mut native = redis::cmd("RATELIMIT.DECIDE");
+        native
+            .arg(crate::native::WIRE_VERSION)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        native
+    }
+
     fn evalsha(&self) -> redis::ScriptInvocation<'static> {
         let mut invocation = self.script.prepare_invoke();
         invocation.key(&self.keys).arg(&self.args);
@@ -170,6 +248,24 @@ pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
     connection: &mut C,
     functions: &Functions,
 ) -> Result<Vec<i64>, redis::RedisError> {
+    // Cluster batches ('batch' mode) are the function's alone.
+    if let Some(native) = &functions.native {
+        if native.worth_asking() && call.args.first().map(Vec::as_slice) != Some(b"batch") {
+            match call.native().query_async(connection).await {
+                Ok(reply) => {
+                    native.answered();
+                    return Ok(reply);
+                }
+                Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
+                // Over `maxmemory`, as the function: the script decides.
+                Err(error) if error.code() == Some("OOM") => {
+                    return evalsha(call, connection).await;
+                }
+                // Unknown here, another version (RLWIRE), or not allowed.
+                Err(error) => native.refused(&error),
+            }
+        }
+    }
     let mut loads = 0;
     while !functions.refused.load(Ordering::Relaxed) {
         match call.fcall().query_async(connection).await {
@@ -213,6 +309,14 @@ pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
             result => return result,
         }
     }
+    evalsha(call, connection).await
+}
+
+/// Runs `call` by EVALSHA, loading the script when the server has not got it.
+async fn evalsha<C: redis::aio::ConnectionLike>(
+    call: &ScriptCall,
+    connection: &mut C,
+) -> Result<Vec<i64>, redis::RedisError> {
     let invocation = call.evalsha();
     let mut attempts = 0;
     loop {
@@ -226,5 +330,23 @@ pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
             }
             result => return result,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The native module decides in the format of these scripts, and a
+    /// module of another format refuses the call: a change of the scripts
+    /// names the format anew (`native::WIRE_VERSION`, and this hash).
+    #[test]
+    fn the_native_wire_version_names_these_scripts() {
+        assert_eq!(
+            SCRIPT.get_hash(),
+            crate::native::WIRE_SCRIPTS_SHA1,
+            "the scripts changed: give native::WIRE_VERSION a new number and \
+             WIRE_SCRIPTS_SHA1 this hash"
+        );
     }
 }

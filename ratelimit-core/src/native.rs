@@ -1,0 +1,335 @@
+//! What the native Redis module (`ratelimit-module`) runs: the memory
+//! backend's arithmetic on the values the Lua scripts store, so that a key
+//! decided by the module and by the function path reads and writes the same
+//! values. Not part of the public API: its shape follows the wire format,
+//! which changes with [`WIRE_VERSION`].
+//!
+//! The module decides each group of the call's arguments (see
+//! `scripts/entry.lua`) with a [`Group`], key by key, and answers with the
+//! numbers the script would. The sliding log keeps a sorted set, which the
+//! module reads and writes itself, as its script does.
+
+use std::time::Duration;
+
+use crate::algorithm::{self, Refund, State};
+use crate::quota::{Algorithm, Quota, Rate};
+
+/// The version of the call's format (the arguments and the reply of
+/// `scripts/entry.lua`). The limiter sends it first; a module of another
+/// version refuses the call, and the limiter uses the function instead.
+/// Changed with every change of the scripts' arguments, replies or values
+/// (a test holds the scripts' hash to [`WIRE_SCRIPTS_SHA1`]).
+pub const WIRE_VERSION: u64 = 1;
+
+/// The SHA-1 of the scripts this version's format is that of; see
+/// [`WIRE_VERSION`].
+pub const WIRE_SCRIPTS_SHA1: &str = "dcc04125babced2cc548faf2dc542e19fb583110";
+
+/// One group of a call: an algorithm and its three numbers, as the caller
+/// sent them.
+#[derive(Debug, Clone)]
+pub struct Group {
+    quota: Quota,
+    /// The third number (the sliding log's tag; a refund's units or
+    /// `until_end`).
+    p3: u64,
+}
+
+/// What a key holds, as the module read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored<'a> {
+    /// Nothing (or, where the script reads it so, a key of another type).
+    Absent,
+    /// A string.
+    Value(&'a [u8]),
+}
+
+/// One key's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// What the script answers for the key: one number for the buckets (the
+    /// debt before the request, -1 for a value no algorithm here wrote),
+    /// five for the windows.
+    pub reply: Reply,
+    /// Whether the key admitted.
+    pub admitted: bool,
+    /// The value to store, and for how long it matters, in µs.
+    pub write: Option<(String, u64)>,
+}
+
+/// A key's answer in the reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// The buckets': the debt before the request.
+    Debt(u64),
+    /// The windows': allowed (1 or 0), remaining, retry after, reset after
+    /// and delay in µs.
+    Numbers([i64; 5]),
+    /// A value this algorithm did not write: the buckets answer -1, the
+    /// windows -1, 0, 0, 0, 0.
+    Foreign,
+}
+
+/// What a refund does to a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refunded {
+    /// Nothing.
+    Unchanged,
+    /// Deletes it: nothing is owed any more.
+    Delete,
+    /// Stores this value, which matters for this many µs.
+    Store(String, u64),
+}
+
+impl Group {
+    /// The group of `algorithm` (its wire id) and `params`, or `None` for an
+    /// id or numbers no quota has. A refund's group (`refund`) has no
+    /// capacity among its numbers for the buckets: any will do, as a refund
+    /// reads only the rate.
+    pub fn new(algorithm: u64, params: [u64; 3], refund: bool) -> Option<Self> {
+        let algorithm = Algorithm::ALL
+            .into_iter()
+            .find(|a| a.wire_id() == algorithm)?;
+        let [p1, p2, p3] = params;
+        let quota = if algorithm.is_windowed() {
+            Quota::builder(algorithm)
+                .limit(p1)
+                .window(Duration::from_micros(p2))
+                .build()
+        } else {
+            let capacity = if refund { 1 } else { p3 };
+            Quota::builder(algorithm)
+                .capacity(capacity)
+                .rate(Rate::new(p1, Duration::from_micros(p2)).ok()?)
+                .build()
+        }
+        .ok()?;
+        // A quota reduces its rate; the caller sends it reduced.
+        let same = if algorithm.is_windowed() {
+            quota.capacity() == p1 && quota.window_us() == p2
+        } else {
+            quota.rate().tokens() == p1 && quota.rate().period_us() == p2
+        };
+        same.then_some(Self { quota, p3 })
+    }
+
+    /// Whether this is the sliding log, which the module keeps in a sorted
+    /// set itself.
+    pub fn is_sliding_log(&self) -> bool {
+        self.quota.algorithm() == Algorithm::SlidingLog
+    }
+
+    /// Whether the group answers with five numbers a key (the windows)
+    /// rather than one.
+    pub fn answers_five(&self) -> bool {
+        self.quota.algorithm().is_windowed()
+    }
+
+    /// The limit (the windows' first number).
+    pub fn limit(&self) -> u64 {
+        self.quota.capacity()
+    }
+
+    /// The window in µs (the windows' second number).
+    pub fn window_us(&self) -> u64 {
+        self.quota.window_us()
+    }
+
+    /// The third number as sent.
+    pub fn p3(&self) -> u64 {
+        self.p3
+    }
+
+    /// Decides a request of `cost` at `now` on a key holding `stored`, as
+    /// the script does. Not for the sliding log.
+    pub fn decide(&self, stored: Stored<'_>, now: u64, cost: u64) -> Verdict {
+        let quota = &self.quota;
+        let mut state = match stored {
+            Stored::Absent => None,
+            Stored::Value(value) => match parse(quota.algorithm(), value) {
+                Some(state) => Some(state),
+                None => {
+                    return Verdict {
+                        reply: Reply::Foreign,
+                        admitted: false,
+                        write: None,
+                    }
+                }
+            },
+        };
+        let (decision, wrote) = algorithm::decide(quota, &mut state, now, cost);
+        let reply = if quota.algorithm().is_windowed() {
+            let us = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+            Reply::Numbers([
+                i64::from(decision.allowed),
+                i64::try_from(decision.remaining).unwrap_or(i64::MAX),
+                us(decision.retry_after),
+                us(decision.reset_after),
+                us(decision.delay),
+            ])
+        } else {
+            // The debt before the request: an admission's decision carries
+            // the debt after it.
+            let debt = decision.debt.unwrap_or(0);
+            let paid = if decision.allowed {
+                cost * quota.rate().period_us()
+            } else {
+                0
+            };
+            Reply::Debt(debt - paid)
+        };
+        let write = match (&state, wrote) {
+            (Some(state), true) => {
+                // A written state matters until the key is whole again.
+                let ttl = u64::try_from(decision.reset_after.as_micros()).unwrap_or(u64::MAX);
+                Some((format(state), ttl))
+            }
+            _ => None,
+        };
+        Verdict {
+            reply,
+            admitted: decision.allowed,
+            write,
+        }
+    }
+
+    /// Gives `cost` back to a key holding `stored` at `now`, as the script's
+    /// refund does; the group's third number is the buckets' units or the
+    /// windows' `until_end` (as sent: signed). Not for the sliding log.
+    pub fn refund(&self, stored: Option<&[u8]>, now: u64, cost: u64) -> Refunded {
+        let quota = &self.quota;
+        let Some(mut state) = stored.and_then(|value| parse(quota.algorithm(), value)) else {
+            return Refunded::Unchanged;
+        };
+        let before = state.clone();
+        let refund = Refund {
+            cost,
+            tag: 0,
+            units: self.p3,
+            until_end: self.p3 as i64,
+        };
+        let mut held = Some(state);
+        algorithm::refund(quota, &mut held, now, &refund);
+        match held {
+            None => Refunded::Delete,
+            Some(after) if after == before => Refunded::Unchanged,
+            Some(after) => {
+                state = after;
+                let ttl = match &state {
+                    State::Tat { full_at, rem } => {
+                        let tokens = quota.rate().tokens();
+                        ((full_at - now) * tokens + rem).div_ceil(tokens)
+                    }
+                    State::Window { start, .. } => {
+                        let window = quota.window_us();
+                        algorithm::window_end(*start, now - now % window, window) - now
+                    }
+                    State::Windows { start, .. } => {
+                        let window = quota.window_us();
+                        (start - start % window + 2 * window).saturating_sub(now)
+                    }
+                    State::Log(_) => 0,
+                };
+                Refunded::Store(format(&state), ttl)
+            }
+        }
+    }
+}
+
+/// The state a stored value holds, as the algorithm's script parses it, or
+/// `None` for a value it did not write.
+fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut numbers = text.split(':').map(|n| {
+        // Digits only, as the scripts' patterns match.
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            None
+        } else {
+            n.parse::<u64>().ok()
+        }
+    });
+    let mut next = || numbers.next().flatten();
+    let state = match algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
+            let full_at = next()?;
+            let rem = if text.contains(':') { next()? } else { 0 };
+            State::Tat { full_at, rem }
+        }
+        Algorithm::FixedWindow => State::Window {
+            start: next()?,
+            count: next()?,
+        },
+        Algorithm::SlidingWindow => State::Windows {
+            start: next()?,
+            current: next()?,
+            previous: next()?,
+        },
+        Algorithm::SlidingLog => return None,
+    };
+    let parts = text.split(':').count();
+    let expected = match state {
+        State::Tat { .. } if text.contains(':') => 2,
+        State::Tat { .. } => 1,
+        State::Window { .. } => 2,
+        _ => 3,
+    };
+    (parts == expected).then_some(state)
+}
+
+/// A state as its script stores it.
+fn format(state: &State) -> String {
+    match state {
+        State::Tat { full_at, rem: 0 } => full_at.to_string(),
+        State::Tat { full_at, rem } => format!("{full_at}:{rem}"),
+        State::Window { start, count } => format!("{start}:{count}"),
+        State::Windows {
+            start,
+            current,
+            previous,
+        } => format!("{start}:{current}:{previous}"),
+        State::Log(_) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_read_back_as_written() {
+        for (algorithm, value) in [
+            (Algorithm::Gcra, "1700000000000000"),
+            (Algorithm::Gcra, "1700000000000000:7"),
+            (Algorithm::FixedWindow, "1700000000000000:3"),
+            (Algorithm::SlidingWindow, "1700000000000000:3:9"),
+        ] {
+            let state = parse(algorithm, value.as_bytes()).unwrap();
+            assert_eq!(format(&state), value);
+        }
+    }
+
+    #[test]
+    fn values_no_algorithm_here_wrote_are_foreign() {
+        for (algorithm, value) in [
+            (Algorithm::Gcra, "-5"),
+            (Algorithm::Gcra, "1:2:3"),
+            (Algorithm::Gcra, "1:"),
+            (Algorithm::Gcra, "\0"),
+            (Algorithm::FixedWindow, "12"),
+            (Algorithm::SlidingWindow, "1:2"),
+            (Algorithm::SlidingWindow, "1:2:x"),
+        ] {
+            assert_eq!(parse(algorithm, value.as_bytes()), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn groups_refuse_numbers_no_quota_has() {
+        assert!(Group::new(1, [1, 500_000, 10], false).is_some());
+        assert!(Group::new(9, [1, 500_000, 10], false).is_none());
+        assert!(Group::new(1, [0, 500_000, 10], false).is_none());
+        // Not reduced: the caller always sends a reduced rate.
+        assert!(Group::new(1, [2, 1_000_000, 10], false).is_none());
+        assert!(Group::new(2, [10, 0, 0], false).is_none());
+    }
+}

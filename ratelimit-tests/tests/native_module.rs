@@ -1,0 +1,471 @@
+//! The native module (`ratelimit-module`) against the Lua function, on real
+//! servers that load the module built from this workspace:
+//! - model-based: random sequences of checks (single, leased, all or
+//!   nothing, of every algorithm, with quotas that change while keys hold
+//!   state), inspections, refunds and clock steps forward and back, decided
+//!   by a limiter on a server with the module and by one on a server
+//!   without it: the same answers, and after every step the same keys with
+//!   the same values and expiries;
+//! - clients on both paths deciding the same keys of one server (one of
+//!   them an ACL user without the module's command, who falls back to the
+//!   function) agree with one memory limiter deciding the same sequence;
+//! - a call of another wire version is refused, and the module writes
+//!   nothing over a key of another type.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use ratelimit::{
+    Algorithm, DenialCause, Error, ErrorKind, Limiter, ManualClock, Quota, RateLimited, Request,
+};
+use support::{bucket, fault, native_module, window, Decide, Decided, RedisServer};
+
+fn with_module() -> RedisServer {
+    let module = native_module();
+    RedisServer::start_with(&["--loadmodule", module.to_str().unwrap()])
+}
+
+/// Quotas by the state they keep: a key's quota changes within its family.
+fn families() -> Vec<Vec<Quota>> {
+    use Algorithm::*;
+    vec![
+        vec![bucket(TokenBucket, 5, "2/s"), bucket(Gcra, 3, "7/min")],
+        vec![
+            bucket(LeakyBucket, 4, "3/s"),
+            bucket(LeakyBucket, 10, "1/s"),
+        ],
+        vec![window(FixedWindow, 5, "1s"), window(FixedWindow, 3, "2s")],
+        vec![window(SlidingLog, 4, "1s"), window(SlidingLog, 2, "3s")],
+        vec![
+            window(SlidingWindow, 6, "1s"),
+            window(SlidingWindow, 3, "3s"),
+        ],
+    ]
+}
+
+/// Keys: two of each family.
+const KEYS: usize = 10;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A check of one key: key, quota (modulo its family), cost (modulo
+    /// twice the capacity plus one).
+    Check(usize, usize, u64),
+    /// The same with a lease of `lease` tokens.
+    Leased(usize, usize, u64, u64),
+    /// An all-or-nothing check of distinct keys.
+    All(Vec<(usize, usize, u64)>),
+    /// An inspection, which consumes nothing.
+    Inspect(usize, usize, u64),
+    /// A check refunded at once.
+    Refunded(usize, usize, u64),
+    Forward(u64),
+    Back(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let (key, quota, cost) = (0..KEYS, 0usize..2, 0u64..24);
+    prop_oneof![
+        6 => (key.clone(), quota.clone(), cost.clone()).prop_map(|(k, q, c)| Op::Check(k, q, c)),
+        1 => (key.clone(), quota.clone(), cost.clone(), 2u64..6)
+            .prop_map(|(k, q, c, l)| Op::Leased(k, q, c, l)),
+        2 => proptest::collection::vec((key.clone(), quota.clone(), cost.clone()), 1..4)
+            .prop_map(Op::All),
+        1 => (key.clone(), quota.clone(), cost.clone()).prop_map(|(k, q, c)| Op::Inspect(k, q, c)),
+        2 => (key, quota, cost).prop_map(|(k, q, c)| Op::Refunded(k, q, c)),
+        4 => prop_oneof![0u64..2_000, 0u64..600_000, 0u64..5_000_000].prop_map(Op::Forward),
+        1 => (0u64..1_500_000).prop_map(Op::Back),
+    ]
+}
+
+/// What a server holds: each key's type and value (a sorted set's scores:
+/// its members carry each request's own tag) and its expiry in ms.
+async fn holdings(server: &RedisServer) -> BTreeMap<String, (String, i64)> {
+    let mut connection = server.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut held = BTreeMap::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let value = match kind.as_str() {
+            "string" => match redis::cmd("GET")
+                .arg(&key)
+                .query_async::<Option<String>>(&mut connection)
+                .await
+                .unwrap()
+            {
+                Some(value) => value,
+                None => continue,
+            },
+            "zset" => {
+                let scored: Vec<(String, String)> = redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+                let scores: Vec<String> = scored.into_iter().map(|(_, s)| s).collect();
+                format!("zset {scores:?}")
+            }
+            // Expired since KEYS listed it.
+            "none" => continue,
+            other => format!("a {other}"),
+        };
+        let expires: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        held.insert(key, (value, expires));
+    }
+    held
+}
+
+/// Two servers hold the same keys and values, with expiries set by the same
+/// `PX` (they were written a few milliseconds apart). A key about to expire
+/// on one server may be gone on the other already: it is not compared.
+fn same_holdings(
+    context: &str,
+    function: &BTreeMap<String, (String, i64)>,
+    native: &BTreeMap<String, (String, i64)>,
+) -> Result<(), TestCaseError> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    // -1: no expiry; -2: gone since it was listed.
+    let lasting = |expires: i64| expires == -1 || expires > now_ms + 500;
+    let keys: std::collections::BTreeSet<&String> = function.keys().chain(native.keys()).collect();
+    for key in keys {
+        match (function.get(key), native.get(key)) {
+            (Some((value, expires)), Some((native_value, native_expires)))
+                if lasting(*expires) || lasting(*native_expires) =>
+            {
+                prop_assert_eq!(value, native_value, "{}: {}", context, key);
+                prop_assert!(
+                    (*expires < 0) == (*native_expires < 0)
+                        && (expires - native_expires).abs() <= 250,
+                    "{}: {} expires at {} by the function, at {} by the module",
+                    context,
+                    key,
+                    expires,
+                    native_expires
+                );
+            }
+            (Some((value, expires)), None) => prop_assert!(
+                !lasting(*expires),
+                "{}: {} holds {} by the function, nothing by the module",
+                context,
+                key,
+                value
+            ),
+            (None, Some((value, expires))) => prop_assert!(
+                !lasting(*expires),
+                "{}: {} holds {} by the module, nothing by the function",
+                context,
+                key,
+                value
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// An answer as compared: the decision, or the denial's cause.
+fn outcome(result: Result<Decided, RateLimited>) -> Result<Decided, DenialCause> {
+    result.map_err(|denied| denied.cause)
+}
+
+/// One step on `limiter`: each request's outcome.
+async fn step(
+    limiter: &Limiter,
+    op: &Op,
+    key: &dyn Fn(usize) -> String,
+    quota_of: &dyn Fn(usize, usize) -> Quota,
+) -> Vec<Result<Decided, DenialCause>> {
+    let cost_of = |quota: &Quota, c: u64| c % (2 * quota.capacity() + 1);
+    match op {
+        Op::Check(k, q, c) => {
+            let quota = quota_of(*k, *q);
+            vec![outcome(
+                limiter.decide(&quota, &key(*k), cost_of(&quota, *c)).await,
+            )]
+        }
+        Op::Leased(k, q, c, lease) => {
+            let quota = quota_of(*k, *q);
+            let name = key(*k);
+            let request = Request::new(&quota, &name)
+                .cost(cost_of(&quota, *c))
+                .lease(*lease)
+                .on_error(ratelimit::FailurePolicy::Closed);
+            vec![outcome(match limiter.check(request).await {
+                Ok(admitted) => Ok(Decided::from(&admitted.decisions()[0])),
+                Err(denied) if denied.cause == DenialCause::Quota => Ok(Decided::from(&denied)),
+                Err(denied) => Err(denied),
+            })]
+        }
+        Op::All(dims) => {
+            let mut seen = Vec::new();
+            let dims: Vec<(Quota, String, u64)> = dims
+                .iter()
+                .filter(|(k, _, _)| {
+                    let new = !seen.contains(k);
+                    seen.push(*k);
+                    new
+                })
+                .map(|(k, q, c)| {
+                    let quota = quota_of(*k, *q);
+                    let cost = cost_of(&quota, *c);
+                    (quota, key(*k), cost)
+                })
+                .collect();
+            let requests: Vec<Request<'_>> = dims
+                .iter()
+                .map(|(quota, name, cost)| Request::new(quota, name).cost(*cost))
+                .collect();
+            match limiter.decide_all(&requests).await {
+                Ok(decided) => decided.into_iter().map(Ok).collect(),
+                Err(denied) if denied.cause == DenialCause::Quota => {
+                    vec![Ok(Decided::from(&denied))]
+                }
+                Err(denied) => vec![Err(denied.cause)],
+            }
+        }
+        Op::Inspect(k, q, c) => {
+            let quota = quota_of(*k, *q);
+            let cost = cost_of(&quota, *c).min(quota.capacity());
+            let inspected = limiter.inspect(&quota, &key(*k), cost).await.unwrap();
+            vec![Ok(Decided::from(inspected))]
+        }
+        Op::Refunded(k, q, c) => {
+            let quota = quota_of(*k, *q);
+            let name = key(*k);
+            let request = Request::new(&quota, &name)
+                .cost(cost_of(&quota, *c))
+                .on_error(ratelimit::FailurePolicy::Closed);
+            match limiter.check(request).await {
+                Ok(admitted) => {
+                    let decided = Decided::from(&admitted.decisions()[0]);
+                    limiter.refund(admitted).await.unwrap();
+                    vec![Ok(decided)]
+                }
+                Err(denied) if denied.cause == DenialCause::Quota => {
+                    vec![Ok(Decided::from(&denied))]
+                }
+                Err(denied) => vec![Err(denied.cause)],
+            }
+        }
+        Op::Forward(_) | Op::Back(_) => Vec::new(),
+    }
+}
+
+fn cases(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+#[test]
+fn the_module_decides_as_the_function_and_stores_the_same_values() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (plain, native) = (RedisServer::start(), with_module());
+    let families = families();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    proptest!(cases(60), |(ops in proptest::collection::vec(op(), 1..40))| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let start = 1_750_000_000_000_000;
+        let clock = ManualClock::new(start);
+        let limiter = |server: &RedisServer| {
+            Limiter::builder()
+                .redis(server.url())
+                .timeout(Duration::from_secs(5))
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        };
+        let (function, module) = runtime.block_on(async { (limiter(&plain), limiter(&native)) });
+        let key = |k: usize| format!("native:{case}:{k}");
+        let quota_of = |k: usize, q: usize| families[k / 2][q % families[k / 2].len()];
+        let mut now = start;
+        for (n, op) in ops.iter().enumerate() {
+            let context = format!("case {case} step {n} {op:?}");
+            match op {
+                Op::Forward(d) => now += d,
+                Op::Back(d) => now -= (*d).min(now - start),
+                _ => {}
+            }
+            clock.set(now);
+            let (by_function, by_module, held_function, held_native) = runtime.block_on(async {
+                let by_function = step(&function, op, &key, &quota_of).await;
+                let by_module = step(&module, op, &key, &quota_of).await;
+                (by_function, by_module, holdings(&plain).await, holdings(&native).await)
+            });
+            prop_assert_eq!(&by_function, &by_module, "{}", context);
+            same_holdings(&context, &held_function, &held_native)?;
+        }
+    });
+    runtime.block_on(async {
+        assert!(native.command_calls(&["ratelimit.decide"]).await > 0);
+        assert_eq!(
+            native.script_calls().await,
+            0,
+            "the server with the module ran the function"
+        );
+        assert!(plain.script_calls().await > 0);
+    });
+}
+
+#[test]
+fn clients_on_the_module_and_on_the_function_share_one_limit() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = with_module();
+    // A user who may run everything but the module's command: its limiter
+    // finds the module refused, and decides with the function.
+    runtime.block_on(async {
+        let mut connection = server.connection().await;
+        let _: () = redis::cmd("ACL")
+            .arg(
+                &[
+                    "SETUSER",
+                    "lua",
+                    "on",
+                    ">secret",
+                    "~*",
+                    "+@all",
+                    "-ratelimit.decide",
+                ][..],
+            )
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    });
+    let families = families();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    proptest!(cases(40), |(ops in proptest::collection::vec(op(), 1..40), sides in proptest::collection::vec(any::<bool>(), 40))| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let start = 1_750_000_000_000_000;
+        let clock = ManualClock::new(start);
+        let limiter = |url: String| {
+            Limiter::builder()
+                .redis(url)
+                .timeout(Duration::from_secs(5))
+                .clock(clock.clone())
+                .deny_cache_max_keys(0)
+                .build()
+                .unwrap()
+        };
+        let lua_url = format!("redis://lua:secret@127.0.0.1:{}", server.port());
+        let (native, lua, memory) = runtime.block_on(async {
+            (
+                limiter(server.url()),
+                limiter(lua_url),
+                Limiter::builder().memory().clock(clock.clone()).build().unwrap(),
+            )
+        });
+        let key = |k: usize| format!("shared:{case}:{k}");
+        let quota_of = |k: usize, q: usize| families[k / 2][q % families[k / 2].len()];
+        let mut now = start;
+        for (n, op) in ops.iter().enumerate() {
+            // Leases are the Redis limiters' alone: the memory limiter
+            // would not take one.
+            if matches!(op, Op::Leased(..)) {
+                continue;
+            }
+            let context = format!("case {case} step {n} {op:?}");
+            match op {
+                Op::Forward(d) => now += d,
+                Op::Back(d) => now -= (*d).min(now - start),
+                _ => {}
+            }
+            clock.set(now);
+            let side = if sides[n] { &native } else { &lua };
+            let (shared, alone) = runtime.block_on(async {
+                (step(side, op, &key, &quota_of).await, step(&memory, op, &key, &quota_of).await)
+            });
+            prop_assert_eq!(&shared, &alone, "{} (on the {} path)", context, if sides[n] { "module" } else { "function" });
+        }
+    });
+    runtime.block_on(async {
+        assert!(server.command_calls(&["ratelimit.decide"]).await > 0);
+        assert!(
+            server.script_calls().await > 0,
+            "the user without the module's command did not fall back to the function"
+        );
+    });
+}
+
+#[test]
+fn a_call_of_another_wire_version_is_refused_and_a_key_of_another_type_is_never_written() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = with_module();
+    runtime.block_on(async {
+        let mut connection = server.connection().await;
+        let other: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
+            .arg(999)
+            .arg(1)
+            .arg("k")
+            .arg("each")
+            .query_async(&mut connection)
+            .await;
+        let error = other.unwrap_err();
+        assert_eq!(error.code(), Some("RLWIRE"), "{error}");
+
+        // A list where a limit's key would be: each algorithm finds a value
+        // it did not write, checked alone or with another key, and leaves
+        // it as it was.
+        let _: () = redis::cmd("RPUSH")
+            .arg("rl:occupied")
+            .arg("x")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+        for quota in families().iter().map(|family| family[0]) {
+            let alone = limiter.decide(&quota, "occupied", 1).await;
+            assert!(
+                matches!(&alone, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
+                "{}: {alone:?}",
+                quota.algorithm()
+            );
+            let inspected = limiter.inspect(&quota, "occupied", 1).await;
+            assert!(
+                matches!(inspected, Err(Error::ForeignValue { .. })),
+                "{}: {inspected:?}",
+                quota.algorithm()
+            );
+            let all = limiter
+                .decide_all(&[
+                    Request::new(&quota, "fresh"),
+                    Request::new(&quota, "occupied"),
+                ])
+                .await;
+            assert!(
+                matches!(&all, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
+                "{}: {all:?}",
+                quota.algorithm()
+            );
+        }
+        let kind: String = redis::cmd("TYPE")
+            .arg("rl:occupied")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(kind, "list");
+        assert!(server.command_calls(&["ratelimit.decide"]).await > 0);
+    });
+}
