@@ -22,8 +22,11 @@
 
 #![deny(missing_docs)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
+mod key;
+
+use key::Key;
 use ratelimit_core::native::{Group, Refunded, Reply, Stored, WIRE_VERSION};
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
@@ -236,8 +239,9 @@ impl Call<'_> {
         cost: u64,
         commit: bool,
     ) -> Result<(), RedisError> {
-        let (kind, value) = self.read(i)?;
-        let stored = match (&value, &kind) {
+        let key = Key::open(self.ctx, &self.keys[i])?;
+        let kind = key.kind();
+        let stored = match (key.value(), &kind) {
             (Some(value), _) => Stored::Value(value),
             (None, KeyType::Empty) => Stored::Absent,
             // Another type: the 'each' script reads it as absent (MGET) and
@@ -253,7 +257,8 @@ impl Call<'_> {
             if !commit {
                 self.held[i] = Some(Held::Value(value, px));
             } else if matches!(kind, KeyType::Empty | KeyType::String) {
-                self.store(i, &value, px)?;
+                key.set(&value, px)?;
+                self.replicate_set(i, &value, px);
             } else {
                 reply = Reply::Foreign;
                 admitted = false;
@@ -271,28 +276,20 @@ impl Call<'_> {
         Ok(())
     }
 
-    /// Key `i`'s type, and its value when it is a string.
-    fn read(&self, i: usize) -> Result<(KeyType, Option<Vec<u8>>), RedisError> {
-        let key = self.ctx.open_key(&self.keys[i]);
-        let kind = key.key_type();
-        let value = match kind {
-            KeyType::String => key.read()?.map(<[u8]>::to_vec),
-            _ => None,
-        };
-        Ok((kind, value))
-    }
-
     /// Writes key `i`'s value with its expiry, and sends replicas the same.
     fn store(&self, i: usize, value: &str, px: u64) -> Result<(), RedisError> {
-        let key = self.ctx.open_key_writable(&self.keys[i]);
-        key.write(value)?;
-        key.set_expire(Duration::from_millis(px))?;
+        Key::open(self.ctx, &self.keys[i])?.set(value, px)?;
+        self.replicate_set(i, value, px);
+        Ok(())
+    }
+
+    /// Sends replicas and the AOF the `PSETEX` the script would have run.
+    fn replicate_set(&self, i: usize, value: &str, px: u64) {
         let px = px.to_string();
         self.ctx.replicate(
             "PSETEX",
             &[self.keys[i].as_slice(), px.as_bytes(), value.as_bytes()][..],
         );
-        Ok(())
     }
 
     /// Stores what the decisions of keys `from..to` held.
@@ -471,17 +468,19 @@ impl Call<'_> {
             }
             return Ok(());
         }
-        let (_, value) = self.read(i)?;
-        match group.refund(value.as_deref(), now, cost) {
+        let key = Key::open(self.ctx, &self.keys[i])?;
+        match group.refund(key.value(), now, cost) {
             Refunded::Unchanged => Ok(()),
             Refunded::Delete => {
-                self.ctx.open_key_writable(&self.keys[i]).delete()?;
+                key.delete();
                 self.ctx.replicate("DEL", &[self.keys[i].as_slice()][..]);
                 Ok(())
             }
             Refunded::Store(value, ttl_us) => {
                 let px = self.px(ttl_us);
-                self.store(i, &value, px)
+                key.set(&value, px)?;
+                self.replicate_set(i, &value, px);
+                Ok(())
             }
         }
     }
@@ -516,13 +515,19 @@ fn arg(argv: &[RedisString], index: usize) -> Result<&RedisString, RedisError> {
 #[allow(missing_docs)]
 mod entry {
     use super::decide;
-    use redis_module::redis_module;
+    use redis_module::{redis_module, Context, RedisString, Status};
+
+    fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+        super::key::signal_writes_only(ctx);
+        Status::Ok
+    }
 
     redis_module! {
         name: "ratelimit",
         version: 1,
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
+        init: init,
         commands: [
             ["ratelimit.decide", decide, "write deny-oom getkeys-api", 0, 0, 0, ""],
         ],

@@ -469,3 +469,62 @@ fn a_call_of_another_wire_version_is_refused_and_a_key_of_another_type_is_never_
         assert!(server.command_calls(&["ratelimit.decide"]).await > 0);
     });
 }
+
+#[test]
+fn a_denial_leaves_a_watched_key_unmodified_and_an_admission_modifies_it() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = with_module();
+    runtime.block_on(async {
+        let limiter = Limiter::builder()
+            .redis(server.url())
+            .deny_cache_max_keys(0)
+            .build()
+            .unwrap();
+        let quota = bucket(Algorithm::Gcra, 1, "1/min");
+        let spent = limiter.decide(&quota, "watched", 1).await.unwrap();
+        assert!(spent.allowed);
+        // A transaction watching the key commits across a denial (which
+        // writes nothing), and is aborted by an admission (which writes).
+        let watched = |then: &'static str| {
+            let server = &server;
+            let limiter = &limiter;
+            let quota = &quota;
+            async move {
+                let mut watcher = server
+                    .client()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap();
+                let _: () = redis::cmd("WATCH")
+                    .arg("rl:watched")
+                    .query_async(&mut watcher)
+                    .await
+                    .unwrap();
+                let decided = limiter.decide(quota, then, 1).await.unwrap();
+                let committed: Option<Vec<String>> = redis::pipe()
+                    .atomic()
+                    .cmd("GET")
+                    .arg("rl:watched")
+                    .query_async(&mut watcher)
+                    .await
+                    .unwrap();
+                (decided.allowed, committed.is_some())
+            }
+        };
+        assert_eq!(
+            watched("watched").await,
+            (false, true),
+            "a denial modified the key"
+        );
+        let _: () = redis::cmd("DEL")
+            .arg("rl:watched")
+            .query_async(&mut server.connection().await)
+            .await
+            .unwrap();
+        assert_eq!(
+            watched("watched").await,
+            (true, false),
+            "an admission left the key unmodified"
+        );
+    });
+}

@@ -1,0 +1,126 @@
+//! One key opened once for a decision: read in place, written in place. The
+//! crate's key types open a key once to read and again to write; a decision
+//! costs Redis little more than its key lookups, so each is counted.
+
+use std::os::raw::{c_char, c_longlong};
+use std::ptr::NonNull;
+
+use redis_module::{raw, Context, KeyType, RedisError, RedisString};
+
+/// A key opened to be read and written, closed when dropped.
+pub(crate) struct Key {
+    ctx: *mut raw::RedisModuleCtx,
+    key: NonNull<raw::RedisModuleKey>,
+    /// Whether it was written: only then is it signalled as modified (a
+    /// denial changes nothing a `WATCH` or client-side cache should see).
+    modified: std::cell::Cell<bool>,
+}
+
+impl Key {
+    pub(crate) fn open(ctx: &Context, name: &RedisString) -> Result<Self, RedisError> {
+        let key = raw::open_key(
+            ctx.ctx,
+            name.inner,
+            raw::KeyMode::READ | raw::KeyMode::WRITE,
+        );
+        NonNull::new(key)
+            .map(|key| Self {
+                ctx: ctx.ctx,
+                key,
+                modified: std::cell::Cell::new(false),
+            })
+            .ok_or(RedisError::Str("ERR the key could not be opened"))
+    }
+
+    pub(crate) fn kind(&self) -> KeyType {
+        // SAFETY: an open key of this context.
+        unsafe { raw::RedisModule_KeyType.unwrap()(self.key.as_ptr()) }.into()
+    }
+
+    /// The value of a string key, read in place; `None` for another type or
+    /// no key.
+    pub(crate) fn value(&self) -> Option<&[u8]> {
+        if self.kind() != KeyType::String {
+            return None;
+        }
+        let mut len = 0;
+        let data = raw::string_dma(self.key.as_ptr(), &mut len, raw::KeyMode::READ);
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: Redis hands out `len` bytes at `data`, valid while the key
+        // is open and unchanged: the borrow of `self` keeps both.
+        Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
+    }
+
+    /// Sets the key to `value` expiring in `px` ms, as `PSETEX` does. A
+    /// string already there is rewritten in place: no new object, and no
+    /// second lookup of the key (Redis keeps a bare number as a string
+    /// here, where `PSETEX` would keep it as an integer: this API does not
+    /// re-encode what it stores).
+    pub(crate) fn set(&self, value: &str, px: u64) -> Result<(), RedisError> {
+        let key = self.key.as_ptr();
+        if self.kind() == KeyType::String {
+            let mut len = 0;
+            if raw::string_truncate(key, value.len()) == raw::Status::Ok {
+                let data = raw::string_dma(key, &mut len, raw::KeyMode::WRITE);
+                if !data.is_null() && len == value.len() {
+                    // SAFETY: Redis hands out `len` writable bytes at `data`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(value.as_ptr(), data.cast::<u8>(), len)
+                    };
+                } else {
+                    return Err(RedisError::Str("ERR the key could not be written"));
+                }
+            } else {
+                return Err(RedisError::Str("ERR the key could not be written"));
+            }
+        } else {
+            // SAFETY: a string made in this context, freed once set (the key
+            // keeps its own reference).
+            unsafe {
+                let string = raw::RedisModule_CreateString.unwrap()(
+                    self.ctx,
+                    value.as_ptr().cast::<c_char>(),
+                    value.len(),
+                );
+                let set = raw::string_set(key, string);
+                raw::RedisModule_FreeString.unwrap()(self.ctx, string);
+                if set == raw::Status::Err {
+                    return Err(RedisError::Str("ERR the key could not be written"));
+                }
+            }
+        }
+        self.modified.set(true);
+        let px = c_longlong::try_from(px).unwrap_or(c_longlong::MAX);
+        match raw::set_expire(self.key.as_ptr(), px) {
+            raw::Status::Ok => Ok(()),
+            raw::Status::Err => Err(RedisError::Str("ERR the key's expiry could not be set")),
+        }
+    }
+
+    pub(crate) fn delete(&self) {
+        // SAFETY: an open key of this context, opened for writing.
+        unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key.as_ptr()) };
+        self.modified.set(true);
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        // SAFETY: opened by `open`, closed once; the name is the key's own.
+        unsafe {
+            if self.modified.get() {
+                let name = raw::RedisModule_GetKeyNameFromModuleKey.unwrap()(self.key.as_ptr());
+                raw::RedisModule_SignalModifiedKey.unwrap()(self.ctx, name.cast_mut());
+            }
+            raw::RedisModule_CloseKey.unwrap()(self.key.as_ptr());
+        }
+    }
+}
+
+/// Keys are signalled as modified when written, not whenever one opened for
+/// writing is closed (see [`Key`]): set when the module loads.
+pub(crate) fn signal_writes_only(ctx: &Context) {
+    ctx.set_module_options(redis_module::raw::ModuleOptions::NO_IMPLICIT_SIGNAL_MODIFIED);
+}
