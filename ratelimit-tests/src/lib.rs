@@ -28,4 +28,6 @@ mod guide {
     struct Operations;
     #[doc = include_str!("../../docs/benchmarks.md")]
     struct Benchmarks;
+    #[doc = include_str!("../../docs/native-module.md")]
+    struct NativeModule;
 }
