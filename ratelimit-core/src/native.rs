@@ -25,6 +25,10 @@ pub const WIRE_VERSION: u64 = 1;
 /// [`WIRE_VERSION`].
 pub const WIRE_SCRIPTS_SHA1: &str = "dcc04125babced2cc548faf2dc542e19fb583110";
 
+/// The largest number a call may carry as an instant or a stored number:
+/// the scripts compute in doubles, exact below 2^53.
+pub const MAX_EXACT: u64 = crate::quota::MAX_EXACT;
+
 /// One group of a call: an algorithm and its three numbers, as the caller
 /// sent them.
 #[derive(Debug, Clone)]
@@ -125,9 +129,16 @@ impl Group {
         self.quota.algorithm().is_windowed()
     }
 
-    /// The limit (the windows' first number).
+    /// The limit (the windows' first number), or the buckets' capacity.
     pub fn limit(&self) -> u64 {
         self.quota.capacity()
+    }
+
+    /// Whether a request of `cost` is one the caller may send: never above
+    /// the capacity (the caller denies those itself), which the arithmetic
+    /// assumes. A bucket's refund carries no capacity and takes any cost.
+    pub fn takes(&self, cost: u64, refund: bool) -> bool {
+        cost <= self.quota.capacity() || (refund && !self.quota.algorithm().is_windowed())
     }
 
     /// The window in µs (the windows' second number).
@@ -242,10 +253,11 @@ fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
     let text = std::str::from_utf8(value).ok()?;
     let mut numbers = text.split(':').map(|n| {
         // Digits only, as the scripts' patterns match.
+        // A number no script here writes (2^53 or more) is foreign too.
         if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
             None
         } else {
-            n.parse::<u64>().ok()
+            n.parse::<u64>().ok().filter(|&n| n <= MAX_EXACT)
         }
     });
     let mut next = || numbers.next().flatten();
@@ -318,6 +330,7 @@ mod tests {
             (Algorithm::FixedWindow, "12"),
             (Algorithm::SlidingWindow, "1:2"),
             (Algorithm::SlidingWindow, "1:2:x"),
+            (Algorithm::Gcra, "18446744073709551615"),
         ] {
             assert_eq!(parse(algorithm, value.as_bytes()), None, "{value:?}");
         }

@@ -13,7 +13,7 @@ pub(crate) struct Key {
     key: NonNull<raw::RedisModuleKey>,
     /// Whether it was written: only then is it signalled as modified (a
     /// denial changes nothing a `WATCH` or client-side cache should see).
-    modified: std::cell::Cell<bool>,
+    modified: bool,
 }
 
 impl Key {
@@ -27,9 +27,9 @@ impl Key {
             .map(|key| Self {
                 ctx: ctx.ctx,
                 key,
-                modified: std::cell::Cell::new(false),
+                modified: false,
             })
-            .ok_or(RedisError::Str("ERR the key could not be opened"))
+            .ok_or(RedisError::Str("RLFAIL the key could not be opened"))
     }
 
     pub(crate) fn kind(&self) -> KeyType {
@@ -49,60 +49,69 @@ impl Key {
             return None;
         }
         // SAFETY: Redis hands out `len` bytes at `data`, valid while the key
-        // is open and unchanged: the borrow of `self` keeps both.
+        // is open and unchanged: the shared borrow of `self` keeps it open,
+        // and every write takes `&mut self`.
         Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
     }
 
     /// Sets the key to `value` expiring in `px` ms, as `PSETEX` does. A
     /// string already there is rewritten in place: no new object, and no
-    /// second lookup of the key (Redis keeps a bare number as a string
-    /// here, where `PSETEX` would keep it as an integer: this API does not
-    /// re-encode what it stores).
-    pub(crate) fn set(&self, value: &str, px: u64) -> Result<(), RedisError> {
-        let key = self.key.as_ptr();
-        if self.kind() == KeyType::String {
-            let mut len = 0;
-            if raw::string_truncate(key, value.len()) == raw::Status::Ok {
-                let data = raw::string_dma(key, &mut len, raw::KeyMode::WRITE);
-                if !data.is_null() && len == value.len() {
-                    // SAFETY: Redis hands out `len` writable bytes at `data`.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(value.as_ptr(), data.cast::<u8>(), len)
-                    };
-                } else {
-                    return Err(RedisError::Str("ERR the key could not be written"));
-                }
-            } else {
-                return Err(RedisError::Str("ERR the key could not be written"));
-            }
-        } else {
-            // SAFETY: a string made in this context, freed once set (the key
-            // keeps its own reference).
-            unsafe {
-                let string = raw::RedisModule_CreateString.unwrap()(
-                    self.ctx,
-                    value.as_ptr().cast::<c_char>(),
-                    value.len(),
-                );
-                let set = raw::string_set(key, string);
-                raw::RedisModule_FreeString.unwrap()(self.ctx, string);
-                if set == raw::Status::Err {
-                    return Err(RedisError::Str("ERR the key could not be written"));
-                }
-            }
+    /// second lookup of the key. (Reading a string in place makes Redis keep
+    /// it as a plain string: a bare number `PSETEX` stores as an integer
+    /// takes a string's room once the module has read it.)
+    pub(crate) fn set(&mut self, value: &str, px: u64) -> Result<(), RedisError> {
+        if !(self.kind() == KeyType::String && self.rewrite(value)) {
+            self.replace(value)?;
         }
-        self.modified.set(true);
+        self.modified = true;
         let px = c_longlong::try_from(px).unwrap_or(c_longlong::MAX);
         match raw::set_expire(self.key.as_ptr(), px) {
             raw::Status::Ok => Ok(()),
-            raw::Status::Err => Err(RedisError::Str("ERR the key's expiry could not be set")),
+            raw::Status::Err => Err(RedisError::Str("RLFAIL the key's expiry could not be set")),
         }
     }
 
-    pub(crate) fn delete(&self) {
+    /// Rewrites the string in place; `false` when Redis would not (then
+    /// nothing was changed but, possibly, its length).
+    fn rewrite(&mut self, value: &str) -> bool {
+        let key = self.key.as_ptr();
+        if raw::string_truncate(key, value.len()) != raw::Status::Ok {
+            return false;
+        }
+        let mut len = 0;
+        let data = raw::string_dma(key, &mut len, raw::KeyMode::WRITE);
+        if data.is_null() || len != value.len() {
+            return false;
+        }
+        // SAFETY: Redis hands out `len` writable bytes at `data`, which no
+        // other reference reaches (`&mut self`).
+        unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), data.cast::<u8>(), len) };
+        true
+    }
+
+    /// Replaces the key's value with a new string holding `value`.
+    fn replace(&mut self, value: &str) -> Result<(), RedisError> {
+        // SAFETY: a string made in this context, freed once set (the key
+        // keeps its own reference).
+        unsafe {
+            let string = raw::RedisModule_CreateString.unwrap()(
+                self.ctx,
+                value.as_ptr().cast::<c_char>(),
+                value.len(),
+            );
+            let set = raw::string_set(self.key.as_ptr(), string);
+            raw::RedisModule_FreeString.unwrap()(self.ctx, string);
+            if set == raw::Status::Err {
+                return Err(RedisError::Str("RLFAIL the key could not be written"));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn delete(&mut self) {
         // SAFETY: an open key of this context, opened for writing.
         unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key.as_ptr()) };
-        self.modified.set(true);
+        self.modified = true;
     }
 }
 
@@ -110,7 +119,7 @@ impl Drop for Key {
     fn drop(&mut self) {
         // SAFETY: opened by `open`, closed once; the name is the key's own.
         unsafe {
-            if self.modified.get() {
+            if self.modified {
                 let name = raw::RedisModule_GetKeyNameFromModuleKey.unwrap()(self.key.as_ptr());
                 raw::RedisModule_SignalModifiedKey.unwrap()(self.ctx, name.cast_mut());
             }

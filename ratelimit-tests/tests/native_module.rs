@@ -528,3 +528,74 @@ fn a_denial_leaves_a_watched_key_unmodified_and_an_admission_modifies_it() {
         );
     });
 }
+
+#[test]
+fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = with_module();
+    runtime.block_on(async {
+        let mut connection = server.connection().await;
+        let max = u64::MAX.to_string();
+        let bucket = ["1", "1", "1", "", "1", "500000", "10"];
+        let calls: Vec<Vec<&str>> = vec![
+            // Counts that would wrap, or ask for vast allocations.
+            vec!["1", "18446744073709551613", "k", "each"],
+            vec!["1", "1", "k", "runs", "99999999999999999"],
+            vec!["1", "1", "k", "runs", "1", "-9223372036854775808"],
+            // A cost above the capacity, for a bucket and a sliding log's
+            // refund (whose member names would be built by the billion).
+            vec![
+                "1", "1", "k", "each", "1", "1", "11", "", "1", "500000", "10",
+            ],
+            vec![
+                "1", "1", "k", "refund", "1", "3", &max, "", "4", "1000000", "77",
+            ],
+            // A good group, then one cut short: nothing of the first is written.
+            [
+                &["1", "2", "k", "k2", "each"][..],
+                &bucket[..],
+                &["1", "1", "1"][..],
+            ]
+            .concat(),
+            // The groups name more keys than the call.
+            [&["1", "1", "k", "each"][..], &["2"][..], &bucket[1..]].concat(),
+            // An instant no double holds exactly, an unknown algorithm, a
+            // rate not reduced, Redis Cluster's mode, a group across runs.
+            vec![
+                "1", "1", "k", "each", "1", "1", "1", &max, "1", "500000", "10",
+            ],
+            vec![
+                "1", "1", "k", "each", "1", "9", "1", "", "1", "500000", "10",
+            ],
+            vec![
+                "1", "1", "k", "each", "1", "1", "1", "", "2", "1000000", "10",
+            ],
+            vec!["1", "1", "k", "batch", "1", "k"],
+            vec![
+                "1", "2", "k", "k2", "runs", "2", "1", "1", "2", "1", "1", "", "1", "500000", "10",
+            ],
+        ];
+        for args in &calls {
+            let reply: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
+                .arg(&args[..])
+                .query_async(&mut connection)
+                .await;
+            let error = reply.expect_err(&format!("{args:?} was decided"));
+            assert!(
+                matches!(error.code(), Some("RLARGS" | "ERR")),
+                "{args:?}: {error}"
+            );
+        }
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(keys.is_empty(), "refused calls wrote {keys:?}");
+        let pong: String = redis::cmd("PING")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(pong, "PONG");
+    });
+}

@@ -111,9 +111,24 @@ fn unix_secs() -> u64 {
 }
 
 impl Native {
+    /// Whether to send this call to the module: while it answers, and once
+    /// a refusal is a minute old, for one call only (which asks again).
     fn worth_asking(&self) -> bool {
         let retry_at = self.retry_at.load(Ordering::Relaxed);
-        retry_at == 0 || unix_secs() >= retry_at
+        if retry_at == 0 {
+            return true;
+        }
+        let now = unix_secs();
+        now >= retry_at
+            && self
+                .retry_at
+                .compare_exchange(
+                    retry_at,
+                    now + NATIVE_RETRY_SECS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 
     fn answered(&self) {
@@ -256,13 +271,26 @@ pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
                     native.answered();
                     return Ok(reply);
                 }
-                Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
-                // Over `maxmemory`, as the function: the script decides.
+                // Unknown here (an `ERR` before anything ran), another
+                // version, or not allowed: the function decides instead.
+                // Nothing else falls back: a call the module failed may have
+                // written, and must not be applied twice.
+                Err(error)
+                    if matches!(error.code(), Some("ERR" | "RLWIRE"))
+                        || error.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+                {
+                    native.refused(&error)
+                }
+                // Arguments the module refused before deciding anything: this
+                // call goes to the function, which says what it makes of them.
+                Err(error) if error.code() == Some("RLARGS") => {}
+                // Over `maxmemory`, refused before it ran, as the function
+                // is: the script decides, as it does for a function.
                 Err(error) if error.code() == Some("OOM") => {
                     return evalsha(call, connection).await;
                 }
-                // Unknown here, another version (RLWIRE), or not allowed.
-                Err(error) => native.refused(&error),
+                Err(error) => return Err(error),
             }
         }
     }

@@ -1,0 +1,150 @@
+//! A call's arguments after its keys, read and checked whole before anything
+//! is decided: a call the module refuses has written nothing.
+
+use ratelimit_core::native::{Group, MAX_EXACT};
+use redis_module::{RedisError, RedisString};
+
+/// Fields per group, after the mode (see entry.lua).
+const GROUP_FIELDS: usize = 7;
+
+/// What a call asks for.
+pub(crate) struct Plan {
+    pub mode: Mode,
+    /// In 'runs' mode, the end (exclusive) of each run's keys and whether it
+    /// is all or nothing.
+    pub runs: Option<Vec<(usize, bool)>>,
+    pub groups: Vec<Planned>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Each,
+    All,
+    Peek,
+    Refund,
+    Runs,
+}
+
+/// One group: keys `first..last`, its quota, cost and clock.
+pub(crate) struct Planned {
+    pub first: usize,
+    pub last: usize,
+    pub group: Group,
+    pub cost: u64,
+    /// The caller's clock, or `None` for this server's.
+    pub now: Option<u64>,
+}
+
+/// A refusal of the call's arguments, before anything is written.
+fn refused(what: &str) -> RedisError {
+    RedisError::String(format!("RLARGS {what}"))
+}
+
+/// An unsigned number argument.
+pub(crate) fn number(arg: &RedisString) -> Result<u64, RedisError> {
+    std::str::from_utf8(arg.as_slice())
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| refused("a number was expected"))
+}
+
+/// A signed number argument (a run's length, a refund's `until_end`).
+fn signed(arg: &RedisString) -> Result<i64, RedisError> {
+    std::str::from_utf8(arg.as_slice())
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| refused("a number was expected"))
+}
+
+/// Reads `argv` (the mode and what follows it) for a call of `keys` keys.
+pub(crate) fn plan(argv: &[RedisString], keys: usize) -> Result<Plan, RedisError> {
+    let mode = match argv.first().map(|a| a.as_slice()) {
+        Some(b"each") => Mode::Each,
+        Some(b"all") => Mode::All,
+        Some(b"peek") => Mode::Peek,
+        Some(b"refund") => Mode::Refund,
+        Some(b"runs") => Mode::Runs,
+        // 'batch' (across Redis Cluster slots) is the function's alone.
+        _ => return Err(refused("an unknown mode")),
+    };
+    let mut first_group = 1;
+    let mut runs = None;
+    if mode == Mode::Runs {
+        let count = argv
+            .get(1)
+            .map(number)
+            .transpose()?
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= argv.len())
+            .ok_or_else(|| refused("a count of runs was expected"))?;
+        let mut through = 0usize;
+        let mut list = Vec::with_capacity(count);
+        for r in 0..count {
+            let length = argv
+                .get(2 + r)
+                .ok_or_else(|| refused("a run's length is missing"))?;
+            let length = signed(length)?;
+            through = usize::try_from(length.unsigned_abs())
+                .ok()
+                .and_then(|n| through.checked_add(n))
+                .filter(|&n| n <= keys)
+                .ok_or_else(|| refused("the runs name more keys than the call"))?;
+            list.push((through, length < 0));
+        }
+        runs = Some(list);
+        first_group = 2 + count;
+    }
+    let refund = mode == Mode::Refund;
+    let mut groups = Vec::new();
+    let mut last = 0usize;
+    let mut g = first_group;
+    while g < argv.len() {
+        let fields = argv
+            .get(g..g + GROUP_FIELDS)
+            .ok_or_else(|| refused("a group has fewer than 7 fields"))?;
+        let first = last;
+        last = usize::try_from(number(&fields[0])?)
+            .ok()
+            .and_then(|n| last.checked_add(n))
+            .filter(|&n| n <= keys)
+            .ok_or_else(|| refused("the groups name more keys than the call"))?;
+        if let Some(runs) = &runs {
+            // A group never spans two runs.
+            let run = runs.iter().find(|(end, _)| *end > first);
+            if run.is_none_or(|(end, _)| last > *end) {
+                return Err(refused("a group spans two runs"));
+            }
+        }
+        let algorithm = number(&fields[1])?;
+        let cost = number(&fields[2])?;
+        let now = if fields[3].as_slice().is_empty() {
+            None
+        } else {
+            Some(number(&fields[3])?)
+                .filter(|&now| now <= MAX_EXACT)
+                .ok_or_else(|| refused("an instant of 2^52 microseconds or more"))
+                .map(Some)?
+        };
+        let p3 = if refund {
+            // Signed for the windows (`until_end`), sent as its bits.
+            signed(&fields[6])? as u64
+        } else {
+            number(&fields[6])?
+        };
+        let params = [number(&fields[4])?, number(&fields[5])?, p3];
+        let group = Group::new(algorithm, params, refund)
+            .ok_or_else(|| refused("a group names no quota"))?;
+        if !group.takes(cost, refund) {
+            return Err(refused("a cost above the quota's capacity"));
+        }
+        groups.push(Planned {
+            first,
+            last,
+            group,
+            cost,
+            now,
+        });
+        g += GROUP_FIELDS;
+    }
+    Ok(Plan { mode, runs, groups })
+}
