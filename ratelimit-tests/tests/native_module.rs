@@ -599,3 +599,79 @@ fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
         assert_eq!(pong, "PONG");
     });
 }
+
+#[test]
+fn a_replica_holds_what_the_module_wrote_on_its_master() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let master = with_module();
+    // The replica has no module: it applies the writes the module sent.
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    runtime.block_on(async {
+        // Synced before the first decision, so that every write reaches the
+        // replica as a command, not in the master's snapshot.
+        let mut replica_connection = replica.connection().await;
+        let mut linked = false;
+        for _ in 0..100 {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut replica_connection)
+                .await
+                .unwrap();
+            if info.contains("master_link_status:up") {
+                linked = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(linked, "the replica did not sync:\n{}", replica.log());
+        let limiter = Limiter::builder()
+            .redis(master.url())
+            .deny_cache_max_keys(0)
+            .build()
+            .unwrap();
+        for (k, quota) in families().iter().flatten().enumerate() {
+            let key = format!("replicated:{k}");
+            for cost in [1, 1, 2] {
+                let _ = limiter.decide(quota, &key, cost).await.unwrap();
+            }
+            let admitted = limiter
+                .check(Request::new(quota, &key).on_error(ratelimit::FailurePolicy::Closed))
+                .await;
+            if let Ok(admitted) = admitted {
+                limiter.refund(admitted).await.unwrap();
+            }
+        }
+        // Until the replica has synced and acknowledged every write (each
+        // WAIT shorter than the client's response timeout).
+        let mut connection = master.connection().await;
+        let mut synced = 0;
+        for _ in 0..50 {
+            synced = redis::cmd("WAIT")
+                .arg(1)
+                .arg(200)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            if synced == 1 {
+                break;
+            }
+        }
+        assert_eq!(synced, 1, "the replica did not acknowledge the writes");
+        assert!(master.command_calls(&["ratelimit.decide"]).await > 0);
+        let (on_master, on_replica) = (holdings(&master).await, holdings(&replica).await);
+        assert!(!on_master.is_empty());
+        assert_eq!(
+            on_master.keys().collect::<Vec<_>>(),
+            on_replica.keys().collect::<Vec<_>>()
+        );
+        for (key, (value, expires)) in &on_master {
+            let (replica_value, replica_expires) = &on_replica[key];
+            assert_eq!(value, replica_value, "{key}");
+            assert!(
+                *expires > 0 && (expires - replica_expires).abs() <= 50,
+                "{key} expires at {expires} on the master, at {replica_expires} on the replica"
+            );
+        }
+    });
+}
