@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use crate::algorithm::{self, Refund, State};
-use crate::quota::{Algorithm, Quota, Rate};
+use crate::quota::{Algorithm, Quota, Rate, MAX_EXACT};
 
 /// The version of the call's format (the arguments and the reply of
 /// `scripts/entry.lua`). The limiter sends it first; a module of another
@@ -23,11 +23,8 @@ pub const WIRE_VERSION: u64 = 1;
 
 /// The SHA-1 of the scripts this version's format is that of; see
 /// [`WIRE_VERSION`].
-pub const WIRE_SCRIPTS_SHA1: &str = "dcc04125babced2cc548faf2dc542e19fb583110";
-
-/// The largest number a call may carry as an instant or a stored number:
-/// the scripts compute in doubles, exact below 2^53.
-pub const MAX_EXACT: u64 = crate::quota::MAX_EXACT;
+#[cfg(all(test, feature = "redis"))]
+pub(crate) const WIRE_SCRIPTS_SHA1: &str = "dcc04125babced2cc548faf2dc542e19fb583110";
 
 /// One group of a call: an algorithm and its three numbers, as the caller
 /// sent them.
@@ -39,39 +36,26 @@ pub struct Group {
     p3: u64,
 }
 
-/// What a key holds, as the module read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stored<'a> {
-    /// Nothing (or, where the script reads it so, a key of another type).
-    Absent,
-    /// A string.
-    Value(&'a [u8]),
-}
-
 /// One key's decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    /// What the script answers for the key: one number for the buckets (the
-    /// debt before the request, -1 for a value no algorithm here wrote),
-    /// five for the windows.
-    pub reply: Reply,
+    /// What the script answers for the key, `reply[..len]`: one number for
+    /// the buckets (the debt before the request), five for the windows
+    /// (allowed, remaining, retry after, reset after and delay in µs);
+    /// -1 first for a value no algorithm here wrote.
+    reply: [i64; 5],
+    len: usize,
     /// Whether the key admitted.
     pub admitted: bool,
     /// The value to store, and for how long it matters, in µs.
     pub write: Option<(String, u64)>,
 }
 
-/// A key's answer in the reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
-    /// The buckets': the debt before the request.
-    Debt(u64),
-    /// The windows': allowed (1 or 0), remaining, retry after, reset after
-    /// and delay in µs.
-    Numbers([i64; 5]),
-    /// A value this algorithm did not write: the buckets answer -1, the
-    /// windows -1, 0, 0, 0, 0.
-    Foreign,
+impl Verdict {
+    /// The key's numbers in the call's reply.
+    pub fn reply(&self) -> &[i64] {
+        &self.reply[..self.len]
+    }
 }
 
 /// What a refund does to a key.
@@ -123,22 +107,34 @@ impl Group {
         self.quota.algorithm() == Algorithm::SlidingLog
     }
 
-    /// Whether the group answers with five numbers a key (the windows)
-    /// rather than one.
-    pub fn answers_five(&self) -> bool {
-        self.quota.algorithm().is_windowed()
-    }
-
     /// The limit (the windows' first number), or the buckets' capacity.
     pub fn limit(&self) -> u64 {
         self.quota.capacity()
     }
 
-    /// Whether a request of `cost` is one the caller may send: never above
-    /// the capacity (the caller denies those itself), which the arithmetic
-    /// assumes. A bucket's refund carries no capacity and takes any cost.
-    pub fn takes(&self, cost: u64, refund: bool) -> bool {
-        cost <= self.quota.capacity() || (refund && !self.quota.algorithm().is_windowed())
+    /// Whether the caller may send a request of `cost` at `now` (`None`:
+    /// this server's clock): never above the capacity (the caller denies
+    /// those itself), which the arithmetic assumes, nor at an instant a
+    /// double does not hold exactly. A bucket's refund carries no capacity
+    /// and takes any cost.
+    pub fn accepts(&self, cost: u64, now: Option<u64>, refund: bool) -> bool {
+        let windowed = self.quota.algorithm().is_windowed();
+        (cost <= self.quota.capacity() || (refund && !windowed))
+            && now.is_none_or(|now| now <= MAX_EXACT)
+    }
+
+    /// The answer to a key that holds what no algorithm here wrote.
+    pub fn foreign(&self) -> Verdict {
+        Verdict {
+            reply: [-1, 0, 0, 0, 0],
+            len: if self.quota.algorithm().is_windowed() {
+                5
+            } else {
+                1
+            },
+            admitted: false,
+            write: None,
+        }
     }
 
     /// The window in µs (the windows' second number).
@@ -153,31 +149,24 @@ impl Group {
 
     /// Decides a request of `cost` at `now` on a key holding `stored`, as
     /// the script does. Not for the sliding log.
-    pub fn decide(&self, stored: Stored<'_>, now: u64, cost: u64) -> Verdict {
+    pub fn decide(&self, stored: Option<&[u8]>, now: u64, cost: u64) -> Verdict {
         let quota = &self.quota;
-        let mut state = match stored {
-            Stored::Absent => None,
-            Stored::Value(value) => match parse(quota.algorithm(), value) {
-                Some(state) => Some(state),
-                None => {
-                    return Verdict {
-                        reply: Reply::Foreign,
-                        admitted: false,
-                        write: None,
-                    }
-                }
-            },
+        let mut state = match stored.map(|value| parse(quota.algorithm(), value)) {
+            None => None,
+            Some(None) => return self.foreign(),
+            Some(state) => state,
         };
         let (decision, wrote) = algorithm::decide(quota, &mut state, now, cost);
-        let reply = if quota.algorithm().is_windowed() {
+        let (reply, len) = if quota.algorithm().is_windowed() {
             let us = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
-            Reply::Numbers([
+            let numbers = [
                 i64::from(decision.allowed),
                 i64::try_from(decision.remaining).unwrap_or(i64::MAX),
                 us(decision.retry_after),
                 us(decision.reset_after),
                 us(decision.delay),
-            ])
+            ];
+            (numbers, 5)
         } else {
             // The debt before the request: an admission's decision carries
             // the debt after it.
@@ -187,7 +176,7 @@ impl Group {
             } else {
                 0
             };
-            Reply::Debt(debt - paid)
+            ([(debt - paid) as i64, 0, 0, 0, 0], 1)
         };
         let write = match (&state, wrote) {
             (Some(state), true) => {
@@ -199,6 +188,7 @@ impl Group {
         };
         Verdict {
             reply,
+            len,
             admitted: decision.allowed,
             write,
         }
@@ -250,42 +240,32 @@ impl Group {
 /// The state a stored value holds, as the algorithm's script parses it, or
 /// `None` for a value it did not write.
 fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
-    let text = std::str::from_utf8(value).ok()?;
-    let mut numbers = text.split(':').map(|n| {
-        // Digits only, as the scripts' patterns match.
-        // A number no script here writes (2^53 or more) is foreign too.
-        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-            None
-        } else {
-            n.parse::<u64>().ok().filter(|&n| n <= MAX_EXACT)
+    // Up to three numbers joined by colons: digits only, as the scripts'
+    // patterns match, none of 2^52 or more (no script here writes one).
+    let mut numbers = [0u64; 3];
+    let mut count = 0;
+    for part in std::str::from_utf8(value).ok()?.split(':') {
+        let slot = numbers.get_mut(count)?;
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
         }
-    });
-    let mut next = || numbers.next().flatten();
-    let state = match algorithm {
-        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
-            let full_at = next()?;
-            let rem = if text.contains(':') { next()? } else { 0 };
-            State::Tat { full_at, rem }
-        }
-        Algorithm::FixedWindow => State::Window {
-            start: next()?,
-            count: next()?,
-        },
-        Algorithm::SlidingWindow => State::Windows {
-            start: next()?,
-            current: next()?,
-            previous: next()?,
-        },
-        Algorithm::SlidingLog => return None,
-    };
-    let parts = text.split(':').count();
-    let expected = match state {
-        State::Tat { .. } if text.contains(':') => 2,
-        State::Tat { .. } => 1,
-        State::Window { .. } => 2,
-        _ => 3,
-    };
-    (parts == expected).then_some(state)
+        *slot = part.parse().ok().filter(|&n| n <= MAX_EXACT)?;
+        count += 1;
+    }
+    match (algorithm, count, numbers) {
+        (
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket,
+            1 | 2,
+            [full_at, rem, _],
+        ) => Some(State::Tat { full_at, rem }),
+        (Algorithm::FixedWindow, 2, [start, count, _]) => Some(State::Window { start, count }),
+        (Algorithm::SlidingWindow, 3, [start, current, previous]) => Some(State::Windows {
+            start,
+            current,
+            previous,
+        }),
+        _ => None,
+    }
 }
 
 /// A state as its script stores it.

@@ -1,7 +1,7 @@
 //! A call's arguments after its keys, read and checked whole before anything
 //! is decided: a call the module refuses has written nothing.
 
-use ratelimit_core::native::{Group, MAX_EXACT};
+use ratelimit_core::native::Group;
 use redis_module::{RedisError, RedisString};
 
 /// Fields per group, after the mode (see entry.lua).
@@ -121,9 +121,6 @@ pub(crate) fn plan(argv: &[RedisString], keys: usize) -> Result<Plan, RedisError
             None
         } else {
             Some(number(&fields[3])?)
-                .filter(|&now| now <= MAX_EXACT)
-                .ok_or_else(|| refused("an instant of 2^52 microseconds or more"))
-                .map(Some)?
         };
         let p3 = if refund {
             // Signed for the windows (`until_end`), sent as its bits.
@@ -134,8 +131,10 @@ pub(crate) fn plan(argv: &[RedisString], keys: usize) -> Result<Plan, RedisError
         let params = [number(&fields[4])?, number(&fields[5])?, p3];
         let group = Group::new(algorithm, params, refund)
             .ok_or_else(|| refused("a group names no quota"))?;
-        if !group.takes(cost, refund) {
-            return Err(refused("a cost above the quota's capacity"));
+        if !group.accepts(cost, now, refund) {
+            return Err(refused(
+                "a cost above the quota's capacity, or an instant of 2^52 microseconds or more",
+            ));
         }
         groups.push(Planned {
             first,

@@ -27,11 +27,11 @@ mod key;
 mod log;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use args::{number, plan, Mode, Plan};
 use key::Key;
-use ratelimit_core::native::{Group, Refunded, Reply, Stored, WIRE_VERSION};
+use ratelimit_core::native::{Group, Refunded, WIRE_VERSION};
+use ratelimit_core::{Clock as _, SystemClock};
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
 /// The command: see the crate's documentation. A panic is the call's error,
@@ -119,9 +119,7 @@ struct Call<'c> {
 
 /// This server's clock, in ms, for the absolute expiries sent to replicas.
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    SystemClock.now_micros() / 1000
 }
 
 impl Call<'_> {
@@ -175,12 +173,8 @@ impl Call<'_> {
             self.grace = true;
             return now;
         }
-        *self.time.get_or_insert_with(|| {
-            // The clock Redis's TIME reads.
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as u64)
-        })
+        // The clock Redis's TIME reads.
+        *self.time.get_or_insert_with(|| SystemClock.now_micros())
     }
 
     /// `PX` for state that matters for `ttl_us` more (see `expiry_ms` in
@@ -200,36 +194,28 @@ impl Call<'_> {
     ) -> Result<(), RedisError> {
         let mut key = Key::open(self.ctx, &self.keys[i])?;
         let kind = key.kind();
-        let stored = match (key.value(), &kind) {
-            (Some(value), _) => Stored::Value(value),
-            (None, KeyType::Empty) => Stored::Absent,
-            // Another type: the 'each' script reads it as absent (MGET) and
-            // fails to write it (SET NX); all or nothing finds it first.
-            (None, _) if commit => Stored::Absent,
-            (None, _) => Stored::Value(b"\0"),
+        let other_type = !matches!(kind, KeyType::Empty | KeyType::String);
+        let mut verdict = if other_type && !commit {
+            // All or nothing finds a key of another type before it decides.
+            group.foreign()
+        } else {
+            // The 'each' script reads a key of another type as absent (MGET),
+            // and fails to write it (SET NX): below.
+            group.decide(key.value(), now, cost)
         };
-        let verdict = group.decide(stored, now, cost);
-        let mut reply = verdict.reply;
-        let mut admitted = verdict.admitted;
-        if let Some((value, ttl_us)) = verdict.write {
+        if let Some((value, ttl_us)) = verdict.write.take() {
             let px = self.px(ttl_us);
             if !commit {
                 self.held[i] = Some(Held::Value(value, px));
-            } else if matches!(kind, KeyType::Empty | KeyType::String) {
+            } else if other_type {
+                verdict = group.foreign();
+            } else {
                 key.set(&value, px)?;
                 self.replicate_set(i, &value, px);
-            } else {
-                reply = Reply::Foreign;
-                admitted = false;
             }
         }
-        match reply {
-            Reply::Debt(debt) => self.out.push(debt as i64),
-            Reply::Numbers(numbers) => self.out.extend_from_slice(&numbers),
-            Reply::Foreign if group.answers_five() => self.out.extend_from_slice(&[-1, 0, 0, 0, 0]),
-            Reply::Foreign => self.out.push(-1),
-        }
-        if !admitted {
+        self.out.extend_from_slice(verdict.reply());
+        if !verdict.admitted {
             self.denied = true;
         }
         Ok(())

@@ -3,9 +3,10 @@
 //! else EVALSHA).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use once_cell::sync::Lazy;
+
+use crate::clock::Clock as _;
 
 /// The script for EVALSHA, built once per process: its definitions, then the
 /// call. `Script` sends EVALSHA and, on NOSCRIPT (after a restart or
@@ -105,9 +106,7 @@ struct Native {
 const NATIVE_RETRY_SECS: u64 = 60;
 
 fn unix_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::clock::SystemClock.now_micros() / 1_000_000
 }
 
 impl Native {
