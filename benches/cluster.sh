@@ -11,6 +11,9 @@
 # gives the standalone Redis a replica too, as each cluster master has, so
 # that both pay for feeding one.
 #
+# MODULE=/abs/path/libratelimit_module.so loads the native module into every
+# server (cargo build --release -p ratelimit-module builds it).
+#
 # Needs redis-server and redis-cli; the cluster is
 # benches/peers/tools/redis-cluster.sh's (3 masters, 1 replica each),
 # or $CLUSTER_TOOL's.
@@ -21,6 +24,10 @@ cd "$(dirname "$0")/.."
 : "${DIMENSIONS:=1}"
 : "${CONCURRENCY:=64}"
 : "${STANDALONE_REPLICA:=0}"
+: "${MODULE:=}"
+module_args=()
+[ -n "$MODULE" ] && module_args=(--loadmodule "$MODULE")
+export NODE_ARGS="${module_args[*]}"
 : "${CLUSTER_TOOL:=$(cd "$(dirname "$0")" && pwd)/peers/tools/redis-cluster.sh}"
 cargo build -q --release -p ratelimit-tests --example loadgen
 loadgen=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
@@ -39,13 +46,13 @@ cleanup() {
 }
 trap cleanup EXIT
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-  --logfile "$dir/redis.log" --daemonize yes --pidfile "$dir/redis.pid"
+  --logfile "$dir/redis.log" --daemonize yes --pidfile "$dir/redis.pid" "${module_args[@]}"
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 if [ "$STANDALONE_REPLICA" = 1 ]; then
   replica_port=$(free_port)
   mkdir -p "$dir/replica"
   redis-server --port "$replica_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir/replica" \
-    --logfile "$dir/replica.log" --daemonize yes --pidfile "$dir/replica.pid" --replicaof 127.0.0.1 "$port"
+    --logfile "$dir/replica.log" --daemonize yes --pidfile "$dir/replica.pid" --replicaof 127.0.0.1 "$port" "${module_args[@]}"
   until redis-cli -p "$port" info replication | grep -q 'slave0:.*state=online'; do sleep 0.05; done
 fi
 "$CLUSTER_TOOL" up "$base" 3 >/dev/null

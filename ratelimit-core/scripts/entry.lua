@@ -7,9 +7,10 @@
 --          'peek': decide as 'all' does, and write nothing (an inspection);
 --          'refund': give back each key's cost (see refund.lua); no reply;
 --          'batch': 'each' over keys of several slots of this Redis Cluster
---          node, sent as the script flagged allow-cross-slot-keys: KEYS[1]
---          only routes the call here, ARGV[2] is the number of keys and the
---          keys follow it, then the groups;
+--          node, sent as the script flagged allow-cross-slot-keys, with no
+--          KEYS (Redis would refuse the whole call for a key there that
+--          moved, or that the user may not touch): ARGV[2] is the number
+--          of keys and the keys follow it, then the groups;
 --          'runs': runs of keys in KEYS order, each decided as 'each' or as
 --          'all' on its own (a batch of single decisions and all-or-nothing
 --          checks): ARGV[2] is the number of runs, one count of keys per run

@@ -14,6 +14,9 @@ pub(crate) struct Plan {
     /// is all or nothing.
     pub runs: Option<Vec<(usize, bool)>>,
     pub groups: Vec<Planned>,
+    /// In 'batch' mode, how many keys follow the count in `argv` (the
+    /// call's own key only routes it on Redis Cluster).
+    pub batch: Option<usize>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -23,6 +26,9 @@ pub(crate) enum Mode {
     Peek,
     Refund,
     Runs,
+    /// 'each' over keys of several slots of this Redis Cluster node, sent
+    /// after the mode and their count; the call's own key routes it.
+    Batch,
 }
 
 /// One group: keys `first..last`, its quota, cost and clock.
@@ -57,18 +63,30 @@ fn signed(arg: &RedisString) -> Result<i64, RedisError> {
 }
 
 /// Reads `argv` (the mode and what follows it) for a call of `keys` keys.
-pub(crate) fn plan(argv: &[RedisString], keys: usize) -> Result<Plan, RedisError> {
+pub(crate) fn plan(argv: &[RedisString], mut keys: usize) -> Result<Plan, RedisError> {
     let mode = match argv.first().map(|a| a.as_slice()) {
         Some(b"each") => Mode::Each,
         Some(b"all") => Mode::All,
         Some(b"peek") => Mode::Peek,
         Some(b"refund") => Mode::Refund,
         Some(b"runs") => Mode::Runs,
-        // 'batch' (across Redis Cluster slots) is the function's alone.
+        Some(b"batch") => Mode::Batch,
         _ => return Err(refused("an unknown mode")),
     };
     let mut first_group = 1;
     let mut runs = None;
+    let mut batch = None;
+    if mode == Mode::Batch {
+        keys = argv
+            .get(1)
+            .map(number)
+            .transpose()?
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= argv.len().saturating_sub(2))
+            .ok_or_else(|| refused("a count of keys was expected"))?;
+        batch = Some(keys);
+        first_group = 2 + keys;
+    }
     if mode == Mode::Runs {
         let count = argv
             .get(1)
@@ -145,5 +163,10 @@ pub(crate) fn plan(argv: &[RedisString], keys: usize) -> Result<Plan, RedisError
         });
         g += GROUP_FIELDS;
     }
-    Ok(Plan { mode, runs, groups })
+    Ok(Plan {
+        mode,
+        runs,
+        groups,
+        batch,
+    })
 }

@@ -11,9 +11,9 @@
 //!
 //! The arguments after the keys and the reply are those of the function
 //! (`ratelimit-core/scripts/entry.lua`), in the modes `each`, `all`, `peek`,
-//! `runs` and `refund`. A call of another wire version is refused with an
-//! error starting `RLWIRE`, and the limiter calls the function instead.
-//! Redis Cluster's cross-slot `batch` mode is the function's alone.
+//! `runs`, `refund` and Redis Cluster's `batch` (keys of several slots of
+//! one node). A call of another wire version is refused with an error
+//! starting `RLWIRE`, and the limiter calls the function instead.
 //!
 //! Load it with `redis-server --loadmodule /path/to/libratelimit_module.so`
 //! (see the guide's chapter on the native module). Writes reach replicas and
@@ -27,12 +27,15 @@ mod key;
 mod log;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 
 use args::{number, plan, Mode, Plan};
 use key::Key;
 use ratelimit_core::native::{Group, Refunded, WIRE_VERSION};
 use ratelimit_core::{Clock as _, SystemClock};
-use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{
+    raw, Context, ContextFlags, KeyType, RedisError, RedisResult, RedisString, RedisValue,
+};
 
 /// The command: see the crate's documentation. A panic is the call's error,
 /// never the server's end.
@@ -73,13 +76,28 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .filter(|&n| n <= args.len() - 4)
         .ok_or(RedisError::WrongArity)?;
     let mut args = args.into_iter().skip(3);
-    let keys: Vec<RedisString> = args.by_ref().take(count).collect();
-    let argv: Vec<RedisString> = args.collect();
+    let mut keys: Vec<RedisString> = args.by_ref().take(count).collect();
+    let mut argv: Vec<RedisString> = args.collect();
     let plan = plan(&argv, keys.len())?;
+    let mut out = Vec::new();
+    if let Some(count) = plan.batch {
+        // The batch's keys, not the one that routed the call.
+        keys = argv.drain(2..2 + count).collect();
+        let elsewhere = elsewhere(ctx, &keys)?;
+        if !elsewhere.is_empty() {
+            out.push(elsewhere.len() as i64);
+            out.extend(elsewhere);
+            return Ok(RedisValue::Array(
+                out.into_iter().map(RedisValue::Integer).collect(),
+            ));
+        }
+        out.push(0);
+    }
     let mut call = Call {
         ctx,
         keys,
-        out: Vec::new(),
+        out,
+        batch: plan.batch.is_some(),
         denied: false,
         held: Vec::new(),
         grace: false,
@@ -90,6 +108,78 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::Array(
         call.out.into_iter().map(RedisValue::Integer).collect(),
     ))
+}
+
+/// The keys of a batch (from 1) that this node must not decide: those the
+/// calling user may not read and write, and on Redis Cluster those of slots
+/// it does not serve now (moved, migrating, importing, or the cluster down),
+/// which a command's own keys are checked for before it runs. Asked of every
+/// key before anything is written, so a batch is refused whole: the client
+/// sends those keys on their own, and the rest again.
+fn elsewhere(ctx: &Context, keys: &[RedisString]) -> Result<Vec<i64>, RedisError> {
+    let user = User::current(ctx)?;
+    let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    Ok(keys
+        .iter()
+        .enumerate()
+        .filter(|(_, key)| !user.may_write(key) || (cluster && !served_here(ctx, key)))
+        .map(|(i, _)| i as i64 + 1)
+        .collect())
+}
+
+/// Whether this cluster node serves `key` now, asked as a script's `GET`
+/// asks: a module's call of `EXISTS` on a key of a slot the node does not
+/// serve (or only with an `ASK` for another key) is refused before it runs,
+/// with no reply. (The crate's `call` reads no reply as a success.)
+fn served_here(ctx: &Context, key: &RedisString) -> bool {
+    // SAFETY: a command's context and a string of this call; the reply is
+    // freed once.
+    unsafe {
+        let reply =
+            raw::RedisModule_Call.unwrap()(ctx.ctx, c"EXISTS".as_ptr(), c"s".as_ptr(), key.inner);
+        if reply.is_null() {
+            return false;
+        }
+        let error =
+            raw::RedisModule_CallReplyType.unwrap()(reply) == raw::REDISMODULE_REPLY_ERROR as i32;
+        raw::RedisModule_FreeCallReply.unwrap()(reply);
+        !error
+    }
+}
+
+/// The user a call runs as, for its keys' ACL checks.
+struct User(NonNull<raw::RedisModuleUser>);
+
+impl User {
+    fn current(ctx: &Context) -> Result<Self, RedisError> {
+        let name = ctx.get_current_user();
+        // SAFETY: a string of this call; the user is freed on drop.
+        let user = unsafe { raw::RedisModule_GetModuleUserFromUserName.unwrap()(name.inner) };
+        NonNull::new(user)
+            .map(Self)
+            .ok_or(RedisError::Str("RLFAIL the calling user is gone"))
+    }
+
+    /// Whether the user may read and write `key`, as the command's own keys
+    /// are checked.
+    fn may_write(&self, key: &RedisString) -> bool {
+        let all = raw::REDISMODULE_CMD_KEY_ACCESS
+            | raw::REDISMODULE_CMD_KEY_INSERT
+            | raw::REDISMODULE_CMD_KEY_DELETE
+            | raw::REDISMODULE_CMD_KEY_UPDATE;
+        // SAFETY: a live user and string.
+        let status = unsafe {
+            raw::RedisModule_ACLCheckKeyPermissions.unwrap()(self.0.as_ptr(), key.inner, all as _)
+        };
+        status == raw::REDISMODULE_OK as i32
+    }
+}
+
+impl Drop for User {
+    fn drop(&mut self) {
+        // SAFETY: got from GetModuleUserFromUserName, freed once.
+        unsafe { raw::RedisModule_FreeModuleUser.unwrap()(self.0.as_ptr()) };
+    }
 }
 
 /// A write an all-or-nothing run holds until every key admits.
@@ -106,6 +196,9 @@ struct Call<'c> {
     keys: Vec<RedisString>,
     /// The reply.
     out: Vec<i64>,
+    /// Whether this is a cluster batch, whose script reads every key with
+    /// `GET` first: a key of another type is foreign whatever the decision.
+    batch: bool,
     /// Whether some key of the current run did not admit.
     denied: bool,
     /// Writes held for an all-or-nothing run, by key.
@@ -124,8 +217,10 @@ fn unix_ms() -> u64 {
 
 impl Call<'_> {
     fn run(&mut self, plan: Plan) -> Result<(), RedisError> {
-        let Plan { mode, runs, groups } = plan;
-        let mut commit = mode == Mode::Each || mode == Mode::Runs;
+        let Plan {
+            mode, runs, groups, ..
+        } = plan;
+        let mut commit = matches!(mode, Mode::Each | Mode::Runs | Mode::Batch);
         let (mut run, mut run_first) = (0, 0);
         let mut last = 0;
         for planned in groups {
@@ -195,8 +290,9 @@ impl Call<'_> {
         let mut key = Key::open(self.ctx, &self.keys[i])?;
         let kind = key.kind();
         let other_type = !matches!(kind, KeyType::Empty | KeyType::String);
-        let mut verdict = if other_type && !commit {
-            // All or nothing finds a key of another type before it decides.
+        let mut verdict = if other_type && (!commit || self.batch) {
+            // All or nothing, and a batch, find a key of another type before
+            // they decide.
             group.foreign()
         } else {
             // The 'each' script reads a key of another type as absent (MGET),

@@ -10,7 +10,40 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratelimit::{FailurePolicy, Limiter, Quota, Request};
-use support::RedisCluster;
+use support::{native_module, RedisCluster};
+
+/// A cluster whose nodes load the native module, or do not.
+fn start(masters: usize, replicas: usize, module: bool) -> RedisCluster {
+    if module {
+        let module = native_module();
+        RedisCluster::start_with(
+            masters,
+            replicas,
+            &["--loadmodule", module.to_str().unwrap()],
+        )
+    } else {
+        RedisCluster::start(masters, replicas)
+    }
+}
+
+/// Asserts which path decided on the masters: the native module, and no
+/// script, when the nodes load it; else the function.
+async fn served_by(cluster: &RedisCluster, module: bool) {
+    let (mut scripts, mut native) = (0, 0);
+    for node in cluster.masters() {
+        scripts += cluster.nodes[node].script_calls().await;
+        native += cluster.nodes[node]
+            .command_calls(&["ratelimit.decide"])
+            .await;
+    }
+    if module {
+        assert_eq!(scripts, 0, "script calls beside the module's {native}");
+        assert!(native > 0, "the module decided nothing");
+    } else {
+        assert_eq!(native, 0, "module calls on a cluster without it");
+        assert!(scripts > 0, "no script ran");
+    }
+}
 
 fn limiter(cluster: &RedisCluster, policy: FailurePolicy) -> Limiter {
     Limiter::builder()
@@ -25,7 +58,16 @@ fn limiter(cluster: &RedisCluster, policy: FailurePolicy) -> Limiter {
 /// builds its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_spread_over_every_master_and_every_algorithm_decides() {
-    let cluster = RedisCluster::start(3, 1);
+    keys_spread_over_every_master_and_every_algorithm_decides_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_over_every_master_and_every_algorithm_decides_on_the_module() {
+    keys_spread_over_every_master_and_every_algorithm_decides_on(true).await;
+}
+
+async fn keys_spread_over_every_master_and_every_algorithm_decides_on(module: bool) {
+    let cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Closed);
     let quotas = [
         Quota::new(2, "1/min".parse().unwrap()).unwrap(),
@@ -53,6 +95,7 @@ async fn keys_spread_over_every_master_and_every_algorithm_decides() {
             cluster.dbsize(master)
         );
     }
+    served_by(&cluster, module).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,8 +295,17 @@ async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions() 
 /// Current-thread: every decision below is queued before the batching task
 /// runs, so they go together.
 #[tokio::test]
-async fn a_batch_over_several_slots_of_one_master_is_one_script_call() {
-    let cluster = RedisCluster::start(3, 0);
+async fn a_batch_over_several_slots_of_one_master_is_one_call() {
+    a_batch_over_several_slots_of_one_master_is_one_call_on(false).await;
+}
+
+#[tokio::test]
+async fn a_batch_over_several_slots_of_one_master_is_one_call_on_the_module() {
+    a_batch_over_several_slots_of_one_master_is_one_call_on(true).await;
+}
+
+async fn a_batch_over_several_slots_of_one_master_is_one_call_on(module: bool) {
+    let cluster = start(3, 0, module);
     let limiter = Limiter::builder()
         .cluster(cluster.urls())
         .timeout(Duration::from_millis(500))
@@ -292,19 +344,34 @@ async fn a_batch_over_several_slots_of_one_master_is_one_script_call() {
         assert!(decision.allowed, "{key}: {decision:?}");
         assert!(cluster.holds(master, &format!("rl:{key}")), "{key} written");
     }
+    let calls: &[&str] = if module {
+        &["ratelimit.decide"]
+    } else {
+        &["fcall", "evalsha"]
+    };
     for node in cluster.masters() {
-        let calls = cluster.nodes[node].script_calls().await;
+        let made = cluster.nodes[node].command_calls(calls).await;
         let expected = u64::from(node == master);
         assert_eq!(
-            calls, expected,
-            "script calls on node {node} (the keys' master is {master})"
+            made, expected,
+            "{calls:?} calls on node {node} (the keys' master is {master})"
         );
     }
+    served_by(&cluster, module).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_stay_exact_while_slots_move_between_masters() {
-    let cluster = Arc::new(RedisCluster::start(3, 0));
+    decisions_stay_exact_while_slots_move_between_masters_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_stay_exact_while_slots_move_between_masters_on_the_module() {
+    decisions_stay_exact_while_slots_move_between_masters_on(true).await;
+}
+
+async fn decisions_stay_exact_while_slots_move_between_masters_on(module: bool) {
+    let cluster = Arc::new(start(3, 0, module));
     let limiter = Limiter::builder()
         .cluster(cluster.urls())
         .timeout(Duration::from_secs(2))
@@ -400,6 +467,7 @@ async fn decisions_stay_exact_while_slots_move_between_masters() {
     }
     assert!(total > 2_000, "decisions flowed: {total} admitted");
     eprintln!("{total} admitted, {timeouts} timeouts");
+    served_by(&cluster, module).await;
 }
 
 /// One master killed under load, with a breaker per master: the keys of the
@@ -489,7 +557,16 @@ async fn whole_again(limiter: &Limiter, quota: &Quota, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_give_back_on_every_master_for_every_algorithm() {
-    let cluster = RedisCluster::start(3, 0);
+    refunds_give_back_on_every_master_for_every_algorithm_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_give_back_on_every_master_for_every_algorithm_on_the_module() {
+    refunds_give_back_on_every_master_for_every_algorithm_on(true).await;
+}
+
+async fn refunds_give_back_on_every_master_for_every_algorithm_on(module: bool) {
+    let cluster = start(3, 0, module);
     let limiter = limiter(&cluster, FailurePolicy::Closed);
     let day = Duration::from_secs(86_400);
     let quotas = [
@@ -551,4 +628,152 @@ async fn refunds_give_back_on_every_master_for_every_algorithm() {
         2
     );
     assert_eq!(limiter.stats().refunded, 36);
+    served_by(&cluster, module).await;
+}
+
+/// Current-thread, so the decisions below go as one batch: a key the ACL
+/// user may not touch is refused on its own with the user's error and never
+/// written, and the batch's other keys are decided, also when that key
+/// routes the batch.
+#[tokio::test]
+async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch() {
+    a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(false).await;
+}
+
+#[tokio::test]
+async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on_the_module() {
+    a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(true).await;
+}
+
+async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(module: bool) {
+    let cluster = start(3, 0, module);
+    // ACL users are each node's own.
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "app", "on", ">secret", "~rl:user:*", "+@all"])
+            .query_async(&mut node.connection().await)
+            .await
+            .unwrap();
+    }
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|node| format!("redis://app:secret@127.0.0.1:{}", node.port()))
+        .collect();
+    let limiter = Limiter::builder()
+        .cluster(urls)
+        .timeout(Duration::from_millis(500))
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::new(1, "1/min".parse().unwrap()).unwrap();
+    let master = cluster.masters()[0];
+    let mine = |prefix: &'static str| {
+        (0..).map(move |i| format!("{prefix}:{i}")).filter(|key| {
+            cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master
+        })
+    };
+    let allowed: Vec<String> = mine("user").take(12).collect();
+    let refused: Vec<String> = mine("other").take(3).collect();
+    // Loads the slot map and the script, which a first call does.
+    assert!(
+        limiter
+            .decide(&quota, &allowed[0], 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    // One refused key first, where it routes the batch.
+    let keys: Vec<&String> = refused[..1]
+        .iter()
+        .chain(&allowed[1..])
+        .chain(&refused[1..])
+        .collect();
+    let decisions =
+        futures::future::join_all(keys.iter().map(|k| limiter.decide(&quota, k, 1))).await;
+    for (key, decision) in keys.iter().zip(decisions) {
+        let stored = cluster.holds(master, &format!("rl:{key}"));
+        if key.starts_with("user:") {
+            let decision = decision.unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert!(decision.allowed, "{key}: {decision:?}");
+            assert!(stored, "{key} written");
+        } else {
+            let error = decision.expect_err(key);
+            assert_eq!(
+                fault(&error),
+                Some(ratelimit::ErrorKind::Permission),
+                "{key}: {error}"
+            );
+            assert!(!stored, "{key} written by a user that may not");
+        }
+    }
+    if module {
+        assert!(
+            cluster.nodes[master]
+                .command_calls(&["ratelimit.decide"])
+                .await
+                > 0,
+            "the module decided the batch"
+        );
+    }
+}
+
+/// Current-thread, so both decisions go as one batch, while their slot is
+/// marked as moving but its keys are still on the old master: the first key
+/// is absent there (Redis would redirect a call it routes with `ASK`), the
+/// second is spent there, and must be decided there, denied, not anew on the
+/// new master.
+#[tokio::test]
+async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves() {
+    a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on(false).await;
+}
+
+#[tokio::test]
+async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on_the_module() {
+    a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on(true).await;
+}
+
+async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on(module: bool) {
+    let cluster = start(3, 0, module);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::new(1, "1/h".parse().unwrap()).unwrap();
+    let (absent, spent) = ("{moving}:absent", "{moving}:spent");
+    assert!(limiter.decide(&quota, spent, 1).await.unwrap().allowed);
+    let slot = cluster.keyslot(&format!("rl:{spent}"));
+    let masters = cluster.masters();
+    let from = cluster.slot_owner(slot, masters[0]);
+    let to = *masters.iter().find(|&&m| m != from).unwrap();
+    cluster.start_moving_slot(slot, from, to);
+    let (first, second) = tokio::join!(
+        limiter.decide(&quota, absent, 1),
+        limiter.decide(&quota, spent, 1)
+    );
+    assert!(first.unwrap().allowed, "{absent}, new, is admitted");
+    assert!(
+        !second.unwrap().allowed,
+        "{spent}, spent on its master, is admitted anew elsewhere"
+    );
+    // The master the slot moves to answers for it only after ASKING.
+    let importing = |key: &str| -> bool {
+        let mut connection = cluster.nodes[to].client().get_connection().unwrap();
+        let (exists,): (bool,) = redis::pipe()
+            .cmd("ASKING")
+            .ignore()
+            .cmd("EXISTS")
+            .arg(format!("rl:{key}"))
+            .query(&mut connection)
+            .unwrap();
+        exists
+    };
+    assert!(cluster.holds(from, &format!("rl:{spent}")));
+    assert!(
+        !importing(spent),
+        "{spent} written on the master its slot moves to"
+    );
+    assert!(importing(absent), "{absent} decided where it was asked to");
 }

@@ -21,6 +21,7 @@ use proptest::prelude::*;
 use ratelimit::{
     Algorithm, DenialCause, Error, ErrorKind, Limiter, ManualClock, Quota, RateLimited, Request,
 };
+use ratelimit_core::native::WIRE_VERSION;
 use support::{bucket, fault, native_module, window, Decide, Decided, RedisServer};
 
 fn with_module() -> RedisServer {
@@ -536,43 +537,40 @@ fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
     runtime.block_on(async {
         let mut connection = server.connection().await;
         let max = u64::MAX.to_string();
+        let wire = WIRE_VERSION.to_string();
+        let w = wire.as_str();
         let bucket = ["1", "1", "1", "", "1", "500000", "10"];
         let calls: Vec<Vec<&str>> = vec![
             // Counts that would wrap, or ask for vast allocations.
-            vec!["1", "18446744073709551613", "k", "each"],
-            vec!["1", "1", "k", "runs", "99999999999999999"],
-            vec!["1", "1", "k", "runs", "1", "-9223372036854775808"],
+            vec![w, "18446744073709551613", "k", "each"],
+            vec![w, "1", "k", "runs", "99999999999999999"],
+            vec![w, "1", "k", "runs", "1", "-9223372036854775808"],
             // A cost above the capacity, for a bucket and a sliding log's
             // refund (whose member names would be built by the billion).
+            vec![w, "1", "k", "each", "1", "1", "11", "", "1", "500000", "10"],
             vec![
-                "1", "1", "k", "each", "1", "1", "11", "", "1", "500000", "10",
-            ],
-            vec![
-                "1", "1", "k", "refund", "1", "3", &max, "", "4", "1000000", "77",
+                w, "1", "k", "refund", "1", "3", &max, "", "4", "1000000", "77",
             ],
             // A good group, then one cut short: nothing of the first is written.
             [
-                &["1", "2", "k", "k2", "each"][..],
+                &[w, "2", "k", "k2", "each"][..],
                 &bucket[..],
                 &["1", "1", "1"][..],
             ]
             .concat(),
             // The groups name more keys than the call.
-            [&["1", "1", "k", "each"][..], &["2"][..], &bucket[1..]].concat(),
+            [&[w, "1", "k", "each"][..], &["2"][..], &bucket[1..]].concat(),
             // An instant no double holds exactly, an unknown algorithm, a
-            // rate not reduced, Redis Cluster's mode, a group across runs.
+            // rate not reduced, a group across runs.
             vec![
-                "1", "1", "k", "each", "1", "1", "1", &max, "1", "500000", "10",
+                w, "1", "k", "each", "1", "1", "1", &max, "1", "500000", "10",
             ],
+            vec![w, "1", "k", "each", "1", "9", "1", "", "1", "500000", "10"],
+            vec![w, "1", "k", "each", "1", "1", "1", "", "2", "1000000", "10"],
+            // A batch naming more keys than it holds.
+            vec![w, "0", "batch", "5", "k"],
             vec![
-                "1", "1", "k", "each", "1", "9", "1", "", "1", "500000", "10",
-            ],
-            vec![
-                "1", "1", "k", "each", "1", "1", "1", "", "2", "1000000", "10",
-            ],
-            vec!["1", "1", "k", "batch", "1", "k"],
-            vec![
-                "1", "2", "k", "k2", "runs", "2", "1", "1", "2", "1", "1", "", "1", "500000", "10",
+                w, "2", "k", "k2", "runs", "2", "1", "1", "2", "1", "1", "", "1", "500000", "10",
             ],
         ];
         for args in &calls {

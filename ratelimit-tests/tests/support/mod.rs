@@ -361,15 +361,26 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> Self {
-        Self::start_inner(masters, replicas, None)
+        Self::start_inner(masters, replicas, None, &[])
+    }
+
+    /// A cluster whose every node also takes `extra` arguments (a module
+    /// to load).
+    pub fn start_with(masters: usize, replicas: usize, extra: &[&str]) -> Self {
+        Self::start_inner(masters, replicas, None, extra)
     }
 
     /// A cluster whose nodes speak TLS only, to clients and to each other.
     pub fn start_tls(masters: usize, certificates: &TlsFiles) -> Self {
-        Self::start_inner(masters, 0, Some(certificates))
+        Self::start_inner(masters, 0, Some(certificates), &[])
     }
 
-    fn start_inner(masters: usize, replicas: usize, tls: Option<&TlsFiles>) -> Self {
+    fn start_inner(
+        masters: usize,
+        replicas: usize,
+        tls: Option<&TlsFiles>,
+        extra: &[&str],
+    ) -> Self {
         let cli = std::env::var_os("RATELIMIT_REDIS_CLI")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("redis-cli"));
@@ -379,7 +390,7 @@ impl RedisCluster {
                 cli.display()
             );
         }
-        let cluster_args = [
+        let mut cluster_args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -397,10 +408,11 @@ impl RedisCluster {
             "--cluster-require-full-coverage",
             "no",
         ];
+        cluster_args.extend_from_slice(extra);
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| match tls {
                 Some(files) => {
-                    let mut args = cluster_args.to_vec();
+                    let mut args = cluster_args.clone();
                     args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
                     RedisServer::start_tls_with(files, false, &args)
                 }
@@ -551,30 +563,36 @@ impl RedisCluster {
             .unwrap_or(false)
     }
 
+    fn node_id(&self, index: usize) -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut self.node_connection(index))
+            .expect("CLUSTER MYID")
+    }
+
+    fn set_slot(&self, slot: u16, index: usize, state: &str, node: &str) {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(node)
+            .query(&mut self.node_connection(index))
+            .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {state} on node {index}: {e}"));
+    }
+
+    /// Marks `slot` importing on master `to` and migrating on master `from`,
+    /// where its keys stay: the first step of a move.
+    pub fn start_moving_slot(&self, slot: u16, from: usize, to: usize) {
+        self.set_slot(slot, to, "IMPORTING", &self.node_id(from));
+        self.set_slot(slot, from, "MIGRATING", &self.node_id(to));
+    }
+
     /// Moves `slot` from master `from` to master `to` by hand, as
     /// `redis-cli --cluster reshard` does: mark it importing and migrating,
     /// `MIGRATE` its keys one at a time with `pause` between them (so that
     /// calls meet the slot half moved), then assign it to `to` everywhere.
     pub fn move_slot(&self, slot: u16, from: usize, to: usize, pause: Duration) {
-        let id = |index: usize| -> String {
-            redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query(&mut self.node_connection(index))
-                .expect("CLUSTER MYID")
-        };
-        let (from_id, to_id) = (id(from), id(to));
-        let setslot = |index: usize, state: &str, node: &str| {
-            let mut cmd = redis::cmd("CLUSTER");
-            cmd.arg("SETSLOT").arg(slot).arg(state);
-            if !node.is_empty() {
-                cmd.arg(node);
-            }
-            let _: () = cmd
-                .query(&mut self.node_connection(index))
-                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {state} on node {index}: {e}"));
-        };
-        setslot(to, "IMPORTING", &from_id);
-        setslot(from, "MIGRATING", &to_id);
+        self.start_moving_slot(slot, from, to);
         std::thread::sleep(pause);
         let mut source = self.node_connection(from);
         loop {
@@ -595,11 +613,12 @@ impl RedisCluster {
                 .unwrap_or_else(|e| panic!("MIGRATE {key}: {e}"));
             std::thread::sleep(pause);
         }
-        setslot(to, "NODE", &to_id);
-        setslot(from, "NODE", &to_id);
+        let to_id = self.node_id(to);
+        self.set_slot(slot, to, "NODE", &to_id);
+        self.set_slot(slot, from, "NODE", &to_id);
         for master in self.masters() {
             if master != from && master != to {
-                setslot(master, "NODE", &to_id);
+                self.set_slot(slot, master, "NODE", &to_id);
             }
         }
     }

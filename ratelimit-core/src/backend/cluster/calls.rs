@@ -59,9 +59,22 @@ pub(super) async fn call_routed(
 ) -> Result<Vec<i64>, Error> {
     let work = async {
         let mut wait = Duration::from_millis(2);
+        // The call where an `ASK` sent it: the slot is moving, and the key
+        // is already on the new master.
+        let mut asked: Option<ScriptCall> = None;
         loop {
-            match invoke(invocation, &mut connection, functions).await {
+            let call = asked.as_ref().unwrap_or(invocation);
+            match invoke(call, &mut connection, functions).await {
                 Err(error) if refused_unrun(&error) => {
+                    // Followed once: a call refused where it was asked to
+                    // goes by the slot map again.
+                    asked = match asked {
+                        None => invocation.asked(&error),
+                        Some(_) => None,
+                    };
+                    if asked.is_some() {
+                        continue;
+                    }
                     // The slot map is being refreshed (the client starts
                     // that on a redirect); give it a moment.
                     tokio::time::sleep(wait).await;
@@ -81,8 +94,8 @@ pub(super) async fn call_routed(
 /// node turns out not to serve are decided alone and the rest go again
 /// once as a batch: the script wrote nothing, so nothing is applied twice.
 /// A batch the node refused unrun (the routing key moved, the cluster is
-/// down) is decided key by key. A call that may have run is never sent
-/// again: its decisions fail.
+/// down, the user may not touch it) is decided key by key. A call that may
+/// have run is never sent again: its decisions fail.
 pub(super) async fn send_node_batch(
     connection: ClusterConnection,
     timeout: Duration,
@@ -96,7 +109,7 @@ pub(super) async fn send_node_batch(
         }
         let invocation = batch_invocation(
             &CROSS_SLOT_SCRIPT,
-            &jobs[0].key,
+            super::routing::slot(jobs[0].key.as_bytes()),
             jobs.iter().map(|job| (&job.key, job.request)),
         );
         let mut node = connection.clone();
@@ -106,6 +119,14 @@ pub(super) async fn send_node_batch(
                 Ok(Err(error)) if refused_unrun(&error) => {
                     stale.store(true, Ordering::Release);
                     break;
+                }
+                // The user may not touch the key that routed the batch,
+                // which Redis checks before the call runs: the others are
+                // still theirs to decide.
+                Ok(Err(error))
+                    if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+                {
+                    break
                 }
                 Ok(Err(error)) => {
                     fail(jobs, &Error::from(error));

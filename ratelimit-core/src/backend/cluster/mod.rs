@@ -9,12 +9,15 @@
 //! (`run_batches`: the queue bound, the in-flight window, callers gone
 //! dropped). A batch is one call of the script flagged
 //! `allow-cross-slot-keys` (Redis 7.0 or later), which may touch keys of
-//! several slots of the node running it, one slot per command: one key of
-//! the batch in KEYS routes the call, and the batch's keys go in ARGV. The
-//! script reads every key before it writes any; when one is not the node's
-//! now (the map was stale, or its slot is migrating), it writes nothing and
-//! names those keys, which are then decided one per call, as below, while
-//! the others go again as one batch.
+//! several slots of the node running it, one slot per command. The call
+//! names no key (the batch's keys go in ARGV) and is sent to the master the
+//! slot map gives its first key's slot, so Redis never redirects it whole:
+//! the node reads every key before it writes any, and when one is not the
+//! node's now (the map was stale, or its slot is migrating and the key has
+//! left), it writes nothing and names those keys, which are then decided
+//! one per call, as below, while the others go again as one batch. The
+//! native module, where every node loads it, decides batches the same way
+//! (see `ratelimit-module`).
 //!
 //! Every other call only ever names keys of one slot, so no call can hit
 //! CROSSSLOT: a decision alone names one key; an all-or-nothing check whose
@@ -28,7 +31,8 @@
 //! refund applied twice). This backend sends a call again only when the
 //! node refused it without running it (`MOVED`, `ASK`, `TRYAGAIN`,
 //! `CLUSTERDOWN`, a write to a demoted master), after the client has begun
-//! refreshing its slot map.
+//! refreshing its slot map; after an `ASK` at once, to the node it names,
+//! with `ASKING`.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;

@@ -209,7 +209,7 @@ impl RedisBackend {
         )?;
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
         let stale = Arc::new(AtomicBool::new(false));
-        let functions = Arc::new(Functions::with_native());
+        let functions = Arc::new(Functions::default());
         let lane = Arc::new(Lane {
             queue,
             connection: connections[0].clone(),

@@ -82,10 +82,8 @@ pub(crate) static LIBRARY: Lazy<Library> = Lazy::new(|| {
 #[derive(Debug, Default)]
 pub(crate) struct Functions {
     refused: AtomicBool,
-    /// Whether calls may go to the native module (see [`Native`]): on one
-    /// server, not on a cluster, whose client routes a command it does not
-    /// know by its first argument.
-    native: Option<Native>,
+    /// Whether calls go to the native module (see [`Native`]).
+    native: Native,
 }
 
 /// Whether a server runs the native module (`ratelimit-module`) of this
@@ -155,14 +153,6 @@ impl Native {
 }
 
 impl Functions {
-    /// A server's: calls go to the native module where it runs.
-    pub(crate) fn with_native() -> Self {
-        Self {
-            native: Some(Native::default()),
-            ..Self::default()
-        }
-    }
-
     /// From now on, EVALSHA. The log names the error's code alone: a reply
     /// to an unknown command quotes the call's arguments, which hold keys.
     fn refuse(&self, error: &redis::RedisError) {
@@ -176,12 +166,20 @@ impl Functions {
     }
 }
 
-/// One call of the script: its keys and arguments, sent as FCALL of the
-/// library or as EVALSHA of `script`.
+/// One call of the script: its keys and arguments, sent to the native
+/// module, as FCALL of the library or as EVALSHA of `script`.
 pub(crate) struct ScriptCall {
     script: &'static redis::Script,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+    /// On Redis Cluster, the slot whose master a call without keys goes to
+    /// (a batch); a call with keys goes to its first key's.
+    #[cfg(feature = "cluster")]
+    slot: Option<u16>,
+    /// On Redis Cluster, the node (host and port) an `ASK` redirect named:
+    /// the call goes there after `ASKING`.
+    #[cfg(feature = "cluster")]
+    asking: Option<(String, u16)>,
 }
 
 impl ScriptCall {
@@ -190,6 +188,10 @@ impl ScriptCall {
             script,
             keys: Vec::new(),
             args: Vec::new(),
+            #[cfg(feature = "cluster")]
+            slot: None,
+            #[cfg(feature = "cluster")]
+            asking: None,
         }
     }
 
@@ -201,6 +203,31 @@ impl ScriptCall {
     pub(crate) fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
         arg.write_redis_args(&mut self.args);
         self
+    }
+
+    /// Sends the call to `slot`'s master on Redis Cluster.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn sent_to_slot(&mut self, slot: u16) -> &mut Self {
+        self.slot = Some(slot);
+        self
+    }
+
+    /// The call as sent where `redirect` (an `ASK` error) names, on Redis
+    /// Cluster; `None` for another error.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn asked(&self, redirect: &redis::RedisError) -> Option<Self> {
+        if redirect.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
+            return None;
+        }
+        let (address, _) = redirect.redirect_node()?;
+        let (host, port) = address.rsplit_once(':')?;
+        Some(Self {
+            script: self.script,
+            keys: self.keys.clone(),
+            args: self.args.clone(),
+            slot: self.slot,
+            asking: Some((host.to_owned(), port.parse().ok()?)),
+        })
     }
 
     fn fcall(&self) -> redis::Cmd {
@@ -225,10 +252,76 @@ impl ScriptCall {
         native
     }
 
-    fn evalsha(&self) -> redis::ScriptInvocation<'static> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.key(&self.keys).arg(&self.args);
-        invocation
+    fn evalsha(&self) -> redis::Cmd {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(self.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        evalsha
+    }
+}
+
+/// A connection the calls go out on.
+pub(crate) trait Connection: redis::aio::ConnectionLike + Send {
+    /// Sends `command`, which is `call` in one of its forms, where `call`
+    /// is decided.
+    fn send(
+        &mut self,
+        command: redis::Cmd,
+        call: &ScriptCall,
+    ) -> impl std::future::Future<Output = redis::RedisResult<Vec<i64>>> + Send;
+}
+
+impl Connection for redis::aio::ConnectionManager {
+    async fn send(
+        &mut self,
+        command: redis::Cmd,
+        _call: &ScriptCall,
+    ) -> redis::RedisResult<Vec<i64>> {
+        command.query_async(self).await
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl Connection for redis::cluster_async::ClusterConnection {
+    /// Sent to the master of the call's slot, or of its first key's: the
+    /// cluster client would route the native command by its first argument
+    /// (the wire version), and a call without keys to any node.
+    async fn send(
+        &mut self,
+        command: redis::Cmd,
+        call: &ScriptCall,
+    ) -> redis::RedisResult<Vec<i64>> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        if let Some((host, port)) = &call.asking {
+            // One pipeline, so that nothing else on the connection takes
+            // the `ASKING`, which holds for the next command alone.
+            let mut asking = redis::pipe();
+            asking.cmd("ASKING").add_command(command);
+            let to = SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            };
+            let reply = self.route_pipeline(asking, 1, 1, to).await?.pop();
+            let reply = reply.unwrap_or(redis::Value::Nil).extract_error()?;
+            return Ok(redis::from_redis_value(reply)?);
+        }
+        let route = match call.slot {
+            Some(slot) => Route::new(slot, SlotAddr::Master),
+            None => Route::with_key(
+                call.keys.first().map_or(&[][..], Vec::as_slice),
+                SlotAddr::Master,
+            ),
+        };
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+        // A server's error reply comes back as a value here.
+        let reply = self
+            .route_command(command, routing)
+            .await?
+            .extract_error()?;
+        Ok(redis::from_redis_value(reply)?)
     }
 }
 
@@ -239,7 +332,7 @@ impl ScriptCall {
 /// landing between a load and the call it serves makes the call fail as
 /// before the load, so each is tried a couple more times rather than
 /// reported as a backend failure.
-pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
+pub(crate) async fn invoke<C: Connection>(
     call: &ScriptCall,
     connection: &mut C,
     functions: &Functions,
@@ -257,45 +350,60 @@ pub(crate) async fn invoke<C: redis::aio::ConnectionLike>(
     }
 }
 
-pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
+pub(super) async fn invoke_once<C: Connection>(
     call: &ScriptCall,
     connection: &mut C,
     functions: &Functions,
 ) -> Result<Vec<i64>, redis::RedisError> {
-    // Cluster batches ('batch' mode) are the function's alone.
-    if let Some(native) = &functions.native {
-        if native.worth_asking() && call.args.first().map(Vec::as_slice) != Some(b"batch") {
-            match call.native().query_async(connection).await {
-                Ok(reply) => {
-                    native.answered();
-                    return Ok(reply);
-                }
-                // Unknown here (an `ERR` before anything ran), another
-                // version, or not allowed: the function decides instead.
-                // Nothing else falls back: a call the module failed may have
-                // written, and must not be applied twice.
-                Err(error)
-                    if matches!(error.code(), Some("ERR" | "RLWIRE"))
-                        || error.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
-                {
-                    native.refused(&error)
-                }
-                // Arguments the module refused before deciding anything: this
-                // call goes to the function, which says what it makes of them.
-                Err(error) if error.code() == Some("RLARGS") => {}
-                // Over `maxmemory`, refused before it ran, as the function
-                // is: the script decides, as it does for a function.
-                Err(error) if error.code() == Some("OOM") => {
-                    return evalsha(call, connection).await;
-                }
-                Err(error) => return Err(error),
+    let native = &functions.native;
+    if native.worth_asking() {
+        match connection.send(call.native(), call).await {
+            Ok(reply) => {
+                native.answered();
+                return Ok(reply);
             }
+            // Unknown here (an `ERR` before anything ran), or another
+            // version: the function decides instead.
+            // Nothing else falls back: a call the module failed may have
+            // written, and must not be applied twice.
+            Err(error) if matches!(error.code(), Some("ERR" | "RLWIRE")) => native.refused(&error),
+            // Not allowed the command, or the keys: the function either
+            // decides, and does until the module is asked again, or is
+            // refused the keys too, and says so (the module stays).
+            Err(error) if is_no_perm(&error) => {
+                let result = invoke_function(call, connection, functions).await;
+                if !result.as_ref().is_err_and(is_no_perm) {
+                    native.refused(&error);
+                }
+                return result;
+            }
+            // Arguments the module refused before deciding anything: this
+            // call goes to the function, which says what it makes of them.
+            Err(error) if error.code() == Some("RLARGS") => {}
+            // Over `maxmemory`, refused before it ran, as the function
+            // is: the script decides, as it does for a function.
+            Err(error) if error.code() == Some("OOM") => {
+                return evalsha(call, connection).await;
+            }
+            Err(error) => return Err(error),
         }
     }
+    invoke_function(call, connection, functions).await
+}
+
+fn is_no_perm(error: &redis::RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+}
+
+/// Runs `call` as FCALL, or by EVALSHA (see [`invoke`]).
+async fn invoke_function<C: Connection>(
+    call: &ScriptCall,
+    connection: &mut C,
+    functions: &Functions,
+) -> Result<Vec<i64>, redis::RedisError> {
     let mut loads = 0;
     while !functions.refused.load(Ordering::Relaxed) {
-        match call.fcall().query_async(connection).await {
+        match connection.send(call.fcall(), call).await {
             // A generic error: the function is missing (never loaded here,
             // flushed, a restart), or FCALL cannot run (Redis before 7.0, the
             // command renamed away). Told apart by codes alone: the load
@@ -323,11 +431,14 @@ pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
                 }
             }
             // Not allowed to call functions, or the keys: EVALSHA either
-            // decides or is refused the keys too, and says so.
-            Err(error)
-                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
-            {
-                functions.refuse(&error)
+            // decides, and does from then on, or is refused the keys too,
+            // and says so (the function stays: the keys were refused).
+            Err(error) if is_no_perm(&error) => {
+                let result = evalsha(call, connection).await;
+                if !result.as_ref().is_err_and(is_no_perm) {
+                    functions.refuse(&error);
+                }
+                return result;
             }
             // Over `maxmemory`, Redis refuses a function that may write
             // before it runs, while the plain script runs until it writes:
@@ -339,21 +450,23 @@ pub(super) async fn invoke_once<C: redis::aio::ConnectionLike>(
     evalsha(call, connection).await
 }
 
-/// Runs `call` by EVALSHA, loading the script when the server has not got it.
-async fn evalsha<C: redis::aio::ConnectionLike>(
+/// Runs `call` by EVALSHA, loading the script when the server has not got
+/// it (a cluster client loads it on every master).
+async fn evalsha<C: Connection>(
     call: &ScriptCall,
     connection: &mut C,
 ) -> Result<Vec<i64>, redis::RedisError> {
-    let invocation = call.evalsha();
-    let mut attempts = 0;
+    let mut loads = 0;
     loop {
-        match invocation.invoke_async(connection).await {
+        match connection.send(call.evalsha(), call).await {
+            // A flush may land between a load and the call: a few tries.
             Err(error)
-                if attempts < 2
+                if loads < 3
                     && error.kind()
                         == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
-                attempts += 1;
+                loads += 1;
+                call.script.load_async(connection).await?;
             }
             result => return result,
         }

@@ -120,17 +120,19 @@ pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
 
 /// Prepares one 'batch' call of `script` (the script flagged for keys of
 /// several slots) for `requests`, whose keys all live on the Redis Cluster
-/// node serving `routing`: that key alone is in KEYS, which is what the
-/// cluster client routes by; the keys go in ARGV, then the groups.
+/// master serving `slot`, where it is sent. It names no key (they go in
+/// ARGV, then the groups): the node decides the keys it serves now, and the
+/// user may touch, and names the others, where Redis would refuse the whole
+/// call for a key it names.
 #[cfg(feature = "cluster")]
 pub(crate) fn batch_invocation<'a, K: AsRef<str> + 'a>(
     script: &'static redis::Script,
-    routing: &str,
+    slot: u16,
     requests: impl IntoIterator<Item = (&'a K, Request)>,
 ) -> ScriptCall {
     let mut invocation = ScriptCall::new(script);
     let (keys, groups) = grouped(requests);
-    invocation.key(routing).arg("batch").arg(keys.len());
+    invocation.sent_to_slot(slot).arg("batch").arg(keys.len());
     for key in keys {
         invocation.arg(key);
     }
