@@ -17,7 +17,10 @@
 //! (give every master: `--stats` sums their figures, and skips replicas), and
 //! `--dimensions 3` makes each decision a `check_all` over three dimensions
 //! of the same quota, or of an ample one for the third: the user (drawn from
-//! `--keys`), an IP (from a tenth as many) and one global key.
+//! `--keys`), an IP (from a tenth as many) and one global key. With
+//! `--ample-ip` the IP dimension takes the ample quota too, so that every
+//! check reaches Redis and writes its three keys (without it, the IP keys run
+//! out first and most checks are denials the deny cache answers).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -42,6 +45,7 @@ struct Args {
     fill: bool,
     cluster: Vec<String>,
     dimensions: usize,
+    ample_ip: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -59,14 +63,16 @@ fn parse_args() -> Result<Args, String> {
         fill: false,
         cluster: Vec::new(),
         dimensions: 1,
+        ample_ip: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
         let flag = argv[i].as_str();
-        if flag == "--stats" || flag == "--fill" {
+        if flag == "--stats" || flag == "--fill" || flag == "--ample-ip" {
             a.stats |= flag == "--stats";
             a.fill |= flag == "--fill";
+            a.ample_ip |= flag == "--ample-ip";
             i += 1;
             continue;
         }
@@ -258,6 +264,7 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         let fill = a.fill;
         let (limiter, keys, ips, stop) = (limiter.clone(), keys.clone(), ips.clone(), stop.clone());
         let (global, global_key, dimensions) = (global, global_key.clone(), a.dimensions);
+        let ip_quota = if a.ample_ip { global } else { quota };
         tasks.push(tokio::spawn(async move {
             let mut out = TaskResult {
                 latencies_ns: Vec::with_capacity(1 << 16),
@@ -284,7 +291,7 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 let outcome = if dimensions == 3 {
                     let check = [
                         Request::new(&quota, &keys[index as usize]).on_error(CLOSED),
-                        Request::new(&quota, &ips[index as usize]).on_error(CLOSED),
+                        Request::new(&ip_quota, &ips[index as usize]).on_error(CLOSED),
                         Request::new(&global, &global_key).on_error(CLOSED),
                     ];
                     limiter.check(check).await

@@ -716,6 +716,22 @@ async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(module:
             "the module decided the batch"
         );
     }
+    // A refused key says nothing of the path: the next call takes the same
+    // one (the module, or the function rather than EVALSHA).
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut cluster.nodes[master].connection().await)
+        .await
+        .unwrap();
+    assert!(limiter.decide(&quota, &allowed[0], 1).await.is_ok());
+    let expected = if module { "ratelimit.decide" } else { "fcall" };
+    for command in ["ratelimit.decide", "fcall", "evalsha"] {
+        assert_eq!(
+            cluster.nodes[master].command_calls(&[command]).await,
+            u64::from(command == expected),
+            "{command} calls after a refused key"
+        );
+    }
 }
 
 /// Current-thread, so both decisions go as one batch, while their slot is
