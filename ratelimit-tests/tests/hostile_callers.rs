@@ -213,7 +213,28 @@ fn redis_cli(server: &RedisServer, args: &[&str]) {
 /// many the policy answered, and the longest call.
 #[test]
 fn a_timeline_of_faults_under_steady_load_is_survived_phase_by_phase() {
-    let mut server = RedisServer::start();
+    timeline_of_faults(false);
+}
+
+/// The same on a server that runs the native module, which is unloaded at
+/// the end: the function takes over, and no caller sees it.
+#[test]
+fn a_timeline_of_faults_under_steady_load_is_survived_phase_by_phase_on_the_module() {
+    timeline_of_faults(true);
+}
+
+fn timeline_of_faults(module: bool) {
+    let mut server = if module {
+        let module = support::native_module();
+        RedisServer::start_with(&[
+            "--loadmodule",
+            module.to_str().unwrap(),
+            "--enable-module-command",
+            "yes",
+        ])
+    } else {
+        RedisServer::start()
+    };
     let limiter = limiter(&server, FailurePolicy::Local);
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let runtime = spin_callers(limiter.clone(), 2, 16, stop.clone(), seen.clone());
@@ -305,6 +326,27 @@ fn a_timeline_of_faults_under_steady_load_is_survived_phase_by_phase() {
         },
         Some(true),
     );
+    if module {
+        phase(
+            "MODULE UNLOAD",
+            &mut |server| {
+                let mut connection = server
+                    .client()
+                    .get_connection_with_timeout(Duration::from_secs(2))
+                    .unwrap();
+                let stats: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(&mut connection)
+                    .unwrap();
+                assert!(
+                    stats.contains("cmdstat_ratelimit.decide:"),
+                    "the module decided nothing since the restart:\n{stats}"
+                );
+                redis_cli(server, &["MODULE", "UNLOAD", "ratelimit"]);
+            },
+            Some(false),
+        );
+    }
     stop.store(true, Ordering::Relaxed);
     runtime.join().expect("the callers' runtime panicked");
     eprintln!("{}", rows.join("\n"));
