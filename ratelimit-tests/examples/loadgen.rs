@@ -380,9 +380,11 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             // The INFO, CONFIG, DBSIZE calls of this report are a handful
             // against millions of decisions.
             calls(&commandstats, "cmdstat_") / decisions.max(1) as f64,
+            // Calls of the function, the script or the native module.
             decisions as f64
                 / (calls(&commandstats, "cmdstat_fcall:")
-                    + calls(&commandstats, "cmdstat_evalsha:"))
+                    + calls(&commandstats, "cmdstat_evalsha:")
+                    + calls(&commandstats, "cmdstat_ratelimit.decide:"))
                 .max(1.0),
             redis_cpu / elapsed,
             redis_cpu * 100_000.0 / decisions.max(1) as f64,
