@@ -100,7 +100,16 @@ async fn keys_spread_over_every_master_and_every_algorithm_decides_on(module: bo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_or_nothing_holds_within_a_slot_and_across_slots() {
-    let cluster = RedisCluster::start(3, 1);
+    all_or_nothing_holds_within_a_slot_and_across_slots_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_holds_within_a_slot_and_across_slots_on_the_module() {
+    all_or_nothing_holds_within_a_slot_and_across_slots_on(true).await;
+}
+
+async fn all_or_nothing_holds_within_a_slot_and_across_slots_on(module: bool) {
+    let cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Closed);
     let per_user = Quota::new(10, "10/min".parse().unwrap()).unwrap();
     let per_ip = Quota::sliding_log(1, Duration::from_secs(60)).unwrap();
@@ -152,11 +161,21 @@ async fn all_or_nothing_holds_within_a_slot_and_across_slots() {
         99,
         "global refunded"
     );
+    served_by(&cluster, module).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_fails_over_and_limiting_continues() {
-    let mut cluster = RedisCluster::start(3, 1);
+    a_killed_master_fails_over_and_limiting_continues_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_fails_over_and_limiting_continues_on_the_module() {
+    a_killed_master_fails_over_and_limiting_continues_on(true).await;
+}
+
+async fn a_killed_master_fails_over_and_limiting_continues_on(module: bool) {
+    let mut cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Open);
     let quota = Quota::new(1_000_000, "1000000/s".parse().unwrap()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -238,13 +257,23 @@ async fn a_killed_master_fails_over_and_limiting_continues() {
         fallbacks.load(Ordering::Relaxed),
         "every fallback counted"
     );
+    served_by(&cluster, module).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions() {
+    a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on_the_module() {
+    a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on(true).await;
+}
+
+async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on(module: bool) {
     use ratelimit::ManualClock;
     use redis::AsyncCommands as _;
-    let cluster = RedisCluster::start(3, 0);
+    let cluster = start(3, 0, module);
     let start = 1_800_000_000_000_000;
     let (clock, later) = (ManualClock::new(start), ManualClock::new(start + 1_000_000));
     let on = |clock: &ManualClock| {
@@ -290,6 +319,7 @@ async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions() 
         start + 1_000_000,
         "the refunds took the other instance's admission: {members:?}"
     );
+    served_by(&cluster, module).await;
 }
 
 /// Current-thread: every decision below is queued before the batching task
@@ -475,7 +505,16 @@ async fn decisions_stay_exact_while_slots_move_between_masters_on(module: bool) 
 /// dead master's keys go to the failure policy until its replica takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
-    let mut cluster = RedisCluster::start(3, 1);
+    a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on_the_module() {
+    a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on(true).await;
+}
+
+async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on(module: bool) {
+    let mut cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Open);
     let quota = Quota::new(1_000_000, "1000000/s".parse().unwrap()).unwrap();
     let victim = cluster.masters()[0];
@@ -545,6 +584,7 @@ async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
     assert!(dead > 0, "the dead master's keys fell back meanwhile");
     assert_eq!(healthy, 0, "keys on healthy masters fell back");
     assert_eq!(limiter.circuit_state(), ratelimit::CircuitState::Closed);
+    served_by(&cluster, module).await;
 }
 
 /// What `key` has left under `quota` once a bucket has refilled what it
