@@ -12,6 +12,41 @@ use std::time::{Duration, Instant};
 use ratelimit::{FailurePolicy, Limiter, Quota, Request};
 use support::{native_module, RedisCluster};
 
+/// Two tests of one body, `$name::on_the_function` on a cluster without the
+/// native module and `$name::on_the_module` on one whose every node loads it.
+macro_rules! on_both_paths {
+    (multi_thread: $name:ident) => {
+        on_both_paths!($name, #[tokio::test(flavor = "multi_thread", worker_threads = 2)]);
+    };
+    (current_thread: $name:ident) => {
+        on_both_paths!($name, #[tokio::test]);
+    };
+    ($name:ident, #[$test:meta]) => {
+        mod $name {
+            #[$test]
+            async fn on_the_function() {
+                super::$name(false).await;
+            }
+
+            #[$test]
+            async fn on_the_module() {
+                super::$name(true).await;
+            }
+        }
+    };
+}
+
+/// A limiter on `cluster` without the deny cache: every decision reaches
+/// Redis.
+fn uncached(cluster: &RedisCluster, timeout: Duration) -> Limiter {
+    Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(timeout)
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap()
+}
+
 /// A cluster whose nodes load the native module, or do not.
 fn start(masters: usize, replicas: usize, module: bool) -> RedisCluster {
     if module {
@@ -54,19 +89,10 @@ fn limiter(cluster: &RedisCluster, policy: FailurePolicy) -> Limiter {
         .unwrap()
 }
 
-/// One cluster for the whole binary's tests would couple them; each test
-/// builds its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_spread_over_every_master_and_every_algorithm_decides() {
-    keys_spread_over_every_master_and_every_algorithm_decides_on(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_spread_over_every_master_and_every_algorithm_decides_on_the_module() {
-    keys_spread_over_every_master_and_every_algorithm_decides_on(true).await;
-}
-
-async fn keys_spread_over_every_master_and_every_algorithm_decides_on(module: bool) {
+// One cluster for the whole binary's tests would couple them; each test
+// builds its own.
+on_both_paths!(multi_thread: keys_spread_over_every_master_and_every_algorithm_decides);
+async fn keys_spread_over_every_master_and_every_algorithm_decides(module: bool) {
     let cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Closed);
     let quotas = [
@@ -98,17 +124,8 @@ async fn keys_spread_over_every_master_and_every_algorithm_decides_on(module: bo
     served_by(&cluster, module).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_or_nothing_holds_within_a_slot_and_across_slots() {
-    all_or_nothing_holds_within_a_slot_and_across_slots_on(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_or_nothing_holds_within_a_slot_and_across_slots_on_the_module() {
-    all_or_nothing_holds_within_a_slot_and_across_slots_on(true).await;
-}
-
-async fn all_or_nothing_holds_within_a_slot_and_across_slots_on(module: bool) {
+on_both_paths!(multi_thread: all_or_nothing_holds_within_a_slot_and_across_slots);
+async fn all_or_nothing_holds_within_a_slot_and_across_slots(module: bool) {
     let cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Closed);
     let per_user = Quota::new(10, "10/min".parse().unwrap()).unwrap();
@@ -164,17 +181,8 @@ async fn all_or_nothing_holds_within_a_slot_and_across_slots_on(module: bool) {
     served_by(&cluster, module).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_master_fails_over_and_limiting_continues() {
-    a_killed_master_fails_over_and_limiting_continues_on(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_master_fails_over_and_limiting_continues_on_the_module() {
-    a_killed_master_fails_over_and_limiting_continues_on(true).await;
-}
-
-async fn a_killed_master_fails_over_and_limiting_continues_on(module: bool) {
+on_both_paths!(multi_thread: a_killed_master_fails_over_and_limiting_continues);
+async fn a_killed_master_fails_over_and_limiting_continues(module: bool) {
     let mut cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Open);
     let quota = Quota::new(1_000_000, "1000000/s".parse().unwrap()).unwrap();
@@ -260,17 +268,8 @@ async fn a_killed_master_fails_over_and_limiting_continues_on(module: bool) {
     served_by(&cluster, module).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions() {
-    a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on_the_module() {
-    a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on(true).await;
-}
-
-async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on(module: bool) {
+on_both_paths!(multi_thread: a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions);
+async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions(module: bool) {
     use ratelimit::ManualClock;
     use redis::AsyncCommands as _;
     let cluster = start(3, 0, module);
@@ -322,26 +321,12 @@ async fn a_refund_across_slots_removes_exactly_its_own_sliding_log_admissions_on
     served_by(&cluster, module).await;
 }
 
-/// Current-thread: every decision below is queued before the batching task
-/// runs, so they go together.
-#[tokio::test]
-async fn a_batch_over_several_slots_of_one_master_is_one_call() {
-    a_batch_over_several_slots_of_one_master_is_one_call_on(false).await;
-}
-
-#[tokio::test]
-async fn a_batch_over_several_slots_of_one_master_is_one_call_on_the_module() {
-    a_batch_over_several_slots_of_one_master_is_one_call_on(true).await;
-}
-
-async fn a_batch_over_several_slots_of_one_master_is_one_call_on(module: bool) {
+// Current-thread: every decision below is queued before the batching task
+// runs, so they go together.
+on_both_paths!(current_thread: a_batch_over_several_slots_of_one_master_is_one_call);
+async fn a_batch_over_several_slots_of_one_master_is_one_call(module: bool) {
     let cluster = start(3, 0, module);
-    let limiter = Limiter::builder()
-        .cluster(cluster.urls())
-        .timeout(Duration::from_millis(500))
-        .deny_cache_max_keys(0)
-        .build()
-        .unwrap();
+    let limiter = uncached(&cluster, Duration::from_millis(500));
     let quota = Quota::new(1, "1/min".parse().unwrap()).unwrap();
     let master = cluster.masters()[0];
     let mut keys = (0..)
@@ -390,24 +375,10 @@ async fn a_batch_over_several_slots_of_one_master_is_one_call_on(module: bool) {
     served_by(&cluster, module).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn decisions_stay_exact_while_slots_move_between_masters() {
-    decisions_stay_exact_while_slots_move_between_masters_on(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn decisions_stay_exact_while_slots_move_between_masters_on_the_module() {
-    decisions_stay_exact_while_slots_move_between_masters_on(true).await;
-}
-
-async fn decisions_stay_exact_while_slots_move_between_masters_on(module: bool) {
+on_both_paths!(multi_thread: decisions_stay_exact_while_slots_move_between_masters);
+async fn decisions_stay_exact_while_slots_move_between_masters(module: bool) {
     let cluster = Arc::new(start(3, 0, module));
-    let limiter = Limiter::builder()
-        .cluster(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .deny_cache_max_keys(0)
-        .build()
-        .unwrap();
+    let limiter = uncached(&cluster, Duration::from_secs(2));
     // Never refills within the test: what Redis has left is exactly what
     // it did not admit.
     let capacity = 100_000;
@@ -500,20 +471,11 @@ async fn decisions_stay_exact_while_slots_move_between_masters_on(module: bool) 
     served_by(&cluster, module).await;
 }
 
-/// One master killed under load, with a breaker per master: the keys of the
-/// two healthy masters are decided by Redis the whole time, and only the
-/// dead master's keys go to the failure policy until its replica takes over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy() {
-    a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on_the_module() {
-    a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on(true).await;
-}
-
-async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy_on(module: bool) {
+// One master killed under load, with a breaker per master: the keys of the
+// two healthy masters are decided by Redis the whole time, and only the
+// dead master's keys go to the failure policy until its replica takes over.
+on_both_paths!(multi_thread: a_dead_master_sends_only_its_own_keys_to_the_failure_policy);
+async fn a_dead_master_sends_only_its_own_keys_to_the_failure_policy(module: bool) {
     let mut cluster = start(3, 1, module);
     let limiter = limiter(&cluster, FailurePolicy::Open);
     let quota = Quota::new(1_000_000, "1000000/s".parse().unwrap()).unwrap();
@@ -595,17 +557,8 @@ async fn whole_again(limiter: &Limiter, quota: &Quota, key: &str) -> u64 {
     limiter.inspect(quota, key, 0).await.unwrap().remaining
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refunds_give_back_on_every_master_for_every_algorithm() {
-    refunds_give_back_on_every_master_for_every_algorithm_on(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refunds_give_back_on_every_master_for_every_algorithm_on_the_module() {
-    refunds_give_back_on_every_master_for_every_algorithm_on(true).await;
-}
-
-async fn refunds_give_back_on_every_master_for_every_algorithm_on(module: bool) {
+on_both_paths!(multi_thread: refunds_give_back_on_every_master_for_every_algorithm);
+async fn refunds_give_back_on_every_master_for_every_algorithm(module: bool) {
     let cluster = start(3, 0, module);
     let limiter = limiter(&cluster, FailurePolicy::Closed);
     let day = Duration::from_secs(86_400);
@@ -671,21 +624,12 @@ async fn refunds_give_back_on_every_master_for_every_algorithm_on(module: bool) 
     served_by(&cluster, module).await;
 }
 
-/// Current-thread, so the decisions below go as one batch: a key the ACL
-/// user may not touch is refused on its own with the user's error and never
-/// written, and the batch's other keys are decided, also when that key
-/// routes the batch.
-#[tokio::test]
-async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch() {
-    a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(false).await;
-}
-
-#[tokio::test]
-async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on_the_module() {
-    a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(true).await;
-}
-
-async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(module: bool) {
+// Current-thread, so the decisions below go as one batch: a key the ACL
+// user may not touch is refused on its own with the user's error and never
+// written, and the batch's other keys are decided, also when that key
+// routes the batch.
+on_both_paths!(current_thread: a_key_the_user_may_not_touch_is_refused_alone_within_a_batch);
+async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch(module: bool) {
     let cluster = start(3, 0, module);
     // ACL users are each node's own.
     for node in &cluster.nodes {
@@ -774,29 +718,15 @@ async fn a_key_the_user_may_not_touch_is_refused_alone_within_a_batch_on(module:
     }
 }
 
-/// Current-thread, so both decisions go as one batch, while their slot is
-/// marked as moving but its keys are still on the old master: the first key
-/// is absent there (Redis would redirect a call it routes with `ASK`), the
-/// second is spent there, and must be decided there, denied, not anew on the
-/// new master.
-#[tokio::test]
-async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves() {
-    a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on(false).await;
-}
-
-#[tokio::test]
-async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on_the_module() {
-    a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on(true).await;
-}
-
-async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves_on(module: bool) {
+// Current-thread, so both decisions go as one batch, while their slot is
+// marked as moving but its keys are still on the old master: the first key
+// is absent there (Redis would redirect a call it routes with `ASK`), the
+// second is spent there, and must be decided there, denied, not anew on the
+// new master.
+on_both_paths!(current_thread: a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves);
+async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves(module: bool) {
     let cluster = start(3, 0, module);
-    let limiter = Limiter::builder()
-        .cluster(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .deny_cache_max_keys(0)
-        .build()
-        .unwrap();
+    let limiter = uncached(&cluster, Duration::from_secs(2));
     let quota = Quota::new(1, "1/h".parse().unwrap()).unwrap();
     let (absent, spent) = ("{moving}:absent", "{moving}:spent");
     assert!(limiter.decide(&quota, spent, 1).await.unwrap().allowed);
