@@ -93,9 +93,10 @@ pub(super) async fn call_routed(
 /// and hands each caller its decision; whether the node answered. Keys the
 /// node turns out not to serve are decided alone and the rest go again
 /// once as a batch: the script wrote nothing, so nothing is applied twice.
-/// A batch the node refused unrun (the routing key moved, the cluster is
-/// down, the user may not touch it) is decided key by key. A call that may
-/// have run is never sent again: its decisions fail.
+/// A batch the node refused unrun (the cluster is down, the node is no
+/// longer a master) is decided key by key. A call that may have run is never
+/// sent again: its decisions fail (a `NOPERM` too: a script may meet it at a
+/// write, after others).
 pub(super) async fn send_node_batch(
     connection: ClusterConnection,
     timeout: Duration,
@@ -119,14 +120,6 @@ pub(super) async fn send_node_batch(
                 Ok(Err(error)) if refused_unrun(&error) => {
                     stale.store(true, Ordering::Release);
                     break;
-                }
-                // The user may not touch the key that routed the batch,
-                // which Redis checks before the call runs: the others are
-                // still theirs to decide.
-                Ok(Err(error))
-                    if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
-                {
-                    break
                 }
                 Ok(Err(error)) => {
                     fail(jobs, &Error::from(error));
