@@ -25,9 +25,8 @@ cd "$(dirname "$0")/.."
 : "${CONCURRENCY:=64}"
 : "${STANDALONE_REPLICA:=0}"
 : "${MODULE:=}"
-module_args=()
-[ -n "$MODULE" ] && module_args=(--loadmodule "$MODULE")
-export NODE_ARGS="${module_args[*]}"
+# The module's path may not hold spaces: the cluster tool splits NODE_ARGS.
+export NODE_ARGS="${MODULE:+--loadmodule $MODULE}"
 : "${CLUSTER_TOOL:=$(cd "$(dirname "$0")" && pwd)/peers/tools/redis-cluster.sh}"
 cargo build -q --release -p ratelimit-tests --example loadgen
 loadgen=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
@@ -46,13 +45,13 @@ cleanup() {
 }
 trap cleanup EXIT
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-  --logfile "$dir/redis.log" --daemonize yes --pidfile "$dir/redis.pid" "${module_args[@]}"
+  --logfile "$dir/redis.log" --daemonize yes --pidfile "$dir/redis.pid" ${NODE_ARGS}
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 if [ "$STANDALONE_REPLICA" = 1 ]; then
   replica_port=$(free_port)
   mkdir -p "$dir/replica"
   redis-server --port "$replica_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir/replica" \
-    --logfile "$dir/replica.log" --daemonize yes --pidfile "$dir/replica.pid" --replicaof 127.0.0.1 "$port" "${module_args[@]}"
+    --logfile "$dir/replica.log" --daemonize yes --pidfile "$dir/replica.pid" --replicaof 127.0.0.1 "$port" ${NODE_ARGS}
   until redis-cli -p "$port" info replication | grep -q 'slave0:.*state=online'; do sleep 0.05; done
 fi
 "$CLUSTER_TOOL" up "$base" 3 >/dev/null

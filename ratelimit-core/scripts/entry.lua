@@ -96,11 +96,15 @@ local function decide_call(keys, ARGV)
     mode = 'each'
     -- Every key is read before any is written: a key this node does not
     -- serve fails its command, and a batch must not fail half written. The
-    -- read is a pcall so that such a key is reported, not raised.
+    -- read is a pcall so that such a key is reported, not raised; a key the
+    -- user may read but not write is reported too, before its write fails.
     read_first, reread = {}, {}
     local elsewhere = {}
     for i = 1, count do
       local value = try_call('GET', KEYS[i])
+      if not redis.acl_check_cmd('SET', KEYS[i], '') then
+        value = { err = 'NOPERM' }
+      end
       if type(value) == 'table' and value.err then
         -- A key of another type is this node's, and foreign to every algorithm.
         if string.sub(value.err, 1, 9) == 'WRONGTYPE' then

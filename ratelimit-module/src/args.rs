@@ -14,8 +14,8 @@ pub(crate) struct Plan {
     /// is all or nothing.
     pub runs: Option<Vec<(usize, bool)>>,
     pub groups: Vec<Planned>,
-    /// In 'batch' mode, how many keys follow the count in `argv` (the
-    /// call's own key only routes it on Redis Cluster).
+    /// In 'batch' mode, how many keys follow the count in `argv` (the call
+    /// names no key of its own).
     pub batch: Option<usize>,
 }
 
@@ -27,7 +27,7 @@ pub(crate) enum Mode {
     Refund,
     Runs,
     /// 'each' over keys of several slots of this Redis Cluster node, sent
-    /// after the mode and their count; the call's own key routes it.
+    /// after the mode and their count.
     Batch,
 }
 

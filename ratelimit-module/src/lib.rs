@@ -81,7 +81,7 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let plan = plan(&argv, keys.len())?;
     let mut out = Vec::new();
     if let Some(count) = plan.batch {
-        // The batch's keys, not the one that routed the call.
+        // The batch's keys: the call names none.
         keys = argv.drain(2..2 + count).collect();
         let elsewhere = elsewhere(ctx, &keys)?;
         if !elsewhere.is_empty() {
@@ -111,8 +111,8 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// The keys of a batch (from 1) that this node must not decide: those the
-/// calling user may not read and write, and on Redis Cluster those of slots
-/// it does not serve now (moved, migrating, importing, or the cluster down),
+/// calling user may not read and write, and on Redis Cluster those it may
+/// not write now (a slot moved, migrating, importing, or the cluster down),
 /// which a command's own keys are checked for before it runs. Asked of every
 /// key before anything is written, so a batch is refused whole: the client
 /// sends those keys on their own, and the rest again.
@@ -127,23 +127,31 @@ fn elsewhere(ctx: &Context, keys: &[RedisString]) -> Result<Vec<i64>, RedisError
         .collect())
 }
 
-/// Whether this cluster node serves `key` now, asked as a script's `GET`
-/// asks: a module's call of `EXISTS` on a key of a slot the node does not
-/// serve (or only with an `ASK` for another key) is refused before it runs,
-/// with no reply. (The crate's `call` reads no reply as a success.)
+/// Whether this cluster node may write `key` now, asked as Redis asks for a
+/// script's write: a module's call of a write command on a key of a slot the
+/// node does not serve (or only with an `ASK` for another key), or while the
+/// cluster is down, is refused before it runs, with no reply. (The crate's
+/// `call` reads no reply as a success.) `SETRANGE key 0 ""` is a write that
+/// changes nothing: it neither creates the key nor touches a value.
 fn served_here(ctx: &Context, key: &RedisString) -> bool {
     // SAFETY: a command's context and a string of this call; the reply is
     // freed once.
     unsafe {
-        let reply =
-            raw::RedisModule_Call.unwrap()(ctx.ctx, c"EXISTS".as_ptr(), c"s".as_ptr(), key.inner);
+        let reply = raw::RedisModule_Call.unwrap()(
+            ctx.ctx,
+            c"SETRANGE".as_ptr(),
+            c"scc".as_ptr(),
+            key.inner,
+            c"0".as_ptr(),
+            c"".as_ptr(),
+        );
         if reply.is_null() {
             return false;
         }
-        let error =
-            raw::RedisModule_CallReplyType.unwrap()(reply) == raw::REDISMODULE_REPLY_ERROR as i32;
+        // An error reply (a key of another type) is this node's key all the
+        // same: the decision finds it foreign.
         raw::RedisModule_FreeCallReply.unwrap()(reply);
-        !error
+        true
     }
 }
 

@@ -65,6 +65,17 @@ pub(super) async fn call_routed(
         loop {
             let call = asked.as_ref().unwrap_or(invocation);
             match invoke(call, &mut connection, functions).await {
+                // Nothing was sent: the client keeps no connection to the
+                // node the `ASK` named (a master that serves no slot yet).
+                // The call goes by the slot map again, after a moment.
+                Err(error)
+                    if asked.is_some()
+                        && error.kind() == redis::ErrorKind::ClusterConnectionNotFound =>
+                {
+                    asked = None;
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(50));
+                }
                 Err(error) if refused_unrun(&error) => {
                     // Followed once: a call refused where it was asked to
                     // goes by the slot map again.

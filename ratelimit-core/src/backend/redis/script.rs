@@ -9,9 +9,8 @@ use once_cell::sync::Lazy;
 use crate::clock::Clock as _;
 
 /// The script for EVALSHA, built once per process: its definitions, then the
-/// call. `Script` sends EVALSHA and, on NOSCRIPT (after a restart or
-/// `SCRIPT FLUSH`), loads the script and retries once. Used where Redis
-/// functions are not (see [`LIBRARY`]).
+/// call. Loaded on NOSCRIPT (after a restart or `SCRIPT FLUSH`; see
+/// [`evalsha`]). Used where Redis functions are not (see [`LIBRARY`]).
 pub(crate) static SCRIPT: Lazy<redis::Script> =
     Lazy::new(|| redis::Script::new(concat!(script_body!(), eval_call!())));
 
@@ -207,7 +206,7 @@ impl ScriptCall {
 
     /// Sends the call to `slot`'s master on Redis Cluster.
     #[cfg(feature = "cluster")]
-    pub(crate) fn sent_to_slot(&mut self, slot: u16) -> &mut Self {
+    pub(super) fn sent_to_slot(&mut self, slot: u16) -> &mut Self {
         self.slot = Some(slot);
         self
     }
@@ -451,7 +450,7 @@ async fn invoke_function<C: Connection>(
 }
 
 /// Runs `call` by EVALSHA, loading the script when the server has not got
-/// it (a cluster client loads it on every master).
+/// it (a cluster client loads it on every node).
 async fn evalsha<C: Connection>(
     call: &ScriptCall,
     connection: &mut C,
