@@ -410,266 +410,254 @@ fn clients_on_the_module_and_on_the_function_share_one_limit() {
     });
 }
 
-#[test]
-fn a_call_of_another_wire_version_is_refused_and_a_key_of_another_type_is_never_written() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_another_wire_version_is_refused_and_a_key_of_another_type_is_never_written() {
     let server = with_module();
-    runtime.block_on(async {
-        let mut connection = server.connection().await;
-        let other: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
-            .arg(999)
-            .arg(1)
-            .arg("k")
-            .arg("each")
+    let mut connection = server.connection().await;
+    let other: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
+        .arg(999)
+        .arg(1)
+        .arg("k")
+        .arg("each")
+        .query_async(&mut connection)
+        .await;
+    let error = other.unwrap_err();
+    assert_eq!(error.code(), Some("RLWIRE"), "{error}");
+
+    // A list where a limit's key would be: each algorithm finds a value
+    // it did not write, checked alone or with another key, and leaves
+    // it as it was.
+    let _: () = redis::cmd("RPUSH")
+        .arg("rl:occupied")
+        .arg("x")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    for quota in families().iter().map(|family| family[0]) {
+        let alone = limiter.decide(&quota, "occupied", 1).await;
+        assert!(
+            matches!(&alone, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
+            "{}: {alone:?}",
+            quota.algorithm()
+        );
+        let inspected = limiter.inspect(&quota, "occupied", 1).await;
+        assert!(
+            matches!(inspected, Err(Error::ForeignValue { .. })),
+            "{}: {inspected:?}",
+            quota.algorithm()
+        );
+        let all = limiter
+            .decide_all(&[
+                Request::new(&quota, "fresh"),
+                Request::new(&quota, "occupied"),
+            ])
+            .await;
+        assert!(
+            matches!(&all, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
+            "{}: {all:?}",
+            quota.algorithm()
+        );
+    }
+    let kind: String = redis::cmd("TYPE")
+        .arg("rl:occupied")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(kind, "list");
+    assert!(server.command_calls(&["ratelimit.decide"]).await > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_leaves_a_watched_key_unmodified_and_an_admission_modifies_it() {
+    let server = with_module();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = bucket(Algorithm::Gcra, 1, "1/min");
+    let spent = limiter.decide(&quota, "watched", 1).await.unwrap();
+    assert!(spent.allowed);
+    // A transaction watching the key commits across a denial (which
+    // writes nothing), and is aborted by an admission (which writes).
+    let watched = |then: &'static str| {
+        let server = &server;
+        let limiter = &limiter;
+        let quota = &quota;
+        async move {
+            let mut watcher = server
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let _: () = redis::cmd("WATCH")
+                .arg("rl:watched")
+                .query_async(&mut watcher)
+                .await
+                .unwrap();
+            let decided = limiter.decide(quota, then, 1).await.unwrap();
+            let committed: Option<Vec<String>> = redis::pipe()
+                .atomic()
+                .cmd("GET")
+                .arg("rl:watched")
+                .query_async(&mut watcher)
+                .await
+                .unwrap();
+            (decided.allowed, committed.is_some())
+        }
+    };
+    assert_eq!(
+        watched("watched").await,
+        (false, true),
+        "a denial modified the key"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg("rl:watched")
+        .query_async(&mut server.connection().await)
+        .await
+        .unwrap();
+    assert_eq!(
+        watched("watched").await,
+        (true, false),
+        "an admission left the key unmodified"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
+    let server = with_module();
+    let mut connection = server.connection().await;
+    let max = u64::MAX.to_string();
+    let wire = WIRE_VERSION.to_string();
+    let w = wire.as_str();
+    let bucket = ["1", "1", "1", "", "1", "500000", "10"];
+    let calls: Vec<Vec<&str>> = vec![
+        // Counts that would wrap, or ask for vast allocations.
+        vec![w, "18446744073709551613", "k", "each"],
+        vec![w, "1", "k", "runs", "99999999999999999"],
+        vec![w, "1", "k", "runs", "1", "-9223372036854775808"],
+        // A cost above the capacity, for a bucket and a sliding log's
+        // refund (whose member names would be built by the billion).
+        vec![w, "1", "k", "each", "1", "1", "11", "", "1", "500000", "10"],
+        vec![
+            w, "1", "k", "refund", "1", "3", &max, "", "4", "1000000", "77",
+        ],
+        // A good group, then one cut short: nothing of the first is written.
+        [
+            &[w, "2", "k", "k2", "each"][..],
+            &bucket[..],
+            &["1", "1", "1"][..],
+        ]
+        .concat(),
+        // The groups name more keys than the call.
+        [&[w, "1", "k", "each"][..], &["2"][..], &bucket[1..]].concat(),
+        // An instant no double holds exactly, an unknown algorithm, a
+        // rate not reduced, a group across runs.
+        vec![
+            w, "1", "k", "each", "1", "1", "1", &max, "1", "500000", "10",
+        ],
+        vec![w, "1", "k", "each", "1", "9", "1", "", "1", "500000", "10"],
+        vec![w, "1", "k", "each", "1", "1", "1", "", "2", "1000000", "10"],
+        // A batch naming more keys than it holds.
+        vec![w, "0", "batch", "5", "k"],
+        vec![
+            w, "2", "k", "k2", "runs", "2", "1", "1", "2", "1", "1", "", "1", "500000", "10",
+        ],
+    ];
+    for args in &calls {
+        let reply: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
+            .arg(&args[..])
             .query_async(&mut connection)
             .await;
-        let error = other.unwrap_err();
-        assert_eq!(error.code(), Some("RLWIRE"), "{error}");
-
-        // A list where a limit's key would be: each algorithm finds a value
-        // it did not write, checked alone or with another key, and leaves
-        // it as it was.
-        let _: () = redis::cmd("RPUSH")
-            .arg("rl:occupied")
-            .arg("x")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        let limiter = Limiter::builder().redis(server.url()).build().unwrap();
-        for quota in families().iter().map(|family| family[0]) {
-            let alone = limiter.decide(&quota, "occupied", 1).await;
-            assert!(
-                matches!(&alone, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
-                "{}: {alone:?}",
-                quota.algorithm()
-            );
-            let inspected = limiter.inspect(&quota, "occupied", 1).await;
-            assert!(
-                matches!(inspected, Err(Error::ForeignValue { .. })),
-                "{}: {inspected:?}",
-                quota.algorithm()
-            );
-            let all = limiter
-                .decide_all(&[
-                    Request::new(&quota, "fresh"),
-                    Request::new(&quota, "occupied"),
-                ])
-                .await;
-            assert!(
-                matches!(&all, Err(d) if fault(d) == Some(ErrorKind::ForeignValue)),
-                "{}: {all:?}",
-                quota.algorithm()
-            );
-        }
-        let kind: String = redis::cmd("TYPE")
-            .arg("rl:occupied")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        assert_eq!(kind, "list");
-        assert!(server.command_calls(&["ratelimit.decide"]).await > 0);
-    });
-}
-
-#[test]
-fn a_denial_leaves_a_watched_key_unmodified_and_an_admission_modifies_it() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let server = with_module();
-    runtime.block_on(async {
-        let limiter = Limiter::builder()
-            .redis(server.url())
-            .deny_cache_max_keys(0)
-            .build()
-            .unwrap();
-        let quota = bucket(Algorithm::Gcra, 1, "1/min");
-        let spent = limiter.decide(&quota, "watched", 1).await.unwrap();
-        assert!(spent.allowed);
-        // A transaction watching the key commits across a denial (which
-        // writes nothing), and is aborted by an admission (which writes).
-        let watched = |then: &'static str| {
-            let server = &server;
-            let limiter = &limiter;
-            let quota = &quota;
-            async move {
-                let mut watcher = server
-                    .client()
-                    .get_multiplexed_async_connection()
-                    .await
-                    .unwrap();
-                let _: () = redis::cmd("WATCH")
-                    .arg("rl:watched")
-                    .query_async(&mut watcher)
-                    .await
-                    .unwrap();
-                let decided = limiter.decide(quota, then, 1).await.unwrap();
-                let committed: Option<Vec<String>> = redis::pipe()
-                    .atomic()
-                    .cmd("GET")
-                    .arg("rl:watched")
-                    .query_async(&mut watcher)
-                    .await
-                    .unwrap();
-                (decided.allowed, committed.is_some())
-            }
-        };
-        assert_eq!(
-            watched("watched").await,
-            (false, true),
-            "a denial modified the key"
+        let error = reply.expect_err(&format!("{args:?} was decided"));
+        assert!(
+            matches!(error.code(), Some("RLARGS" | "ERR")),
+            "{args:?}: {error}"
         );
-        let _: () = redis::cmd("DEL")
-            .arg("rl:watched")
-            .query_async(&mut server.connection().await)
-            .await
-            .unwrap();
-        assert_eq!(
-            watched("watched").await,
-            (true, false),
-            "an admission left the key unmodified"
-        );
-    });
+    }
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "refused calls wrote {keys:?}");
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(pong, "PONG");
 }
 
-#[test]
-fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let server = with_module();
-    runtime.block_on(async {
-        let mut connection = server.connection().await;
-        let max = u64::MAX.to_string();
-        let wire = WIRE_VERSION.to_string();
-        let w = wire.as_str();
-        let bucket = ["1", "1", "1", "", "1", "500000", "10"];
-        let calls: Vec<Vec<&str>> = vec![
-            // Counts that would wrap, or ask for vast allocations.
-            vec![w, "18446744073709551613", "k", "each"],
-            vec![w, "1", "k", "runs", "99999999999999999"],
-            vec![w, "1", "k", "runs", "1", "-9223372036854775808"],
-            // A cost above the capacity, for a bucket and a sliding log's
-            // refund (whose member names would be built by the billion).
-            vec![w, "1", "k", "each", "1", "1", "11", "", "1", "500000", "10"],
-            vec![
-                w, "1", "k", "refund", "1", "3", &max, "", "4", "1000000", "77",
-            ],
-            // A good group, then one cut short: nothing of the first is written.
-            [
-                &[w, "2", "k", "k2", "each"][..],
-                &bucket[..],
-                &["1", "1", "1"][..],
-            ]
-            .concat(),
-            // The groups name more keys than the call.
-            [&[w, "1", "k", "each"][..], &["2"][..], &bucket[1..]].concat(),
-            // An instant no double holds exactly, an unknown algorithm, a
-            // rate not reduced, a group across runs.
-            vec![
-                w, "1", "k", "each", "1", "1", "1", &max, "1", "500000", "10",
-            ],
-            vec![w, "1", "k", "each", "1", "9", "1", "", "1", "500000", "10"],
-            vec![w, "1", "k", "each", "1", "1", "1", "", "2", "1000000", "10"],
-            // A batch naming more keys than it holds.
-            vec![w, "0", "batch", "5", "k"],
-            vec![
-                w, "2", "k", "k2", "runs", "2", "1", "1", "2", "1", "1", "", "1", "500000", "10",
-            ],
-        ];
-        for args in &calls {
-            let reply: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
-                .arg(&args[..])
-                .query_async(&mut connection)
-                .await;
-            let error = reply.expect_err(&format!("{args:?} was decided"));
-            assert!(
-                matches!(error.code(), Some("RLARGS" | "ERR")),
-                "{args:?}: {error}"
-            );
-        }
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        assert!(keys.is_empty(), "refused calls wrote {keys:?}");
-        let pong: String = redis::cmd("PING")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        assert_eq!(pong, "PONG");
-    });
-}
-
-#[test]
-fn a_replica_holds_what_the_module_wrote_on_its_master() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_holds_what_the_module_wrote_on_its_master() {
     let master = with_module();
     // The replica has no module: it applies the writes the module sent.
     let replica =
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
-    runtime.block_on(async {
-        // Synced before the first decision, so that every write reaches the
-        // replica as a command, not in the master's snapshot.
-        let mut replica_connection = replica.connection().await;
-        let mut linked = false;
-        for _ in 0..100 {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut replica_connection)
-                .await
-                .unwrap();
-            if info.contains("master_link_status:up") {
-                linked = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(linked, "the replica did not sync:\n{}", replica.log());
-        let limiter = Limiter::builder()
-            .redis(master.url())
-            .deny_cache_max_keys(0)
-            .build()
+    // Synced before the first decision, so that every write reaches the
+    // replica as a command, not in the master's snapshot.
+    let mut replica_connection = replica.connection().await;
+    let mut linked = false;
+    for _ in 0..100 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut replica_connection)
+            .await
             .unwrap();
-        for (k, quota) in families().iter().flatten().enumerate() {
-            let key = format!("replicated:{k}");
-            for cost in [1, 1, 2] {
-                let _ = limiter.decide(quota, &key, cost).await.unwrap();
-            }
-            let admitted = limiter
-                .check(Request::new(quota, &key).on_error(ratelimit::FailurePolicy::Closed))
-                .await;
-            if let Ok(admitted) = admitted {
-                limiter.refund(admitted).await.unwrap();
-            }
+        if info.contains("master_link_status:up") {
+            linked = true;
+            break;
         }
-        // Until the replica has synced and acknowledged every write (each
-        // WAIT shorter than the client's response timeout).
-        let mut connection = master.connection().await;
-        let mut synced = 0;
-        for _ in 0..50 {
-            synced = redis::cmd("WAIT")
-                .arg(1)
-                .arg(200)
-                .query_async(&mut connection)
-                .await
-                .unwrap();
-            if synced == 1 {
-                break;
-            }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(linked, "the replica did not sync:\n{}", replica.log());
+    let limiter = Limiter::builder()
+        .redis(master.url())
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    for (k, quota) in families().iter().flatten().enumerate() {
+        let key = format!("replicated:{k}");
+        for cost in [1, 1, 2] {
+            let _ = limiter.decide(quota, &key, cost).await.unwrap();
         }
-        assert_eq!(synced, 1, "the replica did not acknowledge the writes");
-        assert!(master.command_calls(&["ratelimit.decide"]).await > 0);
-        let (on_master, on_replica) = (holdings(&master).await, holdings(&replica).await);
-        assert!(!on_master.is_empty());
-        assert_eq!(
-            on_master.keys().collect::<Vec<_>>(),
-            on_replica.keys().collect::<Vec<_>>()
+        let admitted = limiter
+            .check(Request::new(quota, &key).on_error(ratelimit::FailurePolicy::Closed))
+            .await;
+        if let Ok(admitted) = admitted {
+            limiter.refund(admitted).await.unwrap();
+        }
+    }
+    // Until the replica has synced and acknowledged every write (each
+    // WAIT shorter than the client's response timeout).
+    let mut connection = master.connection().await;
+    let mut synced = 0;
+    for _ in 0..50 {
+        synced = redis::cmd("WAIT")
+            .arg(1)
+            .arg(200)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if synced == 1 {
+            break;
+        }
+    }
+    assert_eq!(synced, 1, "the replica did not acknowledge the writes");
+    assert!(master.command_calls(&["ratelimit.decide"]).await > 0);
+    let (on_master, on_replica) = (holdings(&master).await, holdings(&replica).await);
+    assert!(!on_master.is_empty());
+    assert_eq!(
+        on_master.keys().collect::<Vec<_>>(),
+        on_replica.keys().collect::<Vec<_>>()
+    );
+    for (key, (value, expires)) in &on_master {
+        let (replica_value, replica_expires) = &on_replica[key];
+        assert_eq!(value, replica_value, "{key}");
+        assert!(
+            *expires > 0 && (expires - replica_expires).abs() <= 50,
+            "{key} expires at {expires} on the master, at {replica_expires} on the replica"
         );
-        for (key, (value, expires)) in &on_master {
-            let (replica_value, replica_expires) = &on_replica[key];
-            assert_eq!(value, replica_value, "{key}");
-            assert!(
-                *expires > 0 && (expires - replica_expires).abs() <= 50,
-                "{key} expires at {expires} on the master, at {replica_expires} on the replica"
-            );
-        }
-    });
+    }
 }
