@@ -20,8 +20,13 @@ pub mod key;
 mod lease;
 mod limiter;
 mod metrics;
+// The native module's crate uses it; the limiter only sends its wire version.
+#[cfg(feature = "native")]
 #[doc(hidden)]
 pub mod native;
+#[cfg(not(feature = "native"))]
+#[allow(dead_code)]
+mod native;
 mod quota;
 #[cfg(feature = "redis")]
 mod rule_source;
