@@ -98,6 +98,7 @@ impl fmt::Debug for Decision {
 impl Decision {
     /// This decision, asked for at `at` on the limiter's clock (a refund
     /// measures from it what the admission still holds).
+    #[inline]
     pub(crate) fn asked_at(self, at: u64) -> Self {
         Self { at, ..self }
     }
@@ -112,6 +113,7 @@ impl Decision {
         }
     }
 
+    #[inline]
     pub(crate) fn from_micros(
         allowed: bool,
         limit: u64,

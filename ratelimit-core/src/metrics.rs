@@ -112,12 +112,22 @@ impl Default for Stats {
 }
 
 fn stripe_index() -> usize {
+    use std::cell::Cell;
     use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        // Set at a thread's first count; a constant start keeps each read
+        // free of the lazy initialisation check.
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    INDEX.with(|i| *i)
+    INDEX
+        .try_with(|index| {
+            if index.get() == usize::MAX {
+                index.set(NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES);
+            }
+            index.get()
+        })
+        .unwrap_or(0)
 }
 
 impl Stats {

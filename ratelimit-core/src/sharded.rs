@@ -12,19 +12,27 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 pub(crate) type KeyHasher = hashbrown::DefaultHashBuilder;
 
 pub(crate) struct Sharded<S> {
-    shards: Box<[Mutex<S>]>,
+    shards: Box<[Padded<Mutex<S>>]>,
     hasher: KeyHasher,
 }
 
+/// A shard on cache lines of its own: threads locking neighbouring shards
+/// would otherwise take the same line from each other at every lock (128
+/// bytes, as CPUs fetch lines in adjacent pairs).
+#[repr(align(128))]
+struct Padded<T>(T);
+
 impl<S> Sharded<S> {
-    /// `count` shards (at least one), each made by `shard` from the hasher
-    /// that picks shards, so that a shard's [`KeyTable`] finds a key by the
-    /// same hash.
+    /// `count` shards rounded down to a power of two (at least one), so a
+    /// key's shard is found with a mask rather than a division; each made by
+    /// `shard` from the hasher that picks shards, so that a shard's
+    /// [`KeyTable`] finds a key by the same hash.
     pub(crate) fn new(count: usize, mut shard: impl FnMut(&KeyHasher) -> S) -> Self {
         let hasher = KeyHasher::default();
+        let count = 1 << count.max(1).ilog2();
         Self {
-            shards: (0..count.max(1))
-                .map(|_| Mutex::new(shard(&hasher)))
+            shards: (0..count)
+                .map(|_| Padded(Mutex::new(shard(&hasher))))
                 .collect(),
             hasher,
         }
@@ -41,7 +49,7 @@ impl<S> Sharded<S> {
     /// [`KeyTable`] places keys by those, and keys that all shared them
     /// would start their probes in a fraction of its buckets.
     pub(crate) fn index_of(&self, hash: u64) -> usize {
-        (hash >> 32) as usize % self.shards.len()
+        (hash >> 32) as usize & (self.shards.len() - 1)
     }
 
     /// Locks the shard at `index`. Each holds plain data updated without
@@ -49,6 +57,7 @@ impl<S> Sharded<S> {
     /// still guards consistent state.
     pub(crate) fn lock(&self, index: usize) -> MutexGuard<'_, S> {
         self.shards[index]
+            .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -60,7 +69,6 @@ impl<S> Sharded<S> {
     }
 
     /// How many shards there are.
-    #[cfg(test)]
     pub(crate) fn count(&self) -> usize {
         self.shards.len()
     }

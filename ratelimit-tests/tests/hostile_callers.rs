@@ -958,3 +958,44 @@ fn every_algorithm_refuses_a_foreign_value_in_check_all_and_decide() {
         );
     });
 }
+
+/// Spends what is left of this task's Tokio budget, without yielding: the
+/// next answer given in process must yield first.
+async fn spend_the_budget() {
+    while tokio::task::coop::has_budget_remaining() {
+        tokio::task::coop::consume_budget().await;
+    }
+}
+
+/// A check answered in process whose task must yield first (its Tokio
+/// budget spent), dropped at that yield as a timed-out or disconnected
+/// caller's is, takes nothing: not a token of the memory backend, nor one of
+/// a lease.
+#[tokio::test(flavor = "current_thread")]
+async fn a_check_dropped_at_its_yield_takes_nothing() {
+    let quota = Quota::per_hour(5).unwrap();
+    let memory = Limiter::memory();
+    spend_the_budget().await;
+    assert!(
+        memory
+            .check(Request::new(&quota, "k"))
+            .now_or_never()
+            .is_none(),
+        "a spent budget yields before the answer"
+    );
+    assert_eq!(memory.inspect(&quota, "k", 0).await.unwrap().remaining, 5);
+
+    let server = RedisServer::start();
+    let leasing = limiter(&server, FailurePolicy::Closed);
+    let leased = Request::new(&quota, "leased").lease(5);
+    // The whole quota leased at once: one served, four left in the lease.
+    leasing.check(leased).await.unwrap();
+    spend_the_budget().await;
+    assert!(leasing.check(leased).now_or_never().is_none());
+    let mut admitted = 0;
+    while leasing.check(leased).await.is_ok() {
+        admitted += 1;
+        assert!(admitted <= 5, "more admitted than the quota holds");
+    }
+    assert_eq!(admitted, 4, "the dropped check took a leased token");
+}

@@ -26,6 +26,7 @@ use super::{decision, State};
 use crate::decision::Decision;
 use crate::quota::Quota;
 
+#[inline(always)]
 pub(super) fn decide(
     quota: &Quota,
     state: &mut Option<State>,
@@ -68,6 +69,7 @@ pub(super) fn decide(
 /// The decision on a request of `cost` when the bucket owes `debt` units
 /// before it. The Redis script answers with the debt alone and this turns it
 /// into the decision, for both backends.
+#[inline(always)]
 pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> Decision {
     let tokens = quota.rate().tokens();
     let period = quota.rate().period_us();

@@ -62,6 +62,7 @@ pub(crate) fn decide(
 }
 
 /// A decision in microseconds.
+#[inline]
 pub(crate) fn decision(
     quota: &Quota,
     allowed: bool,

@@ -32,8 +32,10 @@ pub(crate) struct MemoryBackend {
 }
 
 struct Shard {
-    /// Each key's state and the instant it expires (as Redis would expire it).
-    buckets: KeyTable<(State, u64)>,
+    /// Each key's state and the instant it expires (as Redis would expire
+    /// it). The state is never `None` in the table: kept as an `Option`, it
+    /// is decided in place.
+    buckets: KeyTable<(Option<State>, u64)>,
     sweep_at: usize,
 }
 
@@ -46,14 +48,15 @@ impl MemoryBackend {
     /// A backend holding at most `max_keys` keys (at least one).
     pub(crate) fn bounded(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let max_keys = max_keys.max(1);
-        let count = (max_keys / MIN_PER_SHARD).clamp(1, SHARDS);
-        let shards = Sharded::new(count, |hasher| Shard {
-            buckets: KeyTable::new(hasher),
-            sweep_at: MIN_SWEEP,
+        let shards = Sharded::new((max_keys / MIN_PER_SHARD).clamp(1, SHARDS), |hasher| {
+            Shard {
+                buckets: KeyTable::new(hasher),
+                sweep_at: MIN_SWEEP,
+            }
         });
         Self {
+            max_per_shard: max_keys / shards.count(),
             shards,
-            max_per_shard: max_keys / count,
             clock,
         }
     }
@@ -66,48 +69,36 @@ impl MemoryBackend {
     pub(crate) fn decide(&self, quota: &Quota, key: &str, cost: u64) -> Decision {
         let now = self.clock.now_micros();
         let (hash, mut shard) = self.shard(key);
-        match shard.buckets.get_mut(hash, key) {
-            Some((state, expires_at)) => {
-                // State past its expiry decides as no state would under the
-                // quota that wrote it, so it is handed over as it is: under
-                // another quota it decides as a Redis that has not expired
-                // the key yet would (see the twins on quota changes).
-                let mut current = Some(std::mem::replace(
-                    state,
-                    State::Window { start: 0, count: 0 },
-                ));
-                let (decision, wrote) = algorithm::decide(quota, &mut current, now, cost);
-                let decision = decision.asked_at(now);
-                if wrote {
-                    *expires_at = now + decision.reset_after.as_micros() as u64;
-                }
-                match current {
-                    Some(kept) => *state = kept,
-                    None => {
-                        shard.buckets.remove(hash, key);
-                    }
-                }
-                decision
+        // A held key's state is decided where it is. State past its expiry
+        // decides as no state would under the quota that wrote it, so it is
+        // handed over as it is: under another quota it decides as a Redis
+        // that has not expired the key yet would (see the twins on quota
+        // changes). A decision never empties a state (only a refund does).
+        if let Some((state, expires_at)) = shard.buckets.get_mut(hash, key) {
+            let (decision, wrote) = algorithm::decide(quota, state, now, cost);
+            if wrote {
+                *expires_at = now + decision.reset_after.as_micros() as u64;
             }
-            None => {
-                let mut fresh = None;
-                let (decision, wrote) = algorithm::decide(quota, &mut fresh, now, cost);
-                let decision = decision.asked_at(now);
-                if let (true, Some(state)) = (wrote, fresh) {
-                    let expires_at = now + decision.reset_after.as_micros() as u64;
-                    shard.buckets.insert(hash, key, (state, expires_at));
-                    shard.sweep_if_due(now, self.max_per_shard);
-                }
-                decision
-            }
+            return decision.asked_at(now);
         }
+        let mut fresh = None;
+        let (decision, wrote) = algorithm::decide(quota, &mut fresh, now, cost);
+        if wrote && fresh.is_some() {
+            let expires_at = now + decision.reset_after.as_micros() as u64;
+            shard.buckets.insert(hash, key, (fresh, expires_at));
+            shard.sweep_if_due(now, self.max_per_shard);
+        }
+        decision.asked_at(now)
     }
 
     /// The decision a request of `cost` would get now, with nothing written.
     pub(crate) fn peek(&self, quota: &Quota, key: &str, cost: u64) -> Decision {
         let now = self.clock.now_micros();
         let (hash, shard) = self.shard(key);
-        let mut state = shard.buckets.get(hash, key).map(|(state, _)| state.clone());
+        let mut state = shard
+            .buckets
+            .get(hash, key)
+            .and_then(|(state, _)| state.clone());
         drop(shard);
         algorithm::decide(quota, &mut state, now, cost).0
     }
@@ -120,16 +111,9 @@ impl MemoryBackend {
         let Some((state, _)) = shard.buckets.get_mut(hash, key) else {
             return;
         };
-        let mut current = Some(std::mem::replace(
-            state,
-            State::Window { start: 0, count: 0 },
-        ));
-        algorithm::refund(quota, &mut current, now, refund);
-        match current {
-            Some(kept) => *state = kept,
-            None => {
-                shard.buckets.remove(hash, key);
-            }
+        algorithm::refund(quota, state, now, refund);
+        if state.is_none() {
+            shard.buckets.remove(hash, key);
         }
     }
 
@@ -158,7 +142,10 @@ impl MemoryBackend {
         let mut decided = Vec::with_capacity(requests.len());
         for (((quota, key, cost), index), &hash) in requests.iter().zip(&indexes).zip(&hashes) {
             let shard = &guards[guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0)].1;
-            let mut state = shard.buckets.get(hash, key).map(|(state, _)| state.clone());
+            let mut state = shard
+                .buckets
+                .get(hash, key)
+                .and_then(|(state, _)| state.clone());
             let (decision, wrote) = algorithm::decide(quota, &mut state, now, *cost);
             decided.push((decision.asked_at(now), wrote.then_some(state).flatten()));
         }
@@ -171,7 +158,7 @@ impl MemoryBackend {
                 let position = guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0);
                 let shard = &mut guards[position].1;
                 let expires_at = now + decision.reset_after.as_micros() as u64;
-                shard.buckets.insert(hash, key, (state, expires_at));
+                shard.buckets.insert(hash, key, (Some(state), expires_at));
                 shard.sweep_if_due(now, self.max_per_shard);
             }
             decisions.push(decision);

@@ -177,6 +177,15 @@ impl Backend {
         }
     }
 
+    /// The memory backend, which decides in this process.
+    pub(crate) fn memory(&self) -> Option<&memory::MemoryBackend> {
+        match self {
+            Backend::Memory(memory) => Some(memory),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// Whether calls can fail (and so go through the circuit breaker).
     pub(crate) fn can_fail(&self) -> bool {
         !matches!(self, Backend::Memory(_))

@@ -235,7 +235,20 @@ impl Limiter {
         &self,
         requests: impl AsRef<[Request<'a>]>,
     ) -> Result<Admitted<'a>, RateLimited> {
-        self.check_requests(requests.as_ref()).await
+        let requests = requests.as_ref();
+        if let (Some(memory), Some(shadow)) =
+            (self.inner.backend.memory(), policy::group_of(requests))
+        {
+            // The memory backend answers at once: the budget is taken first,
+            // so a task that must yield decides when it is back, and no
+            // answer is held across the yield.
+            answered_in_process().await;
+            return self.checked_in_memory(memory, requests, shadow);
+        }
+        // Boxed: a remote check's future is large (the round trip's state),
+        // and every future holding a check would carry and copy it, the
+        // memory backend's too.
+        Box::pin(self.check_requests(requests)).await
     }
 
     /// Gives back what an admitted [`check`](Self::check) took: for "count
@@ -409,15 +422,19 @@ fn unreachable_config() -> Limiter {
     }
 }
 
-/// Called when a decision was answered without waiting on anything (the
+/// Called when a decision is answered without waiting on anything (the
 /// memory backend, a cached denial, a leased token): takes a unit of the
 /// task's Tokio budget, and yields once the budget is spent, as Tokio's own
 /// channels and sockets do. Without it, a task calling in a loop on a denied
 /// key would keep its thread until the denial expires, and every other task
 /// there (those waiting on Redis replies too) would wait as long. Outside a
 /// Tokio runtime it returns at once.
+///
+/// Where the answer takes something (a token of the memory backend or of a
+/// lease), it is called before: a caller that drops its future at the
+/// yield has taken nothing.
 async fn answered_in_process() {
-    tokio::task::consume_budget().await;
+    tokio::task::coop::consume_budget().await;
 }
 
 #[cfg(test)]
@@ -505,6 +522,20 @@ mod tests {
         );
         assert_eq!(limiter.stats().errors, 2);
         assert_eq!(limiter.inspect(&quota, "k", 0).await.unwrap().remaining, 5);
+    }
+
+    /// Every future that awaits a check (an axum handler's, the attribute's
+    /// function's) holds the check's future and is moved with it: the round
+    /// trip's state, nearly 2 KB, stays boxed behind it.
+    #[test]
+    fn a_check_holds_no_round_trip_inline() {
+        let limiter = Limiter::memory();
+        let quota = Quota::per_minute(5).unwrap();
+        let one = limiter.check(Request::new(&quota, "k"));
+        let several = limiter.check([Request::new(&quota, "a"), Request::new(&quota, "b")]);
+        for size in [std::mem::size_of_val(&one), std::mem::size_of_val(&several)] {
+            assert!(size <= 512, "a check's future takes {size} bytes");
+        }
     }
 
     #[test]

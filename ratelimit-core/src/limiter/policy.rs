@@ -16,6 +16,7 @@ use tracing::Instrument as _;
 use super::request::{Admitted, Decisions, Request};
 use super::round_trip::Answer;
 use super::{answered_in_process, Limiter};
+use crate::backend::memory::MemoryBackend;
 use crate::decision::{Decision, Via};
 use crate::denial::{DenialCause, RateLimited};
 use crate::error::{Error, ErrorKind};
@@ -73,6 +74,29 @@ impl Limiter {
         }
     }
 
+    /// The outcome of a check of one group (see [`group_of`]) that the
+    /// memory backend decides, given without building the future a remote
+    /// backend's check needs (which holds the round trip's, and is large).
+    pub(super) fn checked_in_memory<'a>(
+        &self,
+        memory: &MemoryBackend,
+        requests: &[Request<'a>],
+        shadow: bool,
+    ) -> Result<Admitted<'a>, RateLimited> {
+        // The check of one enforced request, the most common of all, decided
+        // straight into its admission or denial.
+        if let [one] = requests {
+            if !shadow && one.cost <= one.quota.capacity() {
+                let decision = memory.decide(one.quota, one.key, one.cost);
+                return self.settle_one(one, decision).map(|decision| {
+                    Admitted::new(Decisions::One(decision), requests, self.origin())
+                });
+            }
+        }
+        let decided = self.decided_in_memory(memory, requests, shadow);
+        self.outcome(requests, decided, shadow)
+    }
+
     /// Decides `requests`: the one place a check's outcome is built and
     /// counted. Requests in shadow mode are decided after the enforced ones
     /// (see [`Request::shadow`]).
@@ -87,19 +111,41 @@ impl Limiter {
                 self.origin(),
             ));
         }
-        let shadow = requests.iter().filter(|r| r.shadow).count();
-        if shadow == 0 || shadow == requests.len() {
-            return match self.decide_group(requests, shadow > 0).await {
-                Ok(decisions) => Ok(Admitted::new(decisions, requests, self.origin())),
-                Err(denied) if shadow > 0 => {
-                    Ok(
-                        Admitted::new(Decisions::Many(Vec::new()), &[], self.origin())
-                            .with_would_deny(denied),
-                    )
-                }
-                Err(denied) => Err(denied),
-            };
+        let Some(shadow) = group_of(requests) else {
+            // Boxed, as it holds two groups' futures: rare, and not carried
+            // by every check.
+            return Box::pin(self.check_enforced_then_shadowed(requests)).await;
+        };
+        let decided = self.decide_group(requests, shadow).await;
+        self.outcome(requests, decided, shadow)
+    }
+
+    /// The outcome of a check whose requests are all enforced or all in
+    /// shadow mode, from their group's decisions.
+    fn outcome<'a>(
+        &self,
+        requests: &[Request<'a>],
+        decided: Result<Decisions, RateLimited>,
+        shadow: bool,
+    ) -> Result<Admitted<'a>, RateLimited> {
+        match decided {
+            Ok(decisions) => Ok(Admitted::new(decisions, requests, self.origin())),
+            Err(denied) if shadow => {
+                Ok(
+                    Admitted::new(Decisions::Many(Vec::new()), &[], self.origin())
+                        .with_would_deny(denied),
+                )
+            }
+            Err(denied) => Err(denied),
         }
+    }
+
+    /// A check mixing enforced requests and requests in shadow mode: the
+    /// enforced ones decide first, all or nothing, then those in shadow mode.
+    async fn check_enforced_then_shadowed<'a>(
+        &self,
+        requests: &[Request<'a>],
+    ) -> Result<Admitted<'a>, RateLimited> {
         let (enforced, shadowed): (Vec<Request<'a>>, Vec<Request<'a>>) =
             requests.iter().partition(|r| !r.shadow);
         let enforced_decisions = self.decide_group(&enforced, false).await?;
@@ -142,18 +188,47 @@ impl Limiter {
         requests: &[Request<'_>],
         shadow: bool,
     ) -> Result<Decisions, RateLimited> {
+        // Answered with no I/O, after the budget is taken: a caller gone at
+        // the yield has taken nothing.
+        if let Some(memory) = self.inner.backend.memory() {
+            answered_in_process().await;
+            return self.decided_in_memory(memory, requests, shadow);
+        }
         if let Some(denied) = self.refused(requests, shadow) {
             answered_in_process().await;
             return Err(denied);
         }
-        // In process, the answer is at hand: no round trip's future to build.
-        if let Some(answer) = self.in_process(requests) {
-            answered_in_process().await;
-            return self.settle(requests, answer, shadow);
+        self.decide_remotely(requests, shadow).await
+    }
+
+    /// The memory backend's decisions on `requests`, counted, unless the
+    /// check is refused as asked.
+    fn decided_in_memory(
+        &self,
+        memory: &MemoryBackend,
+        requests: &[Request<'_>],
+        shadow: bool,
+    ) -> Result<Decisions, RateLimited> {
+        match self.refused(requests, shadow) {
+            Some(denied) => Err(denied),
+            None => self.settle(requests, Answer::in_memory(memory, requests), shadow),
         }
+    }
+
+    /// Asks the backend, and applies the failure policies when it cannot
+    /// answer.
+    async fn decide_remotely(
+        &self,
+        requests: &[Request<'_>],
+        shadow: bool,
+    ) -> Result<Decisions, RateLimited> {
+        // The round trip's future is most of a check's (the deny cache's
+        // wait, the breaker's timeout): boxed, it is not carried by every
+        // future that holds a check, nor copied with it, and the memory
+        // backend's checks, which never make it, stay small.
+        let round_trip = Box::pin(self.round_trip(requests));
         // Only a subscriber that records debug spans pays for one: a denial
-        // answered in process takes well under a microsecond. The round
-        // trip's future is made where it is awaited, so it is not moved.
+        // answered in process takes well under a microsecond.
         let answer = if tracing::enabled!(tracing::Level::DEBUG) {
             let first = &requests[0];
             let span = tracing::debug_span!(
@@ -164,9 +239,9 @@ impl Limiter {
                 limits = requests.len(),
                 backend = self.inner.backend.name()
             );
-            self.round_trip(requests).instrument(span).await
+            round_trip.instrument(span).await
         } else {
-            self.round_trip(requests).await
+            round_trip.await
         };
         match answer {
             Ok(answer) => self.settle(requests, answer, shadow),
@@ -195,6 +270,21 @@ impl Limiter {
                 Err(self.denied(request, denied, Outcome::Denied, shadow))
             }
         }
+    }
+
+    /// `decision` on the one enforced request of a check, counted: the
+    /// decision when it admits, else the denial.
+    fn settle_one(
+        &self,
+        request: &Request<'_>,
+        decision: Decision,
+    ) -> Result<Decision, RateLimited> {
+        if decision.allowed {
+            self.inner.stats.record(request.rule, Outcome::Allowed);
+            return Ok(decision);
+        }
+        let denied = RateLimited::from_decision(request.key, &decision);
+        Err(self.denied(request, denied, Outcome::Denied, false))
     }
 
     /// The denial of a check that can never be decided as asked: a cost
@@ -363,5 +453,20 @@ impl Limiter {
     fn unavailable(&self, key: &str, capacity: u64, kind: ErrorKind) -> RateLimited {
         RateLimited::new(key, capacity, 0, self.inner.closed_retry_after)
             .with_cause(DenialCause::BackendUnavailable { kind })
+    }
+}
+
+/// Whether `requests` are one group: `Some(false)` when every request is
+/// enforced (and for none), `Some(true)` when every one is in shadow mode;
+/// `None` when they mix the two, and so are decided as two groups.
+#[inline]
+pub(super) fn group_of(requests: &[Request<'_>]) -> Option<bool> {
+    match requests {
+        [] => Some(false),
+        [one] => Some(one.shadow),
+        [first, rest @ ..] => rest
+            .iter()
+            .all(|r| r.shadow == first.shadow)
+            .then_some(first.shadow),
     }
 }

@@ -9,7 +9,7 @@
 
 use super::request::{Decisions, Request};
 use super::{answered_in_process, Limiter};
-use crate::backend::Backend;
+use crate::backend::memory::MemoryBackend;
 use crate::decision::{Decision, Via};
 use crate::deny_cache::Consulted;
 use crate::error::Error;
@@ -30,6 +30,19 @@ impl Answer {
             Answer::Admitted(Decisions::One(decision))
         } else {
             Answer::Denied { index: 0, decision }
+        }
+    }
+
+    /// The memory backend's answer to `requests`, given at once: it cannot
+    /// fail, and no cache or lease stands in front of it.
+    pub(super) fn in_memory(memory: &MemoryBackend, requests: &[Request<'_>]) -> Self {
+        match requests {
+            [one] => Answer::of_one(memory.decide(one.quota, one.key, one.cost)),
+            _ => {
+                let batch: Vec<(&Quota, &str, u64)> =
+                    requests.iter().map(|r| (r.quota, r.key, r.cost)).collect();
+                Answer::of_all(memory.decide_all(&batch))
+            }
         }
     }
 
@@ -69,25 +82,6 @@ impl Limiter {
                 request.quota.algorithm(),
                 Algorithm::LeakyBucket | Algorithm::SlidingLog
             )
-    }
-
-    /// The answer to `requests` when the backend is in this process (the
-    /// memory backend), given at once: it cannot fail, and no cache or lease
-    /// stands in front of it. `None` for a remote backend.
-    pub(super) fn in_process(&self, requests: &[Request<'_>]) -> Option<Answer> {
-        let memory = match &self.inner.backend {
-            Backend::Memory(memory) => memory,
-            #[allow(unreachable_patterns)]
-            _ => return None,
-        };
-        Some(match requests {
-            [one] => Answer::of_one(memory.decide(one.quota, one.key, one.cost)),
-            _ => {
-                let batch: Vec<(&Quota, &str, u64)> =
-                    requests.iter().map(|r| (r.quota, r.key, r.cost)).collect();
-                Answer::of_all(memory.decide_all(&batch))
-            }
-        })
     }
 
     /// One key on a remote backend: from the deny cache when it knows the
@@ -130,9 +124,11 @@ impl Limiter {
         let Request {
             quota, key, cost, ..
         } = *request;
+        // The budget first, as a lease answers with no I/O: a caller gone at
+        // the yield leaves the lease's tokens where they are.
+        answered_in_process().await;
         let now = self.inner.cache_clock.now_micros();
         if let Some((left, id)) = self.inner.leases.take(quota, key, cost, now) {
-            answered_in_process().await;
             return Ok(Decision {
                 via: Via::Lease(id),
                 ..Decision::from_micros(true, quota.capacity(), left, 0, 0, 0)
