@@ -37,9 +37,20 @@ pub const fn is_value_char(c: char) -> bool {
 /// key.push_value(&"alice:{admin}");
 /// assert_eq!(key.finish(), "order:submit:alice%3A%7Badmin%7D");
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KeyBuilder {
     key: String,
+}
+
+/// Room for most keys, so that building one allocates once.
+const KEY_CAPACITY: usize = 64;
+
+impl Default for KeyBuilder {
+    fn default() -> Self {
+        Self {
+            key: String::with_capacity(KEY_CAPACITY),
+        }
+    }
 }
 
 impl KeyBuilder {
@@ -132,24 +143,42 @@ struct Escaper<'a> {
     too_long: bool,
 }
 
+impl Escaper<'_> {
+    /// Whether the byte `b` stands for itself. Every byte of a character
+    /// beyond ASCII is 0x80 or above, so a run of plain bytes never ends
+    /// inside a character: for a value, such bytes are escaped, one
+    /// character at a time; for a whole key, they stand for themselves.
+    fn plain(&self, b: u8) -> bool {
+        match self.escaping {
+            Escaping::Value => is_value_char(char::from(b)),
+            // `~` too: it separates the suffixes the attribute adds to
+            // keep apart state of several algorithms or stacked limits.
+            Escaping::Whole => !matches!(b, b'%' | b'{' | b'}' | b'~'),
+        }
+    }
+}
+
 impl fmt::Write for Escaper<'_> {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
-        for c in text.chars() {
-            if self.too_long {
+    /// Copies each run of bytes that stand for themselves at once, and
+    /// escapes the characters between them. Once the escaped value outgrows
+    /// its bound, it is dropped for a digest, so the rest is not written.
+    fn write_str(&mut self, mut text: &str) -> fmt::Result {
+        while !text.is_empty() && !self.too_long {
+            let run = text
+                .bytes()
+                .position(|b| !self.plain(b))
+                .unwrap_or(text.len());
+            if self.out.len() - self.start + run > self.max {
+                self.too_long = true;
                 break;
             }
-            let plain = match self.escaping {
-                Escaping::Value => is_value_char(c),
-                // `~` too: it separates the suffixes the attribute adds to
-                // keep apart state of several algorithms or stacked limits.
-                Escaping::Whole => !matches!(c, '%' | '{' | '}' | '~'),
-            };
-            if plain {
-                self.out.push(c);
-            } else {
+            self.out.push_str(&text[..run]);
+            text = &text[run..];
+            if let Some(c) = text.chars().next() {
                 push_escaped(self.out, c);
+                text = &text[c.len_utf8()..];
+                self.too_long = self.out.len() - self.start > self.max;
             }
-            self.too_long = self.out.len() - self.start > self.max;
         }
         Ok(())
     }
@@ -246,7 +275,76 @@ mod tests {
         key.finish()
     }
 
+    /// Escaping one character at a time, the plainest way: the model that
+    /// the escaper, which copies runs of plain bytes at once, must match.
+    fn escaped_one_char_at_a_time(value: &str, escaping: Escaping) -> String {
+        let max = match escaping {
+            Escaping::Value => MAX_VALUE_LEN,
+            Escaping::Whole => MAX_WHOLE_KEY_LEN,
+        };
+        let mut out = String::new();
+        for c in value.chars() {
+            let plain = match escaping {
+                Escaping::Value => is_value_char(c),
+                Escaping::Whole => !matches!(c, '%' | '{' | '}' | '~'),
+            };
+            if plain {
+                out.push(c);
+            } else {
+                push_escaped(&mut out, c);
+            }
+        }
+        if out.len() > max {
+            out.clear();
+            push_digest(Sha256::digest(value.as_bytes()).as_slice(), &mut out);
+        }
+        out
+    }
+
+    /// A value whose `Display` writes it in pieces, as a struct's does.
+    struct Pieces(Vec<String>);
+
+    impl fmt::Display for Pieces {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.iter().try_for_each(|piece| f.write_str(piece))
+        }
+    }
+
+    /// Values whose escaped form ends just short of, at, or just past the
+    /// bound, by a plain character or an escaped one.
+    #[test]
+    fn the_escaper_cuts_at_the_bound_as_one_character_at_a_time_does() {
+        for escaping in [Escaping::Value, Escaping::Whole] {
+            let max = match escaping {
+                Escaping::Value => MAX_VALUE_LEN,
+                Escaping::Whole => MAX_WHOLE_KEY_LEN,
+            };
+            for len in max - 4..=max + 2 {
+                for last in ["", "a", "{", "é", "~"] {
+                    let value = format!("{}{last}", "x".repeat(len));
+                    let mut out = String::new();
+                    push_escaped_value(&mut out, value.as_str(), escaping);
+                    assert_eq!(out, escaped_one_char_at_a_time(&value, escaping), "{value}");
+                }
+            }
+        }
+    }
+
     proptest! {
+        #[test]
+        fn the_escaper_matches_escaping_one_character_at_a_time(
+            pieces in proptest::collection::vec("([a-zA-Z0-9_.-]{0,40}|[%{}~:/ é€😀]{0,3}|.{0,10}){0,4}", 0..6),
+            prefix in "[a-z:]{0,8}",
+        ) {
+            let whole: String = pieces.concat();
+            for escaping in [Escaping::Value, Escaping::Whole] {
+                let mut out = prefix.clone();
+                push_escaped_value(&mut out, &Pieces(pieces.clone()), escaping);
+                let expected = format!("{prefix}{}", escaped_one_char_at_a_time(&whole, escaping));
+                prop_assert_eq!(out, expected);
+            }
+        }
+
         #[test]
         fn different_values_never_make_the_same_key(
             a in proptest::collection::vec(".{0,80}", 3),

@@ -2,6 +2,7 @@
 //! `benches/in_process.sh` to count instructions under callgrind:
 //!
 //!     in_process check <n>       `Limiter::check(..).await` on the memory backend
+//!     in_process attribute <n>   a `#[rate_limit]` function on the memory backend
 //!     in_process governor <n>    governor's keyed limiter, `check_key`
 //!
 //! Both run on a Tokio current-thread runtime, as the criterion group
@@ -9,7 +10,19 @@
 
 use std::hint::black_box;
 
-use ratelimit::{Limiter, Quota, Request};
+use std::sync::OnceLock;
+
+use ratelimit::{rate_limit, Limiter, Quota, RateLimited, Request};
+
+fn limiter() -> &'static Limiter {
+    static LIMITER: OnceLock<Limiter> = OnceLock::new();
+    LIMITER.get_or_init(Limiter::memory)
+}
+
+#[rate_limit(key = "user:<user_id>", capacity = 1_000_000_000_000, rate = "1000000000/s", limiter = limiter())]
+async fn limited(user_id: usize) -> Result<usize, RateLimited> {
+    Ok(user_id)
+}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -17,7 +30,7 @@ fn main() {
         args.next(),
         args.next().and_then(|n| n.parse::<usize>().ok()),
     ) else {
-        eprintln!("usage: in_process check|governor <decisions>");
+        eprintln!("usage: in_process check|attribute|governor <decisions>");
         std::process::exit(2);
     };
     let keys: Vec<String> = (0..10_000).map(|i| format!("user:{i}")).collect();
@@ -26,7 +39,7 @@ fn main() {
         .expect("a current-thread runtime");
     match mode.as_str() {
         "check" => {
-            let limiter = Limiter::memory();
+            let limiter = limiter();
             let quota = Quota::new(1_000_000_000_000, "1000000000/s".parse().unwrap()).unwrap();
             runtime.block_on(async {
                 for i in 0..n {
@@ -36,6 +49,11 @@ fn main() {
                 }
             });
         }
+        "attribute" => runtime.block_on(async {
+            for i in 0..n {
+                black_box(limited(black_box((i * 7) % keys.len())).await.is_ok());
+            }
+        }),
         "governor" => {
             let governor = governor::RateLimiter::keyed(governor::Quota::per_second(
                 std::num::NonZeroU32::new(1_000_000_000).unwrap(),
@@ -48,7 +66,7 @@ fn main() {
             });
         }
         other => {
-            eprintln!("in_process: unknown mode {other:?} (check or governor)");
+            eprintln!("in_process: unknown mode {other:?} (check, attribute or governor)");
             std::process::exit(2);
         }
     }
