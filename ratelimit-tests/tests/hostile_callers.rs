@@ -223,18 +223,31 @@ fn a_timeline_of_faults_under_steady_load_is_survived_phase_by_phase_on_the_modu
     timeline_of_faults(true);
 }
 
+/// A private Redis, with the native module loaded when `module` (and
+/// `MODULE UNLOAD` allowed).
+fn server(module: bool) -> RedisServer {
+    if !module {
+        return RedisServer::start();
+    }
+    let module = support::native_module();
+    RedisServer::start_with(&[
+        "--loadmodule",
+        module.to_str().unwrap(),
+        "--enable-module-command",
+        "yes",
+    ])
+}
+
+/// Asserts that `server`'s decisions went through the native module.
+async fn decided_by_the_module(server: &RedisServer, what: &str) {
+    assert!(
+        server.command_calls(&["ratelimit.decide"]).await > 0,
+        "{what}: the limiter never used the native module"
+    );
+}
+
 fn timeline_of_faults(module: bool) {
-    let mut server = if module {
-        let module = support::native_module();
-        RedisServer::start_with(&[
-            "--loadmodule",
-            module.to_str().unwrap(),
-            "--enable-module-command",
-            "yes",
-        ])
-    } else {
-        RedisServer::start()
-    };
+    let mut server = server(module);
     let limiter = limiter(&server, FailurePolicy::Local);
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let runtime = spin_callers(limiter.clone(), 2, 16, stop.clone(), seen.clone());
@@ -433,11 +446,15 @@ async fn keys(server: &RedisServer, pattern: &str) -> usize {
 /// Polls 1,000 calls once each, by `queued` on the key `<what>:<i>` (which
 /// says whether the call is still pending, its work queued), and drops them
 /// before the batching task (on this same thread) has run: none consumes.
-async fn calls_whose_callers_are_gone_before_they_are_sent_consume_nothing<F>(what: &str, queued: F)
-where
+/// On a server with the native module when `module`.
+async fn calls_whose_callers_are_gone_before_they_are_sent_consume_nothing<F>(
+    what: &str,
+    module: bool,
+    queued: F,
+) where
     F: Fn(&Limiter, &str) -> bool,
 {
-    let server = RedisServer::start();
+    let server = server(module);
     let limiter = limiter(&server, FailurePolicy::Open);
     let quota = Quota::per_hour(5).unwrap();
     limiter.decide(&quota, "warm", 1).await.unwrap();
@@ -454,27 +471,43 @@ where
         0,
         "{what}: calls whose callers had gone reached Redis"
     );
+    if module {
+        decided_by_the_module(&server, what).await;
+    }
+}
+
+async fn decisions_whose_callers_are_gone_consume_nothing(module: bool) {
+    let quota = Quota::per_hour(5).unwrap();
+    calls_whose_callers_are_gone_before_they_are_sent_consume_nothing(
+        "gone",
+        module,
+        |limiter, key| {
+            limiter
+                .check(Request::new(&quota, key))
+                .now_or_never()
+                .is_none()
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
-    let quota = Quota::per_hour(5).unwrap();
-    calls_whose_callers_are_gone_before_they_are_sent_consume_nothing("gone", |limiter, key| {
-        limiter
-            .check(Request::new(&quota, key))
-            .now_or_never()
-            .is_none()
-    })
-    .await;
+    decisions_whose_callers_are_gone_consume_nothing(false).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn decisions_whose_callers_are_gone_before_they_are_sent_consume_nothing_on_the_module() {
+    decisions_whose_callers_are_gone_consume_nothing(true).await;
 }
 
 /// All-or-nothing checks wait in the same queue as single decisions: one
 /// whose caller has gone before it is sent consumes nothing either.
-#[tokio::test(flavor = "current_thread")]
-async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
+async fn checks_whose_callers_are_gone_consume_nothing(module: bool) {
     let (user, global) = (Quota::per_hour(5).unwrap(), Quota::per_hour(5_000).unwrap());
     calls_whose_callers_are_gone_before_they_are_sent_consume_nothing(
         "gone-check",
+        module,
         |limiter, key| {
             let dimensions = [
                 Request::new(&user, key),
@@ -484,6 +517,16 @@ async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing() {
+    checks_whose_callers_are_gone_consume_nothing(false).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn checks_whose_callers_are_gone_before_they_are_sent_consume_nothing_on_the_module() {
+    checks_whose_callers_are_gone_consume_nothing(true).await;
 }
 
 /// A check of no dimensions admits and takes nothing, and the checks that
@@ -970,7 +1013,7 @@ async fn spend_the_budget() {
 /// A check answered in process whose task must yield first (its Tokio
 /// budget spent), dropped at that yield as a timed-out or disconnected
 /// caller's is, takes nothing: not a token of the memory backend, nor one of
-/// a lease.
+/// a lease (leased through the function, and through the native module).
 #[tokio::test(flavor = "current_thread")]
 async fn a_check_dropped_at_its_yield_takes_nothing() {
     let quota = Quota::per_hour(5).unwrap();
@@ -985,17 +1028,25 @@ async fn a_check_dropped_at_its_yield_takes_nothing() {
     );
     assert_eq!(memory.inspect(&quota, "k", 0).await.unwrap().remaining, 5);
 
-    let server = RedisServer::start();
-    let leasing = limiter(&server, FailurePolicy::Closed);
-    let leased = Request::new(&quota, "leased").lease(5);
-    // The whole quota leased at once: one served, four left in the lease.
-    leasing.check(leased).await.unwrap();
-    spend_the_budget().await;
-    assert!(leasing.check(leased).now_or_never().is_none());
-    let mut admitted = 0;
-    while leasing.check(leased).await.is_ok() {
-        admitted += 1;
-        assert!(admitted <= 5, "more admitted than the quota holds");
+    for module in [false, true] {
+        let server = server(module);
+        let leasing = limiter(&server, FailurePolicy::Closed);
+        let leased = Request::new(&quota, "leased").lease(5);
+        // The whole quota leased at once: one served, four left in the lease.
+        leasing.check(leased).await.unwrap();
+        spend_the_budget().await;
+        assert!(leasing.check(leased).now_or_never().is_none());
+        let mut admitted = 0;
+        while leasing.check(leased).await.is_ok() {
+            admitted += 1;
+            assert!(admitted <= 5, "more admitted than the quota holds");
+        }
+        assert_eq!(
+            admitted, 4,
+            "the dropped check took a leased token (module: {module})"
+        );
+        if module {
+            decided_by_the_module(&server, "leases").await;
+        }
     }
-    assert_eq!(admitted, 4, "the dropped check took a leased token");
 }
