@@ -53,9 +53,17 @@ fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Dur
 
 /// A master, its replica and three Sentinels that know both and each other.
 fn sentinel_set() -> (RedisServer, RedisServer, Vec<RedisServer>) {
-    let master = RedisServer::start();
-    let replica =
-        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    sentinel_set_with(&[])
+}
+
+/// A master and its replica, each started with `extra` arguments, and three
+/// Sentinels watching them.
+fn sentinel_set_with(extra: &[&str]) -> (RedisServer, RedisServer, Vec<RedisServer>) {
+    let master = RedisServer::start_with(extra);
+    let master_port = master.port().to_string();
+    let mut replica_args = vec!["--replicaof", "127.0.0.1", master_port.as_str()];
+    replica_args.extend_from_slice(extra);
+    let replica = RedisServer::start_with(&replica_args);
     let sentinels: Vec<RedisServer> = (0..3)
         .map(|_| RedisServer::start_sentinel(MASTER, master.port()))
         .collect();
@@ -215,7 +223,33 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
 /// is admitted more than one burst over its bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
-    let (master, replica, sentinels) = sentinel_set();
+    switchover(false).await;
+}
+
+/// The same with the native module on both servers: the instances decide
+/// through it on the old master and on the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second_on_the_module() {
+    switchover(true).await;
+}
+
+/// The decisions `server` has made: calls of the native module when
+/// `module`, else of the limiter's function or script.
+async fn decisions(server: &RedisServer, module: bool) -> u64 {
+    if module {
+        server.command_calls(&["ratelimit.decide"]).await
+    } else {
+        server.script_calls().await
+    }
+}
+
+async fn switchover(module: bool) {
+    let module_path = support::native_module();
+    let (master, replica, sentinels) = if module {
+        sentinel_set_with(&["--loadmodule", module_path.to_str().unwrap()])
+    } else {
+        sentinel_set()
+    };
     let urls: Vec<String> = sentinels.iter().map(|s| s.url()).collect();
     let instances: Vec<Limiter> = (0..2)
         .map(|_| {
@@ -258,7 +292,7 @@ async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
         })
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = master.script_calls().await;
+    let before = decisions(&master, module).await;
     assert!(before > 0, "the instances decide on the master");
     sentinel_command(&sentinels[0], &["failover", MASTER]);
     let switch = Instant::now();
@@ -266,9 +300,9 @@ async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
         master_port(&sentinels[0]) == Some(replica.port())
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let a_second_after = master.script_calls().await;
+    let a_second_after = decisions(&master, module).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let at_end = master.script_calls().await;
+    let at_end = decisions(&master, module).await;
     stop.store(true, Ordering::Relaxed);
     for task in load {
         task.await.expect("a caller panicked");
@@ -282,7 +316,10 @@ async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
         at_end - a_second_after,
         switch.elapsed()
     );
-    assert!(replica.script_calls().await > 0, "the new master decides");
+    assert!(
+        decisions(&replica, module).await > 0,
+        "the new master decides"
+    );
     // The bound over the run, plus the one extra burst a switch may cost.
     let bound = capacity + per_second * elapsed.as_millis() as u64 / 1_000 + 1 + capacity;
     let worst = admitted
