@@ -779,3 +779,63 @@ async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves(
     );
     assert!(importing(absent), "{absent} decided where it was asked to");
 }
+
+/// A cluster where one master unloads the native module while a limiter
+/// decides through it (an operator rolling the module back, one node at a
+/// time), and a limiter started after: every key, on every master, is
+/// decided exactly (two admitted, then denied), and none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_where_one_master_lacks_the_module_decides_every_key_exactly() {
+    let module = native_module();
+    let cluster = RedisCluster::start_with(
+        3,
+        0,
+        &[
+            "--loadmodule",
+            module.to_str().unwrap(),
+            "--enable-module-command",
+            "yes",
+        ],
+    );
+    let quota = Quota::new(2, "1/min".parse().unwrap()).unwrap();
+    let before = limiter(&cluster, FailurePolicy::Closed);
+    for i in 0..30 {
+        before
+            .decide(&quota, &format!("warm:{i}"), 1)
+            .await
+            .unwrap();
+    }
+    served_by(&cluster, true).await;
+    let without = cluster.masters()[1];
+    let mut node = cluster.nodes[without].connection().await;
+    let _: () = redis::cmd("MODULE")
+        .arg("UNLOAD")
+        .arg("ratelimit")
+        .query_async(&mut node)
+        .await
+        .unwrap();
+    let after = limiter(&cluster, FailurePolicy::Closed);
+    for (name, limiter) in [("before", &before), ("after", &after)] {
+        for i in 0..150 {
+            let key = format!("{name}:{i}");
+            for expected in [true, true, false] {
+                let d = limiter
+                    .decide(&quota, &key, 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("{key}: {e}"));
+                assert_eq!(d.allowed, expected, "{key}: {d:?}");
+            }
+        }
+    }
+    for master in cluster.masters() {
+        assert!(
+            cluster.dbsize(master) > 50,
+            "master {master} holds {} keys",
+            cluster.dbsize(master)
+        );
+    }
+    assert!(
+        cluster.nodes[without].script_calls().await > 0,
+        "the master without the module decided nothing through the function"
+    );
+}
