@@ -1010,10 +1010,29 @@ async fn spend_the_budget() {
     }
 }
 
+/// Leaves this task one unit of Tokio budget: yields for a whole budget,
+/// counts it out, then yields again and spends all but one.
+async fn leave_one_unit_of_budget() {
+    tokio::task::yield_now().await;
+    let mut units = 0;
+    while tokio::task::coop::has_budget_remaining() {
+        tokio::task::coop::consume_budget().await;
+        units += 1;
+    }
+    tokio::task::yield_now().await;
+    for _ in 1..units {
+        tokio::task::coop::consume_budget().await;
+    }
+    assert!(tokio::task::coop::has_budget_remaining());
+}
+
 /// A check answered in process whose task must yield first (its Tokio
 /// budget spent), dropped at that yield as a timed-out or disconnected
 /// caller's is, takes nothing: not a token of the memory backend, nor one of
 /// a lease (leased through the function, and through the native module).
+/// A check that mixes an enforced request and one in shadow mode, with one
+/// unit of budget left, answers or takes nothing: it never yields between
+/// its two groups.
 #[tokio::test(flavor = "current_thread")]
 async fn a_check_dropped_at_its_yield_takes_nothing() {
     let quota = Quota::per_hour(5).unwrap();
@@ -1027,6 +1046,25 @@ async fn a_check_dropped_at_its_yield_takes_nothing() {
         "a spent budget yields before the answer"
     );
     assert_eq!(memory.inspect(&quota, "k", 0).await.unwrap().remaining, 5);
+
+    let mixed = [
+        Request::new(&quota, "enforced"),
+        Request::new(&quota, "shadowed").shadow(true),
+    ];
+    leave_one_unit_of_budget().await;
+    let answered = memory.check(mixed).now_or_never();
+    let left = memory
+        .inspect(&quota, "enforced", 0)
+        .await
+        .unwrap()
+        .remaining;
+    match answered {
+        Some(checked) => {
+            checked.unwrap();
+            assert_eq!(left, 4, "an admitted check took one token");
+        }
+        None => assert_eq!(left, 5, "a check dropped at a yield took a token"),
+    }
 
     for module in [false, true] {
         let server = server(module);

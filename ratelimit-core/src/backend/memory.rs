@@ -33,8 +33,8 @@ pub(crate) struct MemoryBackend {
 
 struct Shard {
     /// Each key's state and the instant it expires (as Redis would expire
-    /// it). The state is never `None` in the table: kept as an `Option`, it
-    /// is decided in place.
+    /// it). Kept as an `Option`, so that it is decided in place; a key whose
+    /// state a decision or a refund empties is removed.
     buckets: KeyTable<(Option<State>, u64)>,
     sweep_at: usize,
 }
@@ -73,11 +73,15 @@ impl MemoryBackend {
         // decides as no state would under the quota that wrote it, so it is
         // handed over as it is: under another quota it decides as a Redis
         // that has not expired the key yet would (see the twins on quota
-        // changes). A decision never empties a state (only a refund does).
+        // changes). The sliding log drops another algorithm's state when it
+        // writes nothing (a cost of zero); the key then goes.
         if let Some((state, expires_at)) = shard.buckets.get_mut(hash, key) {
             let (decision, wrote) = algorithm::decide(quota, state, now, cost);
             if wrote {
                 *expires_at = now + decision.reset_after.as_micros() as u64;
+            }
+            if state.is_none() {
+                shard.buckets.remove(hash, key);
             }
             return decision.asked_at(now);
         }
@@ -285,6 +289,20 @@ mod tests {
                 "a bound of {bound} forgot its newest key"
             );
         }
+    }
+
+    /// The sliding log drops another algorithm's state when it writes
+    /// nothing (a cost of zero): the key goes with it, as it does when a
+    /// refund empties a state.
+    #[test]
+    fn a_state_the_sliding_log_drops_leaves_no_key_behind() {
+        let backend = MemoryBackend::new(Arc::new(ManualClock::new(1_000_000)));
+        let bucket = Quota::new(5, Rate::per_second(1).unwrap()).unwrap();
+        backend.decide(&bucket, "k", 1);
+        assert_eq!(backend.len(), 1);
+        let log = Quota::sliding_log(5, Duration::from_secs(1)).unwrap();
+        assert_eq!(backend.decide(&log, "k", 0).remaining, 5);
+        assert_eq!(backend.len(), 0, "an empty state was kept");
     }
 
     #[test]

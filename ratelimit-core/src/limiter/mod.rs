@@ -236,14 +236,12 @@ impl Limiter {
         requests: impl AsRef<[Request<'a>]>,
     ) -> Result<Admitted<'a>, RateLimited> {
         let requests = requests.as_ref();
-        if let (Some(memory), Some(shadow)) =
-            (self.inner.backend.memory(), policy::group_of(requests))
-        {
+        if let Some(memory) = self.inner.backend.memory() {
             // The memory backend answers at once: the budget is taken first,
-            // so a task that must yield decides when it is back, and no
-            // answer is held across the yield.
+            // so a caller gone at the yield has taken nothing, and a task
+            // that must yield decides when it is back.
             answered_in_process().await;
-            return self.checked_in_memory(memory, requests, shadow);
+            return self.checked_in_memory(memory, requests);
         }
         // Boxed: a remote check's future is large (the round trip's state),
         // and every future holding a check would carry and copy it, the
@@ -434,7 +432,7 @@ fn unreachable_config() -> Limiter {
 /// lease), it is called before: a caller that drops its future at the
 /// yield has taken nothing.
 async fn answered_in_process() {
-    tokio::task::coop::consume_budget().await;
+    tokio::task::consume_budget().await;
 }
 
 #[cfg(test)]

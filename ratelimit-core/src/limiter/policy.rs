@@ -74,32 +74,42 @@ impl Limiter {
         }
     }
 
-    /// The outcome of a check of one group (see [`group_of`]) that the
-    /// memory backend decides, given without building the future a remote
-    /// backend's check needs (which holds the round trip's, and is large).
+    /// The outcome of a check the memory backend decides: given at once,
+    /// without building the future a remote backend's check needs (which
+    /// holds the round trip's, and is large), and so with no await between
+    /// the tokens it takes and its answer.
     pub(super) fn checked_in_memory<'a>(
         &self,
         memory: &MemoryBackend,
         requests: &[Request<'a>],
-        shadow: bool,
     ) -> Result<Admitted<'a>, RateLimited> {
-        // The check of one enforced request, the most common of all, decided
-        // straight into its admission or denial.
-        if let [one] = requests {
-            if !shadow && one.cost <= one.quota.capacity() {
+        match requests {
+            // The check of one enforced request, the most common of all,
+            // decided straight into its admission or denial.
+            [one] if !one.shadow && one.cost <= one.quota.capacity() => {
                 let decision = memory.decide(one.quota, one.key, one.cost);
-                return self.settle_one(one, decision).map(|decision| {
+                self.settle_one(one, decision).map(|decision| {
                     Admitted::new(Decisions::One(decision), requests, self.origin())
-                });
+                })
             }
+            _ => match group_of(requests) {
+                Some(shadow) => {
+                    let decided = self.decided_in_memory(memory, requests, shadow);
+                    self.outcome(requests, decided, shadow)
+                }
+                None => {
+                    let (enforced, shadowed) = enforced_and_shadowed(requests);
+                    let enforced_decisions = self.decided_in_memory(memory, &enforced, false)?;
+                    let shadow_decided = self.decided_in_memory(memory, &shadowed, true);
+                    self.merged(requests, &enforced, enforced_decisions, shadow_decided)
+                }
+            },
         }
-        let decided = self.decided_in_memory(memory, requests, shadow);
-        self.outcome(requests, decided, shadow)
     }
 
-    /// Decides `requests`: the one place a check's outcome is built and
-    /// counted. Requests in shadow mode are decided after the enforced ones
-    /// (see [`Request::shadow`]).
+    /// Decides `requests` on a remote backend: the one place such a check's
+    /// outcome is built and counted. Requests in shadow mode are decided
+    /// after the enforced ones (see [`Request::shadow`]).
     pub(super) async fn check_requests<'a>(
         &self,
         requests: &[Request<'a>],
@@ -146,10 +156,24 @@ impl Limiter {
         &self,
         requests: &[Request<'a>],
     ) -> Result<Admitted<'a>, RateLimited> {
-        let (enforced, shadowed): (Vec<Request<'a>>, Vec<Request<'a>>) =
-            requests.iter().partition(|r| !r.shadow);
+        let (enforced, shadowed) = enforced_and_shadowed(requests);
         let enforced_decisions = self.decide_group(&enforced, false).await?;
-        match self.decide_group(&shadowed, true).await {
+        let shadow_decided = self.decide_group(&shadowed, true).await;
+        self.merged(requests, &enforced, enforced_decisions, shadow_decided)
+    }
+
+    /// The outcome of a check mixing enforced requests (admitted, with
+    /// `enforced_decisions`) and requests in shadow mode (`shadow_decided`):
+    /// every decision in the order asked, or the enforced ones with the
+    /// shadow requests' would-be denial.
+    fn merged<'a>(
+        &self,
+        requests: &[Request<'a>],
+        enforced: &[Request<'a>],
+        enforced_decisions: Decisions,
+        shadow_decided: Result<Decisions, RateLimited>,
+    ) -> Result<Admitted<'a>, RateLimited> {
+        match shadow_decided {
             Ok(shadow_decisions) => {
                 // Back in the order asked.
                 let (mut enforced_decisions, mut shadow_decisions) = (
@@ -174,7 +198,7 @@ impl Limiter {
                 ))
             }
             Err(denied) => {
-                Ok(Admitted::new(enforced_decisions, &enforced, self.origin())
+                Ok(Admitted::new(enforced_decisions, enforced, self.origin())
                     .with_would_deny(denied))
             }
         }
@@ -188,12 +212,6 @@ impl Limiter {
         requests: &[Request<'_>],
         shadow: bool,
     ) -> Result<Decisions, RateLimited> {
-        // Answered with no I/O, after the budget is taken: a caller gone at
-        // the yield has taken nothing.
-        if let Some(memory) = self.inner.backend.memory() {
-            answered_in_process().await;
-            return self.decided_in_memory(memory, requests, shadow);
-        }
         if let Some(denied) = self.refused(requests, shadow) {
             answered_in_process().await;
             return Err(denied);
@@ -460,7 +478,7 @@ impl Limiter {
 /// enforced (and for none), `Some(true)` when every one is in shadow mode;
 /// `None` when they mix the two, and so are decided as two groups.
 #[inline]
-pub(super) fn group_of(requests: &[Request<'_>]) -> Option<bool> {
+fn group_of(requests: &[Request<'_>]) -> Option<bool> {
     match requests {
         [] => Some(false),
         [one] => Some(one.shadow),
@@ -469,4 +487,10 @@ pub(super) fn group_of(requests: &[Request<'_>]) -> Option<bool> {
             .all(|r| r.shadow == first.shadow)
             .then_some(first.shadow),
     }
+}
+
+/// The enforced requests of a check and those in shadow mode, each in the
+/// order asked.
+fn enforced_and_shadowed<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<Request<'a>>) {
+    requests.iter().partition(|r| !r.shadow)
 }
