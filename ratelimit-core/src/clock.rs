@@ -1,9 +1,9 @@
 //! Time sources, in integer microseconds since the Unix epoch.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A source of the current time for decisions, in microseconds since the Unix
 /// epoch.
@@ -19,24 +19,32 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// The wall clock, anchored once and advanced by the monotonic clock, so that
 /// decisions never see the wall clock jump.
 ///
-/// The monotonic clock is read from the CPU's time-stamp counter where it is
-/// invariant (through `quanta`, calibrated once per process against the
-/// operating system's monotonic clock), else from the operating system: a
-/// reading then costs a few nanoseconds instead of a clock call, and the
-/// memory backend reads the clock on every decision.
+/// The memory backend and the deny cache read it on every decision, so it
+/// reads the CPU's time-stamp counter where the counter is invariant
+/// (through `quanta`, calibrated once per process against the operating
+/// system's monotonic clock, which takes about a millisecond): a few
+/// nanoseconds a reading, where the operating system's clock takes tens on
+/// some virtual machines. Should the counter ever read below its reading at
+/// the anchor (a counter reset by a suspend, or counters out of step between
+/// sockets), the clock goes on from the operating system's monotonic clock
+/// for good; elsewhere it reads that clock.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     anchor_micros: u64,
-    /// The counter's raw reading at `anchor_micros`.
-    anchor: u64,
+    anchor: Instant,
     counter: quanta::Clock,
+    /// The counter's reading at the anchor.
+    counter_anchor: u64,
+    /// Set once the counter has read below `counter_anchor`.
+    counter_failed: Arc<AtomicBool>,
 }
 
 impl MonotonicClock {
     /// A clock anchored at the current wall time.
     pub fn new() -> Self {
         let counter = quanta::Clock::new();
-        let anchor = counter.raw();
+        let counter_anchor = counter.raw();
+        let anchor = Instant::now();
         let anchor_micros = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
@@ -44,7 +52,14 @@ impl MonotonicClock {
             anchor_micros,
             anchor,
             counter,
+            counter_anchor,
+            counter_failed: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    fn os_clock_micros(&self) -> u64 {
+        let elapsed = self.anchor.elapsed();
+        self.anchor_micros + elapsed.as_secs() * 1_000_000 + u64::from(elapsed.subsec_micros())
     }
 }
 
@@ -56,8 +71,15 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_micros(&self) -> u64 {
-        let elapsed = self.counter.delta_as_nanos(self.anchor, self.counter.raw());
-        self.anchor_micros + elapsed / 1_000
+        if self.counter_failed.load(Ordering::Relaxed) {
+            return self.os_clock_micros();
+        }
+        let raw = self.counter.raw();
+        if raw < self.counter_anchor {
+            self.counter_failed.store(true, Ordering::Relaxed);
+            return self.os_clock_micros();
+        }
+        self.anchor_micros + self.counter.delta_as_nanos(self.counter_anchor, raw) / 1_000
     }
 }
 
@@ -113,5 +135,53 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_micros(&self) -> u64 {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wall_micros() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    }
+
+    #[test]
+    fn the_monotonic_clock_keeps_to_the_wall_clock_and_never_goes_back() {
+        let clock = MonotonicClock::new();
+        let mut last = clock.now_micros();
+        for _ in 0..10_000 {
+            let now = clock.now_micros();
+            assert!(now >= last, "went back from {last} to {now}");
+            last = now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let (now, wall) = (clock.now_micros(), wall_micros());
+        assert!(now >= last + 20_000, "20 ms slept, {} µs seen", now - last);
+        assert!(
+            now.abs_diff(wall) < 100_000,
+            "{now} against the wall's {wall}"
+        );
+    }
+
+    /// A counter that reads below its reading at the anchor (reset by a
+    /// suspend, or out of step on another socket) hands the clock to the
+    /// operating system's for good, with no jump.
+    #[test]
+    fn a_counter_reading_below_its_anchor_leaves_the_os_clock_in_charge() {
+        let mut clock = MonotonicClock::new();
+        let before = clock.now_micros();
+        clock.counter_anchor = u64::MAX;
+        let after = clock.now_micros();
+        assert!(clock.counter_failed.load(Ordering::Relaxed));
+        assert!(
+            after >= before && after - before < 100_000,
+            "{before} then {after}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(clock.now_micros() >= after + 20_000);
+        assert!(clock.clone().counter_failed.load(Ordering::Relaxed));
     }
 }
