@@ -47,14 +47,20 @@ fn uncached(cluster: &RedisCluster, timeout: Duration) -> Limiter {
         .unwrap()
 }
 
-/// A cluster whose nodes load the native module, or do not.
+/// A cluster whose nodes load the native module (and allow `MODULE
+/// UNLOAD`), or do not.
 fn start(masters: usize, replicas: usize, module: bool) -> RedisCluster {
     if module {
         let module = native_module();
         RedisCluster::start_with(
             masters,
             replicas,
-            &["--loadmodule", module.to_str().unwrap()],
+            &[
+                "--loadmodule",
+                module.to_str().unwrap(),
+                "--enable-module-command",
+                "yes",
+            ],
         )
     } else {
         RedisCluster::start(masters, replicas)
@@ -77,6 +83,29 @@ async fn served_by(cluster: &RedisCluster, module: bool) {
     } else {
         assert_eq!(native, 0, "module calls on a cluster without it");
         assert!(scripts > 0, "no script ran");
+    }
+}
+
+/// Two of `quota`'s tokens admitted on `key`, then a denial (the quota
+/// refills one a minute); a fault fails the test.
+async fn admits_twice_then_denies(limiter: &Limiter, quota: &Quota, key: &str) {
+    for expected in [true, true, false] {
+        let d = limiter
+            .decide(quota, key, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(d.allowed, expected, "{key} {quota:?}: {d:?}");
+    }
+}
+
+/// Keys were spread over every master.
+fn every_master_holds_over_50_keys(cluster: &RedisCluster) {
+    for master in cluster.masters() {
+        assert!(
+            cluster.dbsize(master) > 50,
+            "master {master} holds {} keys",
+            cluster.dbsize(master)
+        );
     }
 }
 
@@ -106,21 +135,9 @@ async fn keys_spread_over_every_master_and_every_algorithm_decides(module: bool)
     for i in 0..300 {
         let quota = &quotas[i % quotas.len()];
         let key = format!("user:{i}");
-        for expected in [true, true, false] {
-            let d = limiter
-                .decide(quota, &key, 1)
-                .await
-                .unwrap_or_else(|e| panic!("{key}: {e}"));
-            assert_eq!(d.allowed, expected, "{key} {quota:?}: {d:?}");
-        }
+        admits_twice_then_denies(&limiter, quota, &key).await;
     }
-    for master in cluster.masters() {
-        assert!(
-            cluster.dbsize(master) > 50,
-            "master {master} holds {} keys",
-            cluster.dbsize(master)
-        );
-    }
+    every_master_holds_over_50_keys(&cluster);
     served_by(&cluster, module).await;
 }
 
@@ -786,17 +803,7 @@ async fn a_batch_is_decided_where_each_of_its_keys_lives_while_their_slot_moves(
 /// decided exactly (two admitted, then denied), and none fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_where_one_master_lacks_the_module_decides_every_key_exactly() {
-    let module = native_module();
-    let cluster = RedisCluster::start_with(
-        3,
-        0,
-        &[
-            "--loadmodule",
-            module.to_str().unwrap(),
-            "--enable-module-command",
-            "yes",
-        ],
-    );
+    let cluster = start(3, 0, true);
     let quota = Quota::new(2, "1/min".parse().unwrap()).unwrap();
     let before = limiter(&cluster, FailurePolicy::Closed);
     for i in 0..30 {
@@ -818,22 +825,10 @@ async fn a_cluster_where_one_master_lacks_the_module_decides_every_key_exactly()
     for (name, limiter) in [("before", &before), ("after", &after)] {
         for i in 0..150 {
             let key = format!("{name}:{i}");
-            for expected in [true, true, false] {
-                let d = limiter
-                    .decide(&quota, &key, 1)
-                    .await
-                    .unwrap_or_else(|e| panic!("{key}: {e}"));
-                assert_eq!(d.allowed, expected, "{key}: {d:?}");
-            }
+            admits_twice_then_denies(limiter, &quota, &key).await;
         }
     }
-    for master in cluster.masters() {
-        assert!(
-            cluster.dbsize(master) > 50,
-            "master {master} holds {} keys",
-            cluster.dbsize(master)
-        );
-    }
+    every_master_holds_over_50_keys(&cluster);
     assert!(
         cluster.nodes[without].script_calls().await > 0,
         "the master without the module decided nothing through the function"

@@ -188,7 +188,7 @@ impl Backend {
 
     /// Whether calls can fail (and so go through the circuit breaker).
     pub(crate) fn can_fail(&self) -> bool {
-        !matches!(self, Backend::Memory(_))
+        self.memory().is_none()
     }
 
     pub(crate) fn name(&self) -> &'static str {

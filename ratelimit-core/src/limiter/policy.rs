@@ -283,9 +283,7 @@ impl Limiter {
                 Ok(decisions)
             }
             Answer::Denied { index, decision } => {
-                let request = &requests[index];
-                let denied = RateLimited::from_decision(request.key, &decision);
-                Err(self.denied(request, denied, Outcome::Denied, shadow))
+                Err(self.denied_by_quota(&requests[index], &decision, shadow))
             }
         }
     }
@@ -301,8 +299,19 @@ impl Limiter {
             self.inner.stats.record(request.rule, Outcome::Allowed);
             return Ok(decision);
         }
-        let denied = RateLimited::from_decision(request.key, &decision);
-        Err(self.denied(request, denied, Outcome::Denied, false))
+        Err(self.denied_by_quota(request, &decision, false))
+    }
+
+    /// The denial of `request` by its quota's `decision`, counted (as a
+    /// would-be denial when `shadow`) and logged.
+    fn denied_by_quota(
+        &self,
+        request: &Request<'_>,
+        decision: &Decision,
+        shadow: bool,
+    ) -> RateLimited {
+        let denied = RateLimited::from_decision(request.key, decision);
+        self.denied(request, denied, Outcome::Denied, shadow)
     }
 
     /// The denial of a check that can never be decided as asked: a cost
