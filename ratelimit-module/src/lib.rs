@@ -26,6 +26,7 @@ mod args;
 mod key;
 mod log;
 
+use std::os::raw::{c_char, c_longlong};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
@@ -93,6 +94,14 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         out.push(0);
     }
+    let repeats = if plan.mode == Mode::Peek || plan.groups.iter().any(|p| p.group.is_sliding_log())
+    {
+        // An inspection writes nothing; the sliding log reads its sorted
+        // sets itself, so every write must have landed.
+        vec![None; keys.len()]
+    } else {
+        repeats(&keys)
+    };
     let mut call = Call {
         ctx,
         keys,
@@ -100,14 +109,40 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         batch: plan.batch.is_some(),
         denied: false,
         held: Vec::new(),
+        repeats,
+        pending: Vec::new(),
         grace: false,
         time: None,
     };
     call.held.resize_with(call.keys.len(), || None);
-    call.run(plan)?;
+    call.pending.resize_with(call.keys.len(), || None);
+    let decided = call.run(plan);
+    // Even after an error: what was decided stays decided, as a script's
+    // writes before its error do.
+    let stored = call.store_pending();
+    decided.and(stored)?;
     Ok(RedisValue::Array(
         call.out.into_iter().map(RedisValue::Integer).collect(),
     ))
+}
+
+/// For each key the call names more than once, the index where it first
+/// appears; `None` for the others. A hot key (a global limit every check of
+/// a batch names) is then read and written once a call, not once a check.
+fn repeats(keys: &[RedisString]) -> Vec<Option<usize>> {
+    let mut repeats = vec![None; keys.len()];
+    if keys.len() < 2 {
+        return repeats;
+    }
+    let mut first = std::collections::HashMap::with_capacity(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        let at = *first.entry(key.as_slice()).or_insert(i);
+        if at != i {
+            repeats[at] = Some(at);
+            repeats[i] = Some(at);
+        }
+    }
+    repeats
 }
 
 /// The keys of a batch (from 1) that this node must not decide: those the
@@ -192,10 +227,31 @@ impl Drop for User {
 
 /// A write an all-or-nothing run holds until every key admits.
 enum Held {
-    /// A string value and its `PX`.
-    Value(String, u64),
+    /// A string value and its `PX`, with the key still open when the call
+    /// names it once (no other handle can change it meanwhile), so that it
+    /// is not looked up again.
+    Value(Option<Key>, String, u64),
     /// The sliding log's admission (see `log.rs`).
     Log(log::Admission),
+}
+
+/// The latest write of a key the call names more than once, stored when the
+/// call ends: Redis, its replicas and its AOF see the key's final value once,
+/// and the call's later decisions read it here.
+enum Pending {
+    /// A string value and its `PX`.
+    Value(String, u64),
+    /// Deleted by a refund.
+    Deleted,
+}
+
+impl Pending {
+    fn value(&self) -> Option<&[u8]> {
+        match self {
+            Pending::Value(value, _) => Some(value.as_bytes()),
+            Pending::Deleted => None,
+        }
+    }
 }
 
 /// The state of one call, as entry.lua keeps it.
@@ -211,6 +267,10 @@ struct Call<'c> {
     denied: bool,
     /// Writes held for an all-or-nothing run, by key.
     held: Vec<Option<Held>>,
+    /// See [`repeats`].
+    repeats: Vec<Option<usize>>,
+    /// The pending write of each repeated key, at its first index.
+    pending: Vec<Option<Pending>>,
     /// Whether the caller's clock decides (then expiries get a second more:
     /// Redis expires keys on its own clock).
     grace: bool,
@@ -295,25 +355,36 @@ impl Call<'_> {
         cost: u64,
         commit: bool,
     ) -> Result<(), RedisError> {
-        let mut key = Key::open(self.ctx, &self.keys[i])?;
-        let kind = key.kind();
-        let other_type = !matches!(kind, KeyType::Empty | KeyType::String);
-        let mut verdict = if other_type && (!commit || self.batch) {
-            // All or nothing, and a batch, find a key of another type before
-            // they decide.
-            group.foreign()
-        } else {
-            // The 'each' script reads a key of another type as absent (MGET),
-            // and fails to write it (SET NX): below.
-            group.decide(key.value(), now, cost)
-        };
+        let repeat = self.repeats[i];
+        let (mut key, other_type, mut verdict) =
+            match repeat.and_then(|at| self.pending[at].as_ref()) {
+                // This call wrote the key already: a string, or nothing.
+                Some(pending) => (None, false, group.decide(pending.value(), now, cost)),
+                None => {
+                    let key = Key::open(self.ctx, &self.keys[i])?;
+                    let other_type = !matches!(key.kind(), KeyType::Empty | KeyType::String);
+                    let verdict = if other_type && (!commit || self.batch) {
+                        // All or nothing, and a batch, find a key of another
+                        // type before they decide.
+                        group.foreign()
+                    } else {
+                        // The 'each' script reads a key of another type as
+                        // absent (MGET), and fails to write it (SET NX): below.
+                        group.decide(key.value(), now, cost)
+                    };
+                    (Some(key), other_type, verdict)
+                }
+            };
         if let Some((value, ttl_us)) = verdict.write.take() {
             let px = self.px(ttl_us);
             if !commit {
-                self.held[i] = Some(Held::Value(value, px));
+                let key = if repeat.is_none() { key.take() } else { None };
+                self.held[i] = Some(Held::Value(key, value, px));
             } else if other_type {
                 verdict = group.foreign();
-            } else {
+            } else if let Some(at) = repeat {
+                self.pending[at] = Some(Pending::Value(value, px));
+            } else if let Some(key) = key.as_mut() {
                 key.set(&value, px)?;
                 self.replicate_set(i, &value, px);
             }
@@ -328,27 +399,57 @@ impl Call<'_> {
     /// Sends replicas and the AOF the write the script's `PSETEX` makes, with
     /// its expiry as an instant (as Redis propagates a relative one), so a
     /// replica and a reloaded AOF expire the key when the master does.
+    ///
+    /// Called with Redis's own formats rather than the crate's `replicate`,
+    /// which copies each argument into a new string first: the key is this
+    /// call's own string, the value a buffer and the instant a number. A
+    /// write's propagation was a fifth of a decision's cost to Redis.
     fn replicate_set(&self, i: usize, value: &str, px: u64) {
-        let at = (unix_ms() + px).to_string();
-        self.ctx.replicate(
-            "SET",
-            &[
-                self.keys[i].as_slice(),
-                value.as_bytes(),
-                b"PXAT".as_slice(),
-                at.as_bytes(),
-            ][..],
-        );
+        let at = c_longlong::try_from(unix_ms().saturating_add(px)).unwrap_or(c_longlong::MAX);
+        // SAFETY: a command's context, one of its strings, and a buffer and
+        // number read during the call; the formats match the arguments.
+        unsafe {
+            raw::RedisModule_Replicate.unwrap()(
+                self.ctx.ctx,
+                c"SET".as_ptr(),
+                c"sbcl".as_ptr(),
+                self.keys[i].inner,
+                value.as_ptr().cast::<c_char>(),
+                value.len(),
+                c"PXAT".as_ptr(),
+                at,
+            );
+        }
+    }
+
+    /// Sends replicas and the AOF the deletion of key `i`.
+    fn replicate_delete(&self, i: usize) {
+        // SAFETY: as in `replicate_set`.
+        unsafe {
+            raw::RedisModule_Replicate.unwrap()(
+                self.ctx.ctx,
+                c"DEL".as_ptr(),
+                c"s".as_ptr(),
+                self.keys[i].inner,
+            );
+        }
     }
 
     /// Stores what the decisions of keys `from..to` held.
     fn release(&mut self, from: usize, to: usize) -> Result<(), RedisError> {
         for i in from..to {
             match self.held[i].take() {
-                Some(Held::Value(value, px)) => {
-                    Key::open(self.ctx, &self.keys[i])?.set(&value, px)?;
-                    self.replicate_set(i, &value, px);
-                }
+                Some(Held::Value(key, value, px)) => match self.repeats[i] {
+                    Some(at) => self.pending[at] = Some(Pending::Value(value, px)),
+                    None => {
+                        let mut key = match key {
+                            Some(key) => key,
+                            None => Key::open(self.ctx, &self.keys[i])?,
+                        };
+                        key.set(&value, px)?;
+                        self.replicate_set(i, &value, px);
+                    }
+                },
                 Some(Held::Log(admission)) => self.write_log(i, &admission)?,
                 None => {}
             }
@@ -361,12 +462,26 @@ impl Call<'_> {
         if group.is_sliding_log() {
             return self.refund_log(group, i, cost);
         }
+        if let Some(at) = self.repeats[i] {
+            let refunded = match &self.pending[at] {
+                Some(pending) => group.refund(pending.value(), now, cost),
+                None => group.refund(Key::open(self.ctx, &self.keys[i])?.value(), now, cost),
+            };
+            match refunded {
+                Refunded::Unchanged => {}
+                Refunded::Delete => self.pending[at] = Some(Pending::Deleted),
+                Refunded::Store(value, ttl_us) => {
+                    self.pending[at] = Some(Pending::Value(value, self.px(ttl_us)));
+                }
+            }
+            return Ok(());
+        }
         let mut key = Key::open(self.ctx, &self.keys[i])?;
         match group.refund(key.value(), now, cost) {
             Refunded::Unchanged => Ok(()),
             Refunded::Delete => {
                 key.delete();
-                self.ctx.replicate("DEL", &[self.keys[i].as_slice()][..]);
+                self.replicate_delete(i);
                 Ok(())
             }
             Refunded::Store(value, ttl_us) => {
@@ -376,6 +491,27 @@ impl Call<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// Stores the final write of each key the call named more than once.
+    fn store_pending(&mut self) -> Result<(), RedisError> {
+        for at in 0..self.pending.len() {
+            let Some(pending) = self.pending[at].take() else {
+                continue;
+            };
+            let mut key = Key::open(self.ctx, &self.keys[at])?;
+            match pending {
+                Pending::Value(value, px) => {
+                    key.set(&value, px)?;
+                    self.replicate_set(at, &value, px);
+                }
+                Pending::Deleted => {
+                    key.delete();
+                    self.replicate_delete(at);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -9,6 +9,8 @@
 //! - clients on both paths deciding the same keys of one server (one of
 //!   them an ACL user without the module's command, who falls back to the
 //!   function) agree with one memory limiter deciding the same sequence;
+//! - raw calls that name a key again (in later groups, in later runs, in
+//!   refunds) answer and store as the function's do;
 //! - a call of another wire version is refused, and the module writes
 //!   nothing over a key of another type.
 
@@ -328,6 +330,202 @@ fn the_module_decides_as_the_function_and_stores_the_same_values() {
             "the server with the module ran the function"
         );
         assert!(plain.script_calls().await > 0);
+    });
+}
+
+/// A raw call's keys, by index into the call's key pool: each key keeps one
+/// algorithm, the sliding log's key only sometimes in a call.
+#[derive(Debug, Clone)]
+enum RawCall {
+    /// 'each': single decisions, a key named again in later groups.
+    Each(Vec<(usize, u64)>),
+    /// 'runs': all-or-nothing runs (`true`) and runs of single decisions,
+    /// each of distinct keys, a key named again in later runs.
+    Runs(Vec<(bool, Vec<(usize, u64)>)>),
+    /// 'refund': costs given back, a key named again.
+    Refund(Vec<(usize, u64)>),
+}
+
+/// The pool's algorithms by wire id (see `Algorithm::wire_id`), with their
+/// numbers p1 and p2: a rate of one per 100 ms, or a limit of 4 a second.
+const RAW_KEYS: [(u64, u64, u64); 6] = [
+    (0, 1, 100_000),
+    (1, 1, 100_000),
+    (5, 1, 100_000),
+    (2, 4, 1_000_000),
+    (4, 4, 1_000_000),
+    (3, 4, 1_000_000),
+];
+
+fn raw_call() -> impl Strategy<Value = RawCall> {
+    // The sliding log's key (5) in one call of four or so.
+    let key = prop_oneof![12 => 0usize..5, 1 => Just(5usize)];
+    let keyed = (key.clone(), 0u64..4);
+    let run = (
+        any::<bool>(),
+        proptest::collection::vec(keyed.clone(), 1..4).prop_map(|mut run| {
+            let mut seen = Vec::new();
+            run.retain(|(k, _)| {
+                let new = !seen.contains(k);
+                seen.push(*k);
+                new
+            });
+            run
+        }),
+    );
+    prop_oneof![
+        3 => proptest::collection::vec(keyed.clone(), 1..12).prop_map(RawCall::Each),
+        4 => proptest::collection::vec(run, 1..8).prop_map(RawCall::Runs),
+        // Refunds of one unit or more, as the limiter sends them, and none
+        // of the sliding window: where a refund leaves a value as it was,
+        // the function stores it again and the module leaves it, which
+        // sets the same expiry only when the caller's clock keeps to
+        // Redis's, and this test's clock runs ahead of it.
+        1 => proptest::collection::vec((prop_oneof![0usize..4, Just(5usize)], 1u64..4), 1..8)
+            .prop_map(RawCall::Refund),
+    ]
+}
+
+/// The call's arguments after `RATELIMIT.DECIDE <wire version>`, or after
+/// `FCALL <function>`: the keys, the mode and one group a key.
+fn raw_arguments(call: &RawCall, key: &dyn Fn(usize) -> String, now: u64) -> Vec<String> {
+    let (mode, runs, keyed): (&str, Vec<String>, Vec<(usize, u64)>) = match call {
+        RawCall::Each(keyed) => ("each", Vec::new(), keyed.clone()),
+        RawCall::Refund(keyed) => ("refund", Vec::new(), keyed.clone()),
+        RawCall::Runs(runs) => {
+            let mut lengths = vec![runs.len().to_string()];
+            for (all, run) in runs {
+                let length = run.len() as i64;
+                lengths.push((if *all { -length } else { length }).to_string());
+            }
+            let keyed = runs.iter().flat_map(|(_, run)| run.clone()).collect();
+            ("runs", lengths, keyed)
+        }
+    };
+    let mut args = vec![keyed.len().to_string()];
+    args.extend(keyed.iter().map(|(k, _)| key(*k)));
+    args.push(mode.to_string());
+    args.extend(runs);
+    for (k, cost) in &keyed {
+        let (algorithm, p1, p2) = RAW_KEYS[*k];
+        let windowed = matches!(algorithm, 2..=4);
+        let p3 = match (mode, windowed) {
+            // A bucket's capacity; a window's untagged request.
+            ("refund", false) => cost * p2,
+            ("refund", true) => 500_000,
+            (_, false) => 4,
+            (_, true) => 0,
+        };
+        let cost = if mode == "refund" { cost } else { &(cost % 5) };
+        args.extend([
+            "1".to_string(),
+            algorithm.to_string(),
+            cost.to_string(),
+            now.to_string(),
+            p1.to_string(),
+            p2.to_string(),
+            p3.to_string(),
+        ]);
+    }
+    args
+}
+
+/// The name of the limiter's function on a server that has run it.
+async fn function_name(server: &RedisServer) -> String {
+    fn find(value: &redis::Value) -> Option<String> {
+        match value {
+            redis::Value::BulkString(bytes) => String::from_utf8(bytes.clone())
+                .ok()
+                .filter(|name| name.starts_with("ratelimit_")),
+            redis::Value::Array(items) | redis::Value::Set(items) => items.iter().find_map(find),
+            redis::Value::Map(pairs) => pairs.iter().find_map(|(k, v)| find(k).or_else(|| find(v))),
+            _ => None,
+        }
+    }
+    let listed: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut server.connection().await)
+        .await
+        .unwrap();
+    find(&listed).expect("the limiter's function is loaded")
+}
+
+/// A call naming keys again (a hot key every check of a batch names, as a
+/// global limit is) answers as the function does and leaves the same keys,
+/// values and expiries: the module stores such a key once, when the call
+/// ends, and its later decisions in the call read what the earlier ones
+/// wrote; a key named once is written through the handle it was read by.
+/// A replica of the module's server, without the module, holds the same.
+#[test]
+fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (plain, native) = (RedisServer::start(), with_module());
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &native.port().to_string()]);
+    let function = runtime.block_on(async {
+        let mut linked = false;
+        for _ in 0..100 {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut replica.connection().await)
+                .await
+                .unwrap();
+            linked = info.contains("master_link_status:up");
+            if linked {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(linked, "the replica did not sync:\n{}", replica.log());
+        // Loads the function.
+        let limiter = Limiter::builder().redis(plain.url()).build().unwrap();
+        limiter
+            .decide(&bucket(Algorithm::Gcra, 1, "1/s"), "load", 1)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut plain.connection().await)
+            .await
+            .unwrap();
+        function_name(&plain).await
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    proptest!(ProptestConfig { max_shrink_iters: 0, ..cases(80) }, |(calls in proptest::collection::vec((raw_call(), 0u64..400_000), 1..12))| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = |k: usize| format!("raw:{case}:{k}");
+        let mut now = 1_750_000_000_000_000u64;
+        for (n, (call, step)) in calls.iter().enumerate() {
+            now += step;
+            let context = format!("case {case} call {n} {call:?}");
+            let args = raw_arguments(call, &key, now);
+            let (by_function, by_module, held_function, held_native, held_replica) = runtime.block_on(async {
+                let by_function: redis::RedisResult<Vec<i64>> = redis::cmd("FCALL")
+                    .arg(&function)
+                    .arg(&args)
+                    .query_async(&mut plain.connection().await)
+                    .await;
+                let by_module: redis::RedisResult<Vec<i64>> = redis::cmd("RATELIMIT.DECIDE")
+                    .arg(WIRE_VERSION)
+                    .arg(&args)
+                    .query_async(&mut native.connection().await)
+                    .await;
+                let acknowledged: i64 = redis::cmd("WAIT")
+                    .arg(1)
+                    .arg(2_000)
+                    .query_async(&mut native.connection().await)
+                    .await
+                    .unwrap();
+                assert_eq!(acknowledged, 1, "the replica did not acknowledge");
+                let held_function = holdings(&plain).await;
+                let (held_native, held_replica) = (holdings(&native).await, holdings(&replica).await);
+                (by_function, by_module, held_function, held_native, held_replica)
+            });
+            let by_function = by_function.map_err(|e| e.to_string());
+            prop_assert!(by_function.is_ok(), "{}: {:?}", context, by_function);
+            prop_assert_eq!(by_function, by_module.map_err(|e| e.to_string()), "{}", context);
+            same_holdings(&context, &held_function, &held_native)?;
+            same_holdings(&format!("{context}, on the replica"), &held_native, &held_replica)?;
+        }
     });
 }
 
