@@ -48,7 +48,7 @@ pub struct Verdict {
     /// Whether the key admitted.
     pub admitted: bool,
     /// The value to store, and for how long it matters, in µs.
-    pub write: Option<(String, u64)>,
+    pub write: Option<(Value, u64)>,
 }
 
 impl Verdict {
@@ -66,7 +66,7 @@ pub enum Refunded {
     /// Deletes it: nothing is owed any more.
     Delete,
     /// Stores this value, which matters for this many µs.
-    Store(String, u64),
+    Store(Value, u64),
 }
 
 impl Group {
@@ -237,21 +237,57 @@ impl Group {
     }
 }
 
+/// A number argument as `str::parse::<u64>` reads it (an optional `+`,
+/// then digits), read in one pass: a call carries a dozen numbers a check
+/// of three keys.
+pub fn unsigned(text: &[u8]) -> Option<u64> {
+    let digits = text.strip_prefix(b"+").unwrap_or(text);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &byte| {
+        let digit = byte.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
 /// The state a stored value holds, as the algorithm's script parses it, or
 /// `None` for a value it did not write.
 fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
     // Up to three numbers joined by colons: digits only, as the scripts'
     // patterns match, none of 2^52 or more (no script here writes one).
+    // Read in one pass: a decision's cost to Redis is counted in
+    // instructions, and a value is read at every decision.
     let mut numbers = [0u64; 3];
     let mut count = 0;
-    for part in std::str::from_utf8(value).ok()?.split(':') {
+    let mut digits = 0;
+    for &byte in value {
+        if byte == b':' {
+            if digits == 0 {
+                return None;
+            }
+            count += 1;
+            digits = 0;
+            continue;
+        }
+        let digit = byte.wrapping_sub(b'0');
         let slot = numbers.get_mut(count)?;
-        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+        if digit > 9 {
             return None;
         }
-        *slot = part.parse().ok().filter(|&n| n <= MAX_EXACT)?;
-        count += 1;
+        *slot = slot
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(digit)))
+            .filter(|&n| n <= MAX_EXACT)?;
+        digits += 1;
     }
+    if digits == 0 {
+        return None;
+    }
+    count += 1;
     match (algorithm, count, numbers) {
         (
             Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket,
@@ -268,18 +304,79 @@ fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
     }
 }
 
+/// A value as the scripts store it (up to three numbers joined by colons),
+/// held in place: written at every decision, it allocates nothing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Value {
+    /// Three numbers of 20 digits at most and two colons, from `start`.
+    text: [u8; 62],
+    start: u8,
+}
+
+impl Value {
+    /// Its bytes: ASCII digits and colons.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.text[usize::from(self.start)..]
+    }
+}
+
+impl std::fmt::Debug for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&String::from_utf8_lossy(self.as_bytes()), f)
+    }
+}
+
+/// "00" to "99".
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
+
 /// A state as its script stores it.
-fn format(state: &State) -> String {
-    match state {
-        State::Tat { full_at, rem: 0 } => full_at.to_string(),
-        State::Tat { full_at, rem } => format!("{full_at}:{rem}"),
-        State::Window { start, count } => format!("{start}:{count}"),
+fn format(state: &State) -> Value {
+    let numbers: &[u64] = match state {
+        State::Tat { full_at, rem: 0 } => &[*full_at],
+        State::Tat { full_at, rem } => &[*full_at, *rem],
+        State::Window { start, count } => &[*start, *count],
         State::Windows {
             start,
             current,
             previous,
-        } => format!("{start}:{current}:{previous}"),
-        State::Log(_) => String::new(),
+        } => &[*start, *current, *previous],
+        State::Log(_) => &[],
+    };
+    // Written from the end, two digits a step, as the standard library
+    // writes integers: `format!` took most of what a decision's arithmetic
+    // costs.
+    let mut text = [0u8; 62];
+    let mut at = text.len();
+    for (i, &n) in numbers.iter().enumerate().rev() {
+        let mut rest = n;
+        while rest >= 100 {
+            let pair = (rest % 100) as usize * 2;
+            rest /= 100;
+            at -= 2;
+            text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        }
+        if rest >= 10 {
+            let pair = rest as usize * 2;
+            at -= 2;
+            text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        } else {
+            at -= 1;
+            text[at] = b'0' + rest as u8;
+        }
+        if i > 0 {
+            at -= 1;
+            text[at] = b':';
+        }
+    }
+    Value {
+        text,
+        // At most 62.
+        start: at as u8,
     }
 }
 
@@ -296,7 +393,98 @@ mod tests {
             (Algorithm::SlidingWindow, "1700000000000000:3:9"),
         ] {
             let state = parse(algorithm, value.as_bytes()).unwrap();
-            assert_eq!(format(&state), value);
+            let written = format(&state);
+            assert_eq!(written.as_bytes(), value.as_bytes());
+        }
+    }
+
+    /// The reading of the scripts' patterns one number at a time, which
+    /// `parse` does in one pass.
+    fn parsed_by_parts(algorithm: Algorithm, value: &[u8]) -> Option<State> {
+        let mut n = Vec::new();
+        for part in std::str::from_utf8(value).ok()?.split(':') {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            n.push(part.parse::<u64>().ok().filter(|&n| n <= MAX_EXACT)?);
+        }
+        match (algorithm, n.as_slice()) {
+            (Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket, &[full_at]) => {
+                Some(State::Tat { full_at, rem: 0 })
+            }
+            (
+                Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket,
+                &[full_at, rem],
+            ) => Some(State::Tat { full_at, rem }),
+            (Algorithm::FixedWindow, &[start, count]) => Some(State::Window { start, count }),
+            (Algorithm::SlidingWindow, &[start, current, previous]) => Some(State::Windows {
+                start,
+                current,
+                previous,
+            }),
+            _ => None,
+        }
+    }
+
+    /// `format`, as `format!` writes it.
+    fn formatted_by_fmt(state: &State) -> String {
+        match state {
+            State::Tat { full_at, rem: 0 } => full_at.to_string(),
+            State::Tat { full_at, rem } => format!("{full_at}:{rem}"),
+            State::Window { start, count } => format!("{start}:{count}"),
+            State::Windows {
+                start,
+                current,
+                previous,
+            } => format!("{start}:{current}:{previous}"),
+            State::Log(_) => String::new(),
+        }
+    }
+
+    proptest::proptest! {
+        /// Values of digits, colons and other bytes, with numbers around
+        /// 2^52 and around u64's end: read as the scripts' patterns read
+        /// them, and written back as `format!` writes them.
+        #[test]
+        fn values_read_and_write_as_the_scripts_patterns_do(
+            value in proptest::prop_oneof![
+                "[0-9:]{0,24}",
+                "[0-9]{1,20}(:[0-9]{1,20}){0,3}",
+                "[0-9:a+ -]{0,12}",
+            ],
+            big in proptest::prop_oneof![
+                MAX_EXACT - 2..=MAX_EXACT + 2,
+                u64::MAX - 2..=u64::MAX,
+                0u64..100,
+            ],
+        ) {
+            for value in [value.clone(), format!("{big}"), format!("{value}{big}"), format!("{big}:{value}")] {
+                for algorithm in Algorithm::ALL {
+                    let parsed = parse(algorithm, value.as_bytes());
+                    proptest::prop_assert_eq!(&parsed, &parsed_by_parts(algorithm, value.as_bytes()), "{:?}", value);
+                    if let Some(state) = parsed {
+                        let written = format(&state);
+                        let by_fmt = formatted_by_fmt(&state);
+                        proptest::prop_assert_eq!(written.as_bytes(), by_fmt.as_bytes());
+                    }
+                }
+            }
+        }
+    }
+
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        #[test]
+        fn numbers_read_as_str_parse_reads_them(
+            text in proptest::prop_oneof![
+                "[+0-9]{0,22}",
+                "[0-9 a+-]{0,6}",
+                proptest::prelude::any::<u64>().prop_map(|n| n.to_string()),
+                (proptest::prelude::any::<u64>(), 0u8..10).prop_map(|(n, d)| format!("{n}{d}")),
+            ],
+        ) {
+            proptest::prop_assert_eq!(unsigned(text.as_bytes()), text.parse::<u64>().ok(), "{:?}", text);
         }
     }
 

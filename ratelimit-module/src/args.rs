@@ -1,7 +1,7 @@
 //! A call's arguments after its keys, read and checked whole before anything
 //! is decided: a call the module refuses has written nothing.
 
-use ratelimit_core::native::Group;
+use ratelimit_core::native::{unsigned, Group};
 use redis_module::{RedisError, RedisString};
 
 /// Fields per group, after the mode (see entry.lua).
@@ -48,10 +48,7 @@ fn refused(what: &str) -> RedisError {
 
 /// An unsigned number argument.
 pub(crate) fn number(arg: &RedisString) -> Result<u64, RedisError> {
-    std::str::from_utf8(arg.as_slice())
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .ok_or_else(|| refused("a number was expected"))
+    unsigned(arg.as_slice()).ok_or_else(|| refused("a number was expected"))
 }
 
 /// A signed number argument (a run's length, a refund's `until_end`).

@@ -59,7 +59,7 @@ impl Key {
     /// second lookup of the key. (Reading a string in place makes Redis keep
     /// it as a plain string: a bare number `PSETEX` stores as an integer
     /// takes a string's room once the module has read it.)
-    pub(crate) fn set(&mut self, value: &str, px: u64) -> Result<(), RedisError> {
+    pub(crate) fn set(&mut self, value: &[u8], px: u64) -> Result<(), RedisError> {
         if !(self.kind() == KeyType::String && self.rewrite(value)) {
             self.replace(value)?;
         }
@@ -73,7 +73,7 @@ impl Key {
 
     /// Rewrites the string in place; `false` when Redis would not (then
     /// nothing was changed but, possibly, its length).
-    fn rewrite(&mut self, value: &str) -> bool {
+    fn rewrite(&mut self, value: &[u8]) -> bool {
         let key = self.key.as_ptr();
         if raw::string_truncate(key, value.len()) != raw::Status::Ok {
             return false;
@@ -90,7 +90,7 @@ impl Key {
     }
 
     /// Replaces the key's value with a new string holding `value`.
-    fn replace(&mut self, value: &str) -> Result<(), RedisError> {
+    fn replace(&mut self, value: &[u8]) -> Result<(), RedisError> {
         // SAFETY: a string made in this context, freed once set (the key
         // keeps its own reference).
         unsafe {

@@ -32,7 +32,7 @@ use std::ptr::NonNull;
 
 use args::{number, plan, Mode, Plan};
 use key::Key;
-use ratelimit_core::native::{Group, Refunded, WIRE_VERSION};
+use ratelimit_core::native::{Group, Refunded, Value, WIRE_VERSION};
 use ratelimit_core::{Clock as _, SystemClock};
 use redis_module::{
     raw, Context, ContextFlags, KeyType, RedisError, RedisResult, RedisString, RedisValue,
@@ -134,7 +134,9 @@ fn repeats(keys: &[RedisString]) -> Vec<Option<usize>> {
     if keys.len() < 2 {
         return repeats;
     }
-    let mut first = std::collections::HashMap::with_capacity(keys.len());
+    // foldhash, seeded for each process: cheap for a short key, and no
+    // caller can choose keys that collide.
+    let mut first = hashbrown::HashMap::with_capacity(keys.len());
     for (i, key) in keys.iter().enumerate() {
         let at = *first.entry(key.as_slice()).or_insert(i);
         if at != i {
@@ -230,7 +232,7 @@ enum Held {
     /// A string value and its `PX`, with the key still open when the call
     /// names it once (no other handle can change it meanwhile), so that it
     /// is not looked up again.
-    Value(Option<Key>, String, u64),
+    Value(Option<Key>, Value, u64),
     /// The sliding log's admission (see `log.rs`).
     Log(log::Admission),
 }
@@ -240,7 +242,7 @@ enum Held {
 /// and the call's later decisions read it here.
 enum Pending {
     /// A string value and its `PX`.
-    Value(String, u64),
+    Value(Value, u64),
     /// Deleted by a refund.
     Deleted,
 }
@@ -385,8 +387,8 @@ impl Call<'_> {
             } else if let Some(at) = repeat {
                 self.pending[at] = Some(Pending::Value(value, px));
             } else if let Some(key) = key.as_mut() {
-                key.set(&value, px)?;
-                self.replicate_set(i, &value, px);
+                key.set(value.as_bytes(), px)?;
+                self.replicate_set(i, value.as_bytes(), px);
             }
         }
         self.out.extend_from_slice(verdict.reply());
@@ -404,7 +406,7 @@ impl Call<'_> {
     /// which copies each argument into a new string first: the key is this
     /// call's own string, the value a buffer and the instant a number. A
     /// write's propagation was a fifth of a decision's cost to Redis.
-    fn replicate_set(&self, i: usize, value: &str, px: u64) {
+    fn replicate_set(&self, i: usize, value: &[u8], px: u64) {
         let at = c_longlong::try_from(unix_ms().saturating_add(px)).unwrap_or(c_longlong::MAX);
         // SAFETY: a command's context, one of its strings, and a buffer and
         // number read during the call; the formats match the arguments.
@@ -446,8 +448,8 @@ impl Call<'_> {
                             Some(key) => key,
                             None => Key::open(self.ctx, &self.keys[i])?,
                         };
-                        key.set(&value, px)?;
-                        self.replicate_set(i, &value, px);
+                        key.set(value.as_bytes(), px)?;
+                        self.replicate_set(i, value.as_bytes(), px);
                     }
                 },
                 Some(Held::Log(admission)) => self.write_log(i, &admission)?,
@@ -486,8 +488,8 @@ impl Call<'_> {
             }
             Refunded::Store(value, ttl_us) => {
                 let px = self.px(ttl_us);
-                key.set(&value, px)?;
-                self.replicate_set(i, &value, px);
+                key.set(value.as_bytes(), px)?;
+                self.replicate_set(i, value.as_bytes(), px);
                 Ok(())
             }
         }
@@ -502,8 +504,8 @@ impl Call<'_> {
             let mut key = Key::open(self.ctx, &self.keys[at])?;
             match pending {
                 Pending::Value(value, px) => {
-                    key.set(&value, px)?;
-                    self.replicate_set(at, &value, px);
+                    key.set(value.as_bytes(), px)?;
+                    self.replicate_set(at, value.as_bytes(), px);
                 }
                 Pending::Deleted => {
                     key.delete();
