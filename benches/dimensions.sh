@@ -9,6 +9,9 @@
 #     benches/dimensions.sh           # RUNS=3 SECONDS_PER_RUN=8
 #
 # MODULE defaults to target/release/libratelimit_module.so (built here).
+# BASELINE=/abs/path/libratelimit_module.so adds a third server loading
+# another build of the module (an earlier commit's), run in turn with the
+# other two.
 # Needs redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,12 +43,18 @@ module_port=$(free_port)
 function_port=$(free_port)
 start module "$module_port" --loadmodule "$MODULE"
 start function "$function_port"
+servers="module function"
+if [ -n "${BASELINE:-}" ]; then
+  baseline_port=$(free_port)
+  start baseline "$baseline_port" --loadmodule "$BASELINE"
+  servers="module baseline function"
+fi
 
 shape=(--workload w2 --keys 100000 --capacity 10 --rate 2 --concurrency 64
   --seconds "$SECONDS_PER_RUN" --ample-ip --stats)
 field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d['$1'])"; }
 for run in $(seq "$RUNS"); do
-  for server in module function; do
+  for server in $servers; do
     port=${server}_port
     for dimensions in 1 3; do
       redis-cli -p "${!port}" flushall >/dev/null
@@ -55,12 +64,12 @@ for run in $(seq "$RUNS"); do
     done
   done
 done
-python3 - "$dir" <<'PY'
+python3 - "$dir" $servers <<'PY'
 import statistics, sys
-d = sys.argv[1]
+d, servers = sys.argv[1], sys.argv[2:]
 m = {(s, n): statistics.median(float(x) for x in open(f"{d}/{s}.{n}"))
-     for s in ("module", "function") for n in (1, 3)}
-for s in ("module", "function"):
+     for s in servers for n in (1, 3)}
+for s in servers:
     print(f"{s}: Redis CPU s per 100k, median: one decision {m[s, 1]:.3f}, "
           f"a check of three {m[s, 3]:.3f}, ratio {m[s, 3] / m[s, 1]:.2f}x")
 print(f"module / function: one decision {m['module', 1] / m['function', 1]:.2f}x, "

@@ -94,13 +94,14 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         out.push(0);
     }
-    let repeats = if plan.mode == Mode::Peek || plan.groups.iter().any(|p| p.group.is_sliding_log())
-    {
-        // An inspection writes nothing; the sliding log reads its sorted
-        // sets itself, so every write must have landed.
-        vec![None; keys.len()]
-    } else {
+    // An inspection writes nothing; the sliding log reads its sorted sets
+    // itself, so every write must have landed before it reads.
+    let coalesced =
+        !(plan.mode == Mode::Peek || plan.groups.iter().any(|p| p.group.is_sliding_log()));
+    let repeats = if coalesced {
         repeats(&keys)
+    } else {
+        vec![None; keys.len()]
     };
     let mut call = Call {
         ctx,
@@ -110,6 +111,7 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         denied: false,
         held: Vec::new(),
         repeats,
+        coalesced,
         pending: Vec::new(),
         grace: false,
         time: None,
@@ -271,6 +273,11 @@ struct Call<'c> {
     held: Vec<Option<Held>>,
     /// See [`repeats`].
     repeats: Vec<Option<usize>>,
+    /// Whether `repeats` was found: only then is a key it does not name
+    /// known to be named once, and its handle kept from its decision to its
+    /// write (two handles on one key could see each other's writes free the
+    /// value they point to).
+    coalesced: bool,
     /// The pending write of each repeated key, at its first index.
     pending: Vec<Option<Pending>>,
     /// Whether the caller's clock decides (then expiries get a second more:
@@ -380,7 +387,11 @@ impl Call<'_> {
         if let Some((value, ttl_us)) = verdict.write.take() {
             let px = self.px(ttl_us);
             if !commit {
-                let key = if repeat.is_none() { key.take() } else { None };
+                let key = if self.coalesced && repeat.is_none() {
+                    key.take()
+                } else {
+                    None
+                };
                 self.held[i] = Some(Held::Value(key, value, px));
             } else if other_type {
                 verdict = group.foreign();

@@ -344,6 +344,9 @@ enum RawCall {
     Runs(Vec<(bool, Vec<(usize, u64)>)>),
     /// 'refund': costs given back, a key named again.
     Refund(Vec<(usize, u64)>),
+    /// 'all', naming a key twice, as no limiter does: decided from the
+    /// values before the call, then written in order.
+    All(Vec<(usize, u64)>),
 }
 
 /// The pool's algorithms by wire id (see `Algorithm::wire_id`), with their
@@ -387,6 +390,7 @@ fn raw_call() -> impl Strategy<Value = RawCall> {
         // where the module's gives nothing back; neither writes it.
         1 => proptest::collection::vec((prop_oneof![0usize..4, Just(5usize)], 1u64..4), 1..8)
             .prop_map(RawCall::Refund),
+        1 => proptest::collection::vec(keyed, 1..6).prop_map(RawCall::All),
     ]
 }
 
@@ -396,6 +400,7 @@ fn raw_arguments(call: &RawCall, key: &dyn Fn(usize) -> String, now: u64) -> Vec
     let (mode, runs, keyed): (&str, Vec<String>, Vec<(usize, u64)>) = match call {
         RawCall::Each(keyed) => ("each", Vec::new(), keyed.clone()),
         RawCall::Refund(keyed) => ("refund", Vec::new(), keyed.clone()),
+        RawCall::All(keyed) => ("all", Vec::new(), keyed.clone()),
         RawCall::Runs(runs) => {
             let mut lengths = vec![runs.len().to_string()];
             for (all, run) in runs {
@@ -459,7 +464,9 @@ async fn function_name(server: &RedisServer) -> String {
 /// values and expiries: the module stores such a key once, when the call
 /// ends, and its later decisions in the call read what the earlier ones
 /// wrote; a key named once is written through the handle it was read by.
-/// A replica of the module's server, without the module, holds the same.
+/// Hostile calls too: all or nothing naming a key twice, and a list named
+/// again and again. A replica of the module's server, without the module,
+/// holds the same.
 #[test]
 fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
