@@ -122,8 +122,17 @@ local function parse(stored, pattern)
   return tonumber(a), tonumber(b), tonumber(c)
 end
 
+-- A key's string value; false for no key, and for a key of another type,
+-- which a refund leaves as it is, as the native module does: its error
+-- would fail the refunds of the other keys of the call.
+local function get_string(key)
+  local value = try_call('GET', key)
+  if type(value) == 'table' then return false end
+  return value
+end
+
 local function load(key, pattern)
-  return parse(call('GET', key), pattern)
+  return parse(get_string(key), pattern)
 end
 
 -- Extra expiry, in milliseconds, when the caller's clock decides: Redis

@@ -17,7 +17,7 @@ local REFUNDS = {}
 -- The token bucket, GCRA and the leaky bucket: the debt shrinks by `units`,
 -- what the caller found is left of the admission's cost (see the twin).
 local function refund_gcra(key, now, cost, tokens, period, units)
-  local s_full_at, s_rem = parse_full_at(call('GET', key))
+  local s_full_at, s_rem = parse_full_at(get_string(key))
   if not s_full_at or s_full_at < now then return end
   local debt = (s_full_at - now) * tokens + s_rem - units
   if debt <= 0 then
@@ -63,7 +63,8 @@ REFUNDS[SLIDING_LOG] = function(key, now, cost, limit, window, tag)
   for i = 1, cost do
     members[i] = 't' .. int(tag) .. ':' .. int(i)
     if #members == ZADD_CHUNK or i == cost then
-      call('ZREM', key, unpack(members))
+      -- A key of another type holds no admission: left as it is.
+      try_call('ZREM', key, unpack(members))
       members = {}
     end
   end
