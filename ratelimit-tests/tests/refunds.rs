@@ -583,6 +583,63 @@ async fn a_refund_after_a_flush_or_into_a_frozen_redis_gives_nothing_extra() {
     );
 }
 
+/// A key that something replaced with another type after its admission:
+/// its refund leaves it as it is, and the refund sent beside it applies, on
+/// the function and on the native module. (The function failed the whole
+/// call with `WRONGTYPE` before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_beside_one_of_a_key_of_another_type_applies() {
+    let module = support::native_module();
+    for server in [
+        RedisServer::start(),
+        RedisServer::start_with(&["--loadmodule", module.to_str().unwrap()]),
+    ] {
+        let limiter = on_redis_time(&server);
+        let mut connection = server.connection().await;
+        for quota in daily() {
+            let (kept, replaced) = (
+                format!("kept:{}", quota.algorithm()),
+                format!("replaced:{}", quota.algorithm()),
+            );
+            let kept_admitted = limiter
+                .check(Request::new(&quota, &kept).cost(2))
+                .await
+                .unwrap();
+            let replaced_admitted = limiter
+                .check(Request::new(&quota, &replaced).cost(2))
+                .await
+                .unwrap();
+            let stored = format!("rl:{replaced}");
+            let _: () = redis::pipe()
+                .atomic()
+                .del(&stored)
+                .rpush(&stored, "not a limit's")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            // Sent together: they may share a call.
+            let (kept_refund, replaced_refund) = tokio::join!(
+                limiter.refund(kept_admitted),
+                limiter.refund(replaced_admitted)
+            );
+            assert!(
+                kept_refund.is_ok() && replaced_refund.is_ok(),
+                "{quota:?}: {kept_refund:?}, {replaced_refund:?}"
+            );
+            // Nothing is left without the refund, all day; a bucket may
+            // have a token less for the microseconds it refilled since.
+            let now_left = left(&limiter, &quota, &kept).await;
+            assert!(now_left >= 1, "{quota:?}: {now_left} left after its refund");
+            let kind: String = redis::cmd("TYPE")
+                .arg(&stored)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            assert_eq!(kind, "list", "{quota:?}");
+        }
+    }
+}
+
 /// A bucket refunds only what it has not refilled of an admission: one
 /// made before the bucket was full again gives nothing back, so the
 /// admissions made since keep the bucket at its capacity.
