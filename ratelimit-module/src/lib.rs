@@ -114,7 +114,8 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         coalesced,
         pending: Vec::new(),
         grace: false,
-        time: None,
+        // The clock Redis's TIME reads.
+        time: SystemClock.now_micros(),
     };
     call.held.resize_with(call.keys.len(), || None);
     call.pending.resize_with(call.keys.len(), || None);
@@ -283,13 +284,10 @@ struct Call<'c> {
     /// Whether the caller's clock decides (then expiries get a second more:
     /// Redis expires keys on its own clock).
     grace: bool,
-    /// This server's time, read once a call.
-    time: Option<u64>,
-}
-
-/// This server's clock, in ms, for the absolute expiries sent to replicas.
-fn unix_ms() -> u64 {
-    SystemClock.now_micros() / 1000
+    /// This server's time in µs, read once a call: the clock of the groups
+    /// that send none, and the start of the absolute expiries sent to
+    /// replicas.
+    time: u64,
 }
 
 impl Call<'_> {
@@ -345,8 +343,12 @@ impl Call<'_> {
             self.grace = true;
             return now;
         }
-        // The clock Redis's TIME reads.
-        *self.time.get_or_insert_with(|| SystemClock.now_micros())
+        self.time
+    }
+
+    /// This call's time in ms, for the absolute expiries sent to replicas.
+    fn unix_ms(&self) -> u64 {
+        self.time / 1000
     }
 
     /// `PX` for state that matters for `ttl_us` more (see `expiry_ms` in
@@ -418,7 +420,7 @@ impl Call<'_> {
     /// call's own string, the value a buffer and the instant a number. A
     /// write's propagation was a fifth of a decision's cost to Redis.
     fn replicate_set(&self, i: usize, value: &[u8], px: u64) {
-        let at = c_longlong::try_from(unix_ms().saturating_add(px)).unwrap_or(c_longlong::MAX);
+        let at = c_longlong::try_from(self.unix_ms().saturating_add(px)).unwrap_or(c_longlong::MAX);
         // SAFETY: a command's context, one of its strings, and a buffer and
         // number read during the call; the formats match the arguments.
         unsafe {

@@ -6,7 +6,7 @@ use ratelimit_core::native::Group;
 use redis_module::{KeyType, RedisError, RedisResult, RedisValue};
 
 use crate::key::Key;
-use crate::{unix_ms, Call, Held};
+use crate::{Call, Held};
 
 /// Members a sorted-set command names at most, as the scripts' chunks.
 const CHUNK: u64 = 2000;
@@ -169,7 +169,7 @@ impl Call<'_> {
         // Sent to replicas as an instant, as Redis propagates a `PEXPIRE`.
         let px = admission.px.to_string();
         self.ctx.call("PEXPIRE", &[key, px.as_bytes()][..])?;
-        let at = (unix_ms() + admission.px).to_string();
+        let at = (self.unix_ms() + admission.px).to_string();
         self.ctx.replicate("PEXPIREAT", &[key, at.as_bytes()][..]);
         Ok(())
     }

@@ -476,20 +476,7 @@ fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
     let replica =
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &native.port().to_string()]);
     let function = runtime.block_on(async {
-        let mut linked = false;
-        for _ in 0..100 {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut replica.connection().await)
-                .await
-                .unwrap();
-            linked = info.contains("master_link_status:up");
-            if linked {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(linked, "the replica did not sync:\n{}", replica.log());
+        replica.wait_until_synced().await;
         // Loads the function.
         let limiter = Limiter::builder().redis(plain.url()).build().unwrap();
         limiter
@@ -818,21 +805,7 @@ async fn a_replica_holds_what_the_module_wrote_on_its_master() {
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
     // Synced before the first decision, so that every write reaches the
     // replica as a command, not in the master's snapshot.
-    let mut replica_connection = replica.connection().await;
-    let mut linked = false;
-    for _ in 0..100 {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut replica_connection)
-            .await
-            .unwrap();
-        if info.contains("master_link_status:up") {
-            linked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(linked, "the replica did not sync:\n{}", replica.log());
+    replica.wait_until_synced().await;
     let limiter = Limiter::builder()
         .redis(master.url())
         .deny_cache_max_keys(0)

@@ -205,6 +205,25 @@ impl RedisServer {
         );
     }
 
+    /// Waits until this replica has synced with its master (ten seconds at
+    /// most), so that the master's later writes reach it as commands, not
+    /// in a snapshot.
+    pub async fn wait_until_synced(&self) {
+        let mut connection = self.connection().await;
+        for _ in 0..100 {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("the replica did not sync:\n{}", self.log());
+    }
+
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
     pub fn freeze(&self) {
         self.signal("-STOP");
