@@ -53,16 +53,19 @@ fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Dur
 
 /// A master, its replica and three Sentinels that know both and each other.
 fn sentinel_set() -> (RedisServer, RedisServer, Vec<RedisServer>) {
-    sentinel_set_with(&[])
+    sentinel_set_with(&[], &[])
 }
 
-/// A master and its replica, each started with `extra` arguments, and three
-/// Sentinels watching them.
-fn sentinel_set_with(extra: &[&str]) -> (RedisServer, RedisServer, Vec<RedisServer>) {
-    let master = RedisServer::start_with(extra);
+/// A master started with `on_master` arguments, its replica started with
+/// `on_replica`, and three Sentinels watching them.
+fn sentinel_set_with(
+    on_master: &[&str],
+    on_replica: &[&str],
+) -> (RedisServer, RedisServer, Vec<RedisServer>) {
+    let master = RedisServer::start_with(on_master);
     let master_port = master.port().to_string();
     let mut replica_args = vec!["--replicaof", "127.0.0.1", master_port.as_str()];
-    replica_args.extend_from_slice(extra);
+    replica_args.extend_from_slice(on_replica);
     let replica = RedisServer::start_with(&replica_args);
     let sentinels: Vec<RedisServer> = (0..3)
         .map(|_| RedisServer::start_sentinel(MASTER, master.port()))
@@ -223,14 +226,31 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
 /// is admitted more than one burst over its bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
-    switchover(false).await;
+    switchover(false, false).await;
 }
 
 /// The same with the native module on both servers: the instances decide
 /// through it on the old master and on the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second_on_the_module() {
-    switchover(true).await;
+    switchover(true, true).await;
+}
+
+/// The module loaded on the master alone, as an operator may forget it on
+/// the replica: after the switch, the instances decide on the new master
+/// through the function, on the keys the module wrote, with no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_to_a_master_without_the_module_goes_on_through_the_function() {
+    switchover(true, false).await;
+}
+
+/// The module loaded on the replica alone: the instances decide through the
+/// function on the old master, and through the module on the new one from
+/// the switch (each master is asked afresh, not a minute after the old one
+/// refused the module).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_to_a_master_with_the_module_decides_through_it() {
+    switchover(false, true).await;
 }
 
 /// The decisions `server` has made: calls of the native module when
@@ -243,13 +263,20 @@ async fn decisions(server: &RedisServer, module: bool) -> u64 {
     }
 }
 
-async fn switchover(module: bool) {
+/// Every decision `server` has made, through the module or not.
+async fn all_decisions(server: &RedisServer) -> u64 {
+    server
+        .command_calls(&["ratelimit.decide", "fcall", "evalsha"])
+        .await
+}
+
+/// A switchover while two instances decide, with the native module loaded
+/// on the master (`on_master`) and on the replica (`on_replica`).
+async fn switchover(on_master: bool, on_replica: bool) {
     let module_path = support::native_module();
-    let (master, replica, sentinels) = if module {
-        sentinel_set_with(&["--loadmodule", module_path.to_str().unwrap()])
-    } else {
-        sentinel_set()
-    };
+    let load = ["--loadmodule", module_path.to_str().unwrap()];
+    let args = |module: bool| if module { &load[..] } else { &[][..] };
+    let (master, replica, sentinels) = sentinel_set_with(args(on_master), args(on_replica));
     let urls: Vec<String> = sentinels.iter().map(|s| s.url()).collect();
     let instances: Vec<Limiter> = (0..2)
         .map(|_| {
@@ -269,11 +296,13 @@ async fn switchover(module: bool) {
     const KEYS: usize = 40;
     let stop = Arc::new(AtomicBool::new(false));
     let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    // Calls the failure policy answered: a backend error, or a call timed out.
+    let fallbacks = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let load: Vec<_> = (0..32)
         .map(|task| {
             let limiter = instances[task % 2].clone();
-            let (stop, admitted) = (stop.clone(), admitted.clone());
+            let (stop, admitted, fallbacks) = (stop.clone(), admitted.clone(), fallbacks.clone());
             tokio::spawn(async move {
                 let mut n = task;
                 while !stop.load(Ordering::Relaxed) {
@@ -282,7 +311,9 @@ async fn switchover(module: bool) {
                         .check(Request::new(&quota, &format!("switch:{n}")))
                         .await
                     {
-                        if !d.decisions()[0].fallback {
+                        if d.decisions()[0].fallback {
+                            fallbacks.fetch_add(1, Ordering::Relaxed);
+                        } else {
                             admitted[n].fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -292,7 +323,7 @@ async fn switchover(module: bool) {
         })
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = decisions(&master, module).await;
+    let before = decisions(&master, on_master).await;
     assert!(before > 0, "the instances decide on the master");
     sentinel_command(&sentinels[0], &["failover", MASTER]);
     let switch = Instant::now();
@@ -300,9 +331,10 @@ async fn switchover(module: bool) {
         master_port(&sentinels[0]) == Some(replica.port())
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let a_second_after = decisions(&master, module).await;
+    let a_second_after = all_decisions(&master).await;
+    let fallbacks_a_second_after = fallbacks.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let at_end = decisions(&master, module).await;
+    let at_end = all_decisions(&master).await;
     stop.store(true, Ordering::Relaxed);
     for task in load {
         task.await.expect("a caller panicked");
@@ -316,9 +348,17 @@ async fn switchover(module: bool) {
         at_end - a_second_after,
         switch.elapsed()
     );
+    // Through the module where it runs, through the function where not.
     assert!(
-        decisions(&replica, module).await > 0,
-        "the new master decides"
+        decisions(&replica, on_replica).await > 0,
+        "the new master decides (module: {on_replica})"
+    );
+    // The switch itself may fail a call or two over to the failure policy;
+    // nothing after it may, the module's absence (or return) included.
+    assert_eq!(
+        fallbacks.load(Ordering::Relaxed),
+        fallbacks_a_second_after,
+        "calls answered by the failure policy from a second after the switch"
     );
     // The bound over the run, plus the one extra burst a switch may cost.
     let bound = capacity + per_second * elapsed.as_millis() as u64 / 1_000 + 1 + capacity;

@@ -88,8 +88,8 @@ pub(crate) struct Functions {
 /// Whether a server runs the native module (`ratelimit-module`) of this
 /// wire version: found by calling it. A server that refuses it (no module,
 /// another version, an ACL user without the command) is asked again a minute
-/// later, so a limiter finds the module on a server it fails over to, or
-/// once it is loaded.
+/// later, so a limiter finds the module once it is loaded. Each server the
+/// limiter connects to (a master it fails over to) starts with its own.
 #[derive(Debug, Default)]
 struct Native {
     /// When to ask again, in seconds since the Unix epoch; 0 while the
