@@ -11,7 +11,9 @@
 # MODULE defaults to target/release/libratelimit_module.so (built here).
 # BASELINE=/abs/path/libratelimit_module.so adds a third server loading
 # another build of the module (an earlier commit's), run in turn with the
-# other two.
+# other two; BASELINE_LOADGEN=/abs/path/loadgen drives it with that build's
+# load generator (needed when the wire version differs: a module refuses
+# calls of another version, and the limiter then calls the function).
 # Needs redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +60,9 @@ for run in $(seq "$RUNS"); do
     port=${server}_port
     for dimensions in 1 3; do
       redis-cli -p "${!port}" flushall >/dev/null
-      out=$("$loadgen" "${shape[@]}" --dimensions "$dimensions" --redis "redis://127.0.0.1:${!port}" 2>/dev/null | tail -1)
+      driver=$loadgen
+      if [ "$server" = baseline ] && [ -n "${BASELINE_LOADGEN:-}" ]; then driver=$BASELINE_LOADGEN; fi
+      out=$("$driver" "${shape[@]}" --dimensions "$dimensions" --redis "redis://127.0.0.1:${!port}" 2>/dev/null | tail -1)
       echo "run $run $server, $dimensions dimension(s): $out"
       echo "$out" | field redis_cpu_s_per_100k >>"$dir/$server.$dimensions"
     done

@@ -10,19 +10,23 @@
 --          node, sent as the script flagged allow-cross-slot-keys, with no
 --          KEYS (Redis would refuse the whole call for a key there that
 --          moved, or that the user may not touch): ARGV[2] is the number
---          of keys and the keys follow it, then the groups;
+--          of keys and the keys follow it, then the requests and the groups;
 --          'runs': runs of keys in KEYS order, each decided as 'each' or as
 --          'all' on its own (a batch of single decisions and all-or-nothing
 --          checks): ARGV[2] is the number of runs, one count of keys per run
---          follows (negative for an 'all' run), then the groups, which never
---          span two runs; a run's writes land before the next run reads
--- then groups of 7 fields, each for the next `count` keys in KEYS order:
---   count, algorithm (its id: prelude.lua, `Algorithm::wire_id`), cost, now in µs or ''
---   for Redis TIME, and the algorithm's numbers p1..p3
+--          follows (negative for an 'all' run), then the requests and the
+--          groups, which never span two runs; a run's writes land before
+--          the next run reads
+-- then the call's requests: their number, and 6 fields each: algorithm (its
+--   id: prelude.lua, `Algorithm::wire_id`), cost, now in µs or '' for Redis
+--   TIME, and the algorithm's numbers p1..p3;
+-- then groups of 2 fields, each for the next `count` keys in KEYS order:
+--   count, and the place of the keys' request among the requests, from 1.
 -- Concurrent decisions on one quota form one group, so a key costs Redis one
--- argument, not seven. The keys of a group are distinct (the caller starts a
--- new group where a key repeats): the group's values are read before any of
--- its decisions writes.
+-- argument, and a request is named once a call however many groups it has
+-- (the limits of checks of several limits). The keys of a group are
+-- distinct (the caller starts a new group where a key repeats): the group's
+-- values are read before any of its decisions writes.
 --
 -- Reply: each key's answer in KEYS order (see the prelude and the algorithm's
 -- file). A key whose value this algorithm did not write answers -1 first; in
@@ -52,8 +56,9 @@ end
 -- nothing must know before anything is written: one EXISTS for the absent
 -- keys, and only when some of them exist after all (another type, or the
 -- sliding log's sorted sets, which the log reads itself), one a key for the
--- absent keys of the other algorithms, found by walking the run's groups.
-local function read_whole(from, to, ARGV, g)
+-- absent keys of the other algorithms, found by walking the run's groups
+-- (their requests' fields start at ARGV[requests]).
+local function read_whole(from, to, ARGV, g, requests)
   local values = call('MGET', unpack(KEYS, from, to))
   local absent, n_absent = {}, 0
   for j = from, to do
@@ -66,14 +71,14 @@ local function read_whole(from, to, ARGV, g)
   local i = from
   while i <= to do
     local count = tonumber(ARGV[g])
-    if tonumber(ARGV[g + 1]) ~= SLIDING_LOG then
+    if tonumber(ARGV[requests + 6 * (tonumber(ARGV[g + 1]) - 1)]) ~= SLIDING_LOG then
       for j = i, i + count - 1 do
         if not values[j - from + 1] and call('EXISTS', KEYS[j]) == 1 then
           values[j - from + 1] = FOREIGN
         end
       end
     end
-    i, g = i + count, g + 7
+    i, g = i + count, g + 2
   end
   return values
 end
@@ -139,9 +144,12 @@ local function decide_call(keys, ARGV)
     end
     first_group = 3 + count
   end
+  -- The requests' fields, then the groups.
+  local requests = first_group + 1
+  first_group = requests + 6 * tonumber(ARGV[first_group])
   local commit = mode == 'each' or mode == 'runs'
   local last = 0
-  for g = first_group, #ARGV, 7 do
+  for g = first_group, #ARGV, 2 do
     local first = last + 1
     last = last + tonumber(ARGV[g])
     -- The run's first group, where read_whole starts.
@@ -151,8 +159,9 @@ local function decide_call(keys, ARGV)
       -- An all-or-nothing run is denied by its own keys alone.
       if first == run_first then denied = false end
     end
-    local algorithm, cost, now = tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), now_of(ARGV[g + 3])
-    local p1, p2, p3 = tonumber(ARGV[g + 4]), tonumber(ARGV[g + 5]), tonumber(ARGV[g + 6])
+    local f = requests + 6 * (tonumber(ARGV[g + 1]) - 1)
+    local algorithm, cost, now = tonumber(ARGV[f]), tonumber(ARGV[f + 1]), now_of(ARGV[f + 2])
+    local p1, p2, p3 = tonumber(ARGV[f + 3]), tonumber(ARGV[f + 4]), tonumber(ARGV[f + 5])
     if mode == 'refund' then
       local refund = REFUNDS[algorithm]
       for i = first, last do
@@ -183,7 +192,8 @@ local function decide_call(keys, ARGV)
           -- An all-or-nothing run's keys are distinct and read together, at
           -- its first group.
           if not run_values then
-            run_values = read_whole(run_first, run_last and run_last[run] or #KEYS, ARGV, run_group)
+            run_values = read_whole(run_first, run_last and run_last[run] or #KEYS, ARGV, run_group,
+              requests)
           end
           for i = first, last do
             values[i - first + 1] = run_values[i - run_first + 1]

@@ -19,12 +19,12 @@ use crate::quota::{Algorithm, Quota, Rate, MAX_EXACT};
 /// version refuses the call, and the limiter uses the function instead.
 /// Changed with every change of the scripts' arguments, replies or values
 /// (a test holds the scripts' hash to [`WIRE_SCRIPTS_SHA1`]).
-pub const WIRE_VERSION: u64 = 3;
+pub const WIRE_VERSION: u64 = 4;
 
 /// The SHA-1 of the scripts this version's format is that of; see
 /// [`WIRE_VERSION`].
 #[cfg(all(test, feature = "redis"))]
-pub(crate) const WIRE_SCRIPTS_SHA1: &str = "bf17c6c29b25464af58e768119dc769d9705f56e";
+pub(crate) const WIRE_SCRIPTS_SHA1: &str = "d773f52bebbe8a906eaa172f08364ff6bfb89226";
 
 /// One group of a call: an algorithm and its three numbers, as the caller
 /// sent them.

@@ -4,8 +4,10 @@
 use ratelimit_core::native::{unsigned, Group};
 use redis_module::{RedisError, RedisString};
 
-/// Fields per group, after the mode (see entry.lua).
-const GROUP_FIELDS: usize = 7;
+/// Fields per request in the call's table of requests (see entry.lua).
+const REQUEST_FIELDS: usize = 6;
+/// Fields per group, after the requests: a count of keys and its request.
+const GROUP_FIELDS: usize = 2;
 
 /// What a call asks for.
 pub(crate) struct Plan {
@@ -59,6 +61,32 @@ fn signed(arg: &RedisString) -> Result<i64, RedisError> {
         .ok_or_else(|| refused("a number was expected"))
 }
 
+/// One request of the call's table: its quota, cost and clock.
+fn request(fields: &[RedisString], refund: bool) -> Result<(Group, u64, Option<u64>), RedisError> {
+    let algorithm = number(&fields[0])?;
+    let cost = number(&fields[1])?;
+    let now = if fields[2].as_slice().is_empty() {
+        None
+    } else {
+        Some(number(&fields[2])?)
+    };
+    let p3 = if refund {
+        // Signed for the windows (`until_end`), sent as its bits.
+        signed(&fields[5])? as u64
+    } else {
+        number(&fields[5])?
+    };
+    let params = [number(&fields[3])?, number(&fields[4])?, p3];
+    let group =
+        Group::new(algorithm, params, refund).ok_or_else(|| refused("a request names no quota"))?;
+    if !group.accepts(cost, now, refund) {
+        return Err(refused(
+            "a cost above the quota's capacity, or an instant of 2^52 microseconds or more",
+        ));
+    }
+    Ok((group, cost, now))
+}
+
 /// Reads `argv` (the mode and what follows it) for a call of `keys` keys.
 pub(crate) fn plan(argv: &[RedisString], mut keys: usize) -> Result<Plan, RedisError> {
     let mode = match argv.first().map(|a| a.as_slice()) {
@@ -110,13 +138,28 @@ pub(crate) fn plan(argv: &[RedisString], mut keys: usize) -> Result<Plan, RedisE
         first_group = 2 + count;
     }
     let refund = mode == Mode::Refund;
+    let count = argv
+        .get(first_group)
+        .map(number)
+        .transpose()?
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n <= argv.len() / REQUEST_FIELDS)
+        .ok_or_else(|| refused("a count of requests was expected"))?;
+    let mut requests = Vec::with_capacity(count);
+    for r in 0..count {
+        let at = first_group + 1 + r * REQUEST_FIELDS;
+        let fields = argv
+            .get(at..at + REQUEST_FIELDS)
+            .ok_or_else(|| refused("a request has fewer than 6 fields"))?;
+        requests.push(request(fields, refund)?);
+    }
     let mut groups = Vec::new();
     let mut last = 0usize;
-    let mut g = first_group;
+    let mut g = first_group + 1 + count * REQUEST_FIELDS;
     while g < argv.len() {
         let fields = argv
             .get(g..g + GROUP_FIELDS)
-            .ok_or_else(|| refused("a group has fewer than 7 fields"))?;
+            .ok_or_else(|| refused("a group has fewer than 2 fields"))?;
         let first = last;
         last = usize::try_from(number(&fields[0])?)
             .ok()
@@ -130,27 +173,11 @@ pub(crate) fn plan(argv: &[RedisString], mut keys: usize) -> Result<Plan, RedisE
                 return Err(refused("a group spans two runs"));
             }
         }
-        let algorithm = number(&fields[1])?;
-        let cost = number(&fields[2])?;
-        let now = if fields[3].as_slice().is_empty() {
-            None
-        } else {
-            Some(number(&fields[3])?)
-        };
-        let p3 = if refund {
-            // Signed for the windows (`until_end`), sent as its bits.
-            signed(&fields[6])? as u64
-        } else {
-            number(&fields[6])?
-        };
-        let params = [number(&fields[4])?, number(&fields[5])?, p3];
-        let group = Group::new(algorithm, params, refund)
-            .ok_or_else(|| refused("a group names no quota"))?;
-        if !group.accepts(cost, now, refund) {
-            return Err(refused(
-                "a cost above the quota's capacity, or an instant of 2^52 microseconds or more",
-            ));
-        }
+        let (group, cost, now) = usize::try_from(number(&fields[1])?)
+            .ok()
+            .and_then(|r| requests.get(r.checked_sub(1)?))
+            .ok_or_else(|| refused("a group names no request of the call"))?
+            .clone();
         groups.push(Planned {
             first,
             last,

@@ -397,7 +397,8 @@ fn raw_call() -> impl Strategy<Value = RawCall> {
 }
 
 /// The call's arguments after `RATELIMIT.DECIDE <wire version>`, or after
-/// `FCALL <function>`: the keys, the mode and one group a key.
+/// `FCALL <function>`: the keys, the mode, the requests (each named once,
+/// however many keys share it) and one group a key.
 fn raw_arguments(call: &RawCall, key: &dyn Fn(usize) -> String, now: u64) -> Vec<String> {
     let (mode, runs, keyed): (&str, Vec<String>, Vec<(usize, u64)>) = match call {
         RawCall::Each(keyed) => ("each", Vec::new(), keyed.clone()),
@@ -417,6 +418,8 @@ fn raw_arguments(call: &RawCall, key: &dyn Fn(usize) -> String, now: u64) -> Vec
     args.extend(keyed.iter().map(|(k, _)| key(*k)));
     args.push(mode.to_string());
     args.extend(runs);
+    let mut requests: Vec<[String; 6]> = Vec::new();
+    let mut groups = Vec::new();
     for (k, cost) in &keyed {
         let (algorithm, p1, p2) = RAW_KEYS[*k];
         let windowed = matches!(algorithm, 2..=4);
@@ -428,16 +431,26 @@ fn raw_arguments(call: &RawCall, key: &dyn Fn(usize) -> String, now: u64) -> Vec
             (_, true) => 0,
         };
         let cost = if mode == "refund" { cost } else { &(cost % 5) };
-        args.extend([
-            "1".to_string(),
+        let request = [
             algorithm.to_string(),
             cost.to_string(),
             now.to_string(),
             p1.to_string(),
             p2.to_string(),
             p3.to_string(),
-        ]);
+        ];
+        let place = match requests.iter().position(|r| *r == request) {
+            Some(i) => i + 1,
+            None => {
+                requests.push(request);
+                requests.len()
+            }
+        };
+        groups.extend(["1".to_string(), place.to_string()]);
     }
+    args.push(requests.len().to_string());
+    args.extend(requests.into_iter().flatten());
+    args.extend(groups);
     args
 }
 
@@ -739,39 +752,76 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
     let max = u64::MAX.to_string();
     let wire = WIRE_VERSION.to_string();
     let w = wire.as_str();
-    let bucket = ["1", "1", "1", "", "1", "500000", "10"];
+    // A bucket's request (algorithm, cost, clock and its three numbers).
+    let bucket = ["1", "1", "", "1", "500000", "10"];
+    // A call of one key, with one request and one group naming it.
+    macro_rules! one {
+        ($mode:literal, $request:expr) => {
+            [
+                &[w, "1", "k", $mode, "1"][..],
+                &$request[..],
+                &["1", "1"][..],
+            ]
+            .concat()
+        };
+    }
     let calls: Vec<Vec<&str>> = vec![
         // Counts that would wrap, or ask for vast allocations.
         vec![w, "18446744073709551613", "k", "each"],
         vec![w, "1", "k", "runs", "99999999999999999"],
         vec![w, "1", "k", "runs", "1", "-9223372036854775808"],
+        vec![w, "1", "k", "each", "99999999999999999"],
         // A cost above the capacity, for a bucket and a sliding log's
         // refund (whose member names would be built by the billion).
-        vec![w, "1", "k", "each", "1", "1", "11", "", "1", "500000", "10"],
-        vec![
-            w, "1", "k", "refund", "1", "3", &max, "", "4", "1000000", "77",
-        ],
+        one!("each", ["1", "11", "", "1", "500000", "10"]),
+        one!("refund", ["3", &max, "", "4", "1000000", "77"]),
         // A good group, then one cut short: nothing of the first is written.
         [
-            &[w, "2", "k", "k2", "each"][..],
+            &[w, "2", "k", "k2", "each", "1"][..],
             &bucket[..],
             &["1", "1", "1"][..],
         ]
         .concat(),
-        // The groups name more keys than the call.
-        [&[w, "1", "k", "each"][..], &["2"][..], &bucket[1..]].concat(),
+        // A request cut short, and more requests than the call holds.
+        [&[w, "1", "k", "each", "1"][..], &bucket[..3]].concat(),
+        [
+            &[w, "1", "k", "each", "3"][..],
+            &bucket[..],
+            &["1", "1"][..],
+        ]
+        .concat(),
+        // The groups name more keys than the call, or a request it lacks.
+        [
+            &[w, "1", "k", "each", "1"][..],
+            &bucket[..],
+            &["2", "1"][..],
+        ]
+        .concat(),
+        [
+            &[w, "1", "k", "each", "1"][..],
+            &bucket[..],
+            &["1", "0"][..],
+        ]
+        .concat(),
+        [
+            &[w, "1", "k", "each", "1"][..],
+            &bucket[..],
+            &["1", "2"][..],
+        ]
+        .concat(),
         // An instant no double holds exactly, an unknown algorithm, a
         // rate not reduced, a group across runs.
-        vec![
-            w, "1", "k", "each", "1", "1", "1", &max, "1", "500000", "10",
-        ],
-        vec![w, "1", "k", "each", "1", "9", "1", "", "1", "500000", "10"],
-        vec![w, "1", "k", "each", "1", "1", "1", "", "2", "1000000", "10"],
+        one!("each", ["1", "1", &max, "1", "500000", "10"]),
+        one!("each", ["9", "1", "", "1", "500000", "10"]),
+        one!("each", ["1", "1", "", "2", "1000000", "10"]),
         // A batch naming more keys than it holds.
         vec![w, "0", "batch", "5", "k"],
-        vec![
-            w, "2", "k", "k2", "runs", "2", "1", "1", "2", "1", "1", "", "1", "500000", "10",
-        ],
+        [
+            &[w, "2", "k", "k2", "runs", "2", "1", "1", "1"][..],
+            &bucket[..],
+            &["2", "1"][..],
+        ]
+        .concat(),
     ];
     for args in &calls {
         let reply: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::quota::Quota;
 
 use super::script::{invoke, Functions, ScriptCall, SCRIPT};
-use super::wire::{decode_reply, grouped, invocation, Request};
+use super::wire::{decode_reply, grouped, invocation, push_groups, Request};
 
 /// The most decisions one script call carries. A cap well under the number
 /// of decisions usually waiting splits a burst of arrivals over two or more
@@ -294,8 +294,6 @@ pub(super) fn runs_invocation(batch: &[Work]) -> ScriptCall {
         }
         groups.extend(run_groups);
     }
-    for (count, request) in groups {
-        request.push_group(count, &mut invocation);
-    }
+    push_groups(&groups, &mut invocation);
     invocation
 }

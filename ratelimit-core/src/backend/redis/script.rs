@@ -204,6 +204,12 @@ impl ScriptCall {
         self
     }
 
+    /// The call's arguments after its keys, as sent.
+    #[cfg(test)]
+    pub(super) fn args(&self) -> &[Vec<u8>] {
+        &self.args
+    }
+
     /// Sends the call to `slot`'s master on Redis Cluster.
     #[cfg(feature = "cluster")]
     pub(super) fn sent_to_slot(&mut self, slot: u16) -> &mut Self {

@@ -1,7 +1,7 @@
 //! The script's arguments and replies: requests encoded as groups of
 //! fields, replies decoded into decisions.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::algorithm::{gcra, Refund};
 use crate::decision::Decision;
@@ -11,7 +11,7 @@ use crate::quota::{Algorithm, Quota};
 use super::script::{ScriptCall, SCRIPT};
 
 /// One key's request: what the script needs besides the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Request {
     pub algorithm: u64,
     pub cost: u64,
@@ -46,7 +46,7 @@ impl Request {
         request.params[2] = match algorithm {
             Algorithm::SlidingLog => refund.tag,
             // Encoded as an unsigned number (the script reads it back as
-            // signed, see `push_group`).
+            // signed, see `push_fields`).
             _ if windows => refund.until_end as u64,
             _ => refund.units,
         };
@@ -80,10 +80,9 @@ impl Request {
         }
     }
 
-    /// Adds the group of seven fields that stands for `count` keys with
-    /// this request.
-    pub(super) fn push_group(&self, count: usize, invocation: &mut ScriptCall) {
-        invocation.arg(count).arg(self.algorithm).arg(self.cost);
+    /// Adds the six fields of this request to the call's table of requests.
+    fn push_fields(&self, invocation: &mut ScriptCall) {
+        invocation.arg(self.algorithm).arg(self.cost);
         match self.now {
             Some(now) => invocation.arg(now),
             None => invocation.arg(""),
@@ -94,6 +93,31 @@ impl Request {
         } else {
             invocation.arg(self.params[2]);
         }
+    }
+}
+
+/// Adds `groups` to the call (see entry.lua): the table of their distinct
+/// requests (its length, then six fields each), then each group as its
+/// count of keys and its request's place in the table, from 1. A check of
+/// several limits names each of its quotas once a call, not once a check.
+pub(super) fn push_groups(groups: &[(usize, Request)], invocation: &mut ScriptCall) {
+    let mut table: Vec<Request> = Vec::new();
+    let mut places: HashMap<Request, usize> = HashMap::new();
+    let indexes: Vec<usize> = groups
+        .iter()
+        .map(|(_, request)| {
+            *places.entry(*request).or_insert_with(|| {
+                table.push(*request);
+                table.len()
+            })
+        })
+        .collect();
+    invocation.arg(table.len());
+    for request in &table {
+        request.push_fields(invocation);
+    }
+    for ((count, _), index) in groups.iter().zip(indexes) {
+        invocation.arg(*count).arg(index);
     }
 }
 
@@ -112,9 +136,7 @@ pub(crate) fn invocation<'a, K: AsRef<str> + 'a>(
     for key in keys {
         invocation.key(key);
     }
-    for (count, request) in groups {
-        request.push_group(count, &mut invocation);
-    }
+    push_groups(&groups, &mut invocation);
     invocation
 }
 
@@ -136,9 +158,7 @@ pub(crate) fn batch_invocation<'a, K: AsRef<str> + 'a>(
     for key in keys {
         invocation.arg(key);
     }
-    for (count, request) in groups {
-        request.push_group(count, &mut invocation);
-    }
+    push_groups(&groups, &mut invocation);
     invocation
 }
 
@@ -288,4 +308,51 @@ fn refund_tag() -> u64 {
         once_cell::sync::Lazy::new(|| RandomState::new().hash_one(std::process::id()));
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     (RandomState::new().hash_one((*SEED, n)) & ((1 << 53) - 1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checks of three limits each, as a batch sends them (a group per key):
+    /// the call names each quota once, and each group as two numbers.
+    #[test]
+    fn a_call_names_each_request_once_however_many_groups_share_it() {
+        let quotas = [
+            Quota::per_second(10).unwrap(),
+            Quota::per_minute(100).unwrap(),
+            Quota::fixed_window(1_000, std::time::Duration::from_secs(60)).unwrap(),
+        ];
+        let mut groups = Vec::new();
+        for _check in 0..5 {
+            for quota in &quotas {
+                groups.push((1, Request::new(quota, 1, None)));
+            }
+        }
+        // A request that differs in its cost alone is a request of its own.
+        groups.push((2, Request::new(&quotas[0], 2, None)));
+        let mut call = ScriptCall::new(&SCRIPT);
+        push_groups(&groups, &mut call);
+        let args: Vec<String> = call
+            .args()
+            .iter()
+            .map(|a| String::from_utf8(a.clone()).unwrap())
+            .collect();
+        assert_eq!(args[0], "4", "{args:?}");
+        let groups_at = 1 + 4 * 6;
+        assert_eq!(args.len(), groups_at + 16 * 2, "{args:?}");
+        let places: Vec<&str> = args[groups_at..]
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            places,
+            ["1", "2", "3", "1", "2", "3", "1", "2", "3", "1", "2", "3", "1", "2", "3", "4"]
+        );
+        // The request named by place 4 is the one of cost 2.
+        assert_eq!(args[1 + 3 * 6 + 1], "2");
+        assert_eq!(args[args.len() - 2], "2", "its group's count of keys");
+    }
 }
