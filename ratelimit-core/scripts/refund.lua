@@ -18,7 +18,8 @@ local REFUNDS = {}
 -- what the caller found is left of the admission's cost (see the twin).
 local function refund_gcra(key, now, cost, tokens, period, units)
   local s_full_at, s_rem = parse_full_at(get_string(key))
-  if not s_full_at or s_full_at < now then return end
+  -- Nothing to give back leaves the key as it is, expiry included.
+  if not s_full_at or s_full_at < now or units == 0 then return end
   local debt = (s_full_at - now) * tokens + s_rem - units
   if debt <= 0 then
     call('DEL', key)
@@ -46,6 +47,7 @@ REFUNDS[FIXED_WINDOW] = function(key, now, cost, limit, window, until_end)
   if not s_start or s_start < current then return end
   local ends = window_end(s_start, current, window)
   if ends ~= admission_end(now, until_end, window) then return end
+  if cost == 0 then return end
   local count = s_count - cost
   if count <= 0 then
     call('DEL', key)
@@ -88,6 +90,9 @@ REFUNDS[SLIDING_WINDOW] = function(key, now, cost, limit, window, until_end)
   else
     return
   end
+  -- A window whose count was already 0 gives nothing back: the key is left
+  -- as it is, expiry included.
+  if current == s_current and previous == s_previous then return end
   if current == 0 and previous == 0 then
     call('DEL', key)
     return
