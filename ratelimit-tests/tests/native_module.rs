@@ -852,6 +852,13 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
             .concat()
         };
     }
+    // A call of one key whose table counts `requests` and holds the bucket's
+    // alone, then `groups`.
+    macro_rules! with_bucket {
+        ($requests:literal, $($group:literal),*) => {
+            [&[w, "1", "k", "each", $requests][..], &bucket[..], &[$($group),*][..]].concat()
+        };
+    }
     let calls: Vec<Vec<&str>> = vec![
         // Counts that would wrap, or ask for vast allocations.
         vec![w, "18446744073709551613", "k", "each"],
@@ -871,31 +878,11 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
         .concat(),
         // A request cut short, and more requests than the call holds.
         [&[w, "1", "k", "each", "1"][..], &bucket[..3]].concat(),
-        [
-            &[w, "1", "k", "each", "3"][..],
-            &bucket[..],
-            &["1", "1"][..],
-        ]
-        .concat(),
+        with_bucket!("3", "1", "1"),
         // The groups name more keys than the call, or a request it lacks.
-        [
-            &[w, "1", "k", "each", "1"][..],
-            &bucket[..],
-            &["2", "1"][..],
-        ]
-        .concat(),
-        [
-            &[w, "1", "k", "each", "1"][..],
-            &bucket[..],
-            &["1", "0"][..],
-        ]
-        .concat(),
-        [
-            &[w, "1", "k", "each", "1"][..],
-            &bucket[..],
-            &["1", "2"][..],
-        ]
-        .concat(),
+        with_bucket!("1", "2", "1"),
+        with_bucket!("1", "1", "0"),
+        with_bucket!("1", "1", "2"),
         // An instant no double holds exactly, an unknown algorithm, a
         // rate not reduced, a group across runs.
         one!("each", ["1", "1", &max, "1", "500000", "10"]),
