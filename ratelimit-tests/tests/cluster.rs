@@ -50,20 +50,23 @@ fn uncached(cluster: &RedisCluster, timeout: Duration) -> Limiter {
 /// A cluster whose nodes load the native module (and allow `MODULE
 /// UNLOAD`), or do not.
 fn start(masters: usize, replicas: usize, module: bool) -> RedisCluster {
+    start_with(masters, replicas, module, &[])
+}
+
+/// The same, each node started with `extra` arguments too.
+fn start_with(masters: usize, replicas: usize, module: bool, extra: &[&str]) -> RedisCluster {
     if module {
         let module = native_module();
-        RedisCluster::start_with(
-            masters,
-            replicas,
-            &[
-                "--loadmodule",
-                module.to_str().unwrap(),
-                "--enable-module-command",
-                "yes",
-            ],
-        )
+        let mut args = vec![
+            "--loadmodule",
+            module.to_str().unwrap(),
+            "--enable-module-command",
+            "yes",
+        ];
+        args.extend_from_slice(extra);
+        RedisCluster::start_with(masters, replicas, &args)
     } else {
-        RedisCluster::start(masters, replicas)
+        RedisCluster::start_with(masters, replicas, extra)
     }
 }
 
@@ -833,4 +836,138 @@ async fn a_cluster_where_one_master_lacks_the_module_decides_every_key_exactly()
         cluster.nodes[without].script_calls().await > 0,
         "the master without the module decided nothing through the function"
     );
+}
+
+on_both_paths!(multi_thread: a_cluster_down_that_serves_reads_writes_nothing_and_reports_the_fault);
+/// A cluster that is down (a master with no replica died, and every slot
+/// must be served) but still answers reads (`cluster-allow-reads-when-down`):
+/// the masters left write nothing, and the limiter reports the fault, never
+/// a denial by the quota nor an admission by Redis. On the module, whose
+/// check of each key is a write for that reason, as on the function.
+async fn a_cluster_down_that_serves_reads_writes_nothing_and_reports_the_fault(module: bool) {
+    let mut cluster = start_with(
+        3,
+        0,
+        module,
+        &[
+            "--cluster-require-full-coverage",
+            "yes",
+            "--cluster-allow-reads-when-down",
+            "yes",
+        ],
+    );
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_millis(500))
+        .deny_cache_max_keys(0)
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    // Keys that last an hour a token, so none expires during the test.
+    let quota = Quota::new(10, "1/h".parse().unwrap()).unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("down:{i}")).collect();
+    for key in &keys {
+        limiter
+            .check(Request::new(&quota, key))
+            .await
+            .unwrap_or_else(|d| panic!("{key} before the fault: {d:?}"));
+    }
+    let masters = cluster.masters();
+    let victim = masters[0];
+    let survivors: Vec<usize> = masters[1..].to_vec();
+    cluster.nodes[victim].kill();
+    // Until the masters left know the cluster is down.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let down = survivors.iter().all(|&i| {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut cluster.nodes[i].client().get_connection().unwrap())
+                .unwrap_or_default();
+            info.contains("cluster_state:fail")
+        });
+        if down {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster never went down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Reads are served: a key on a master left reads as it was.
+    let survivor = cluster.nodes[survivors[0]].client();
+    let mut connection = survivor.get_multiplexed_async_connection().await.unwrap();
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(pong, "PONG");
+    let held: Vec<i64> = survivors.iter().map(|&i| cluster.dbsize(i)).collect();
+    let values_before = holdings_of(&cluster, &survivors);
+    // Checks of one key, sent together so that each master's batch names
+    // several keys (a call that names no key to Redis, which Redis runs
+    // whatever the cluster's state: the module's check of each key is what
+    // refuses it), then all-or-nothing checks of two keys.
+    let singles = futures::future::join_all(
+        keys.iter()
+            .map(|key| limiter.check([Request::new(&quota, key)])),
+    )
+    .await;
+    let mut pairs = Vec::new();
+    for key in &keys {
+        pairs.push(
+            limiter
+                .check([
+                    Request::new(&quota, key),
+                    Request::new(&quota, "down:other"),
+                ])
+                .await,
+        );
+    }
+    let mut kinds = std::collections::BTreeSet::new();
+    for (key, outcome) in keys
+        .iter()
+        .chain(&keys)
+        .zip(singles.into_iter().chain(pairs))
+    {
+        match outcome {
+            Ok(admitted) => panic!("{key}: admitted while the cluster is down: {admitted:?}"),
+            Err(denied) => {
+                let kind = fault(&denied).unwrap_or_else(|| {
+                    panic!("{key}: denied as if by the quota while the cluster is down: {denied:?}")
+                });
+                kinds.insert(kind.as_str());
+            }
+        }
+    }
+    eprintln!("a cluster down: the faults reported were {kinds:?}");
+    assert_eq!(
+        survivors
+            .iter()
+            .map(|&i| cluster.dbsize(i))
+            .collect::<Vec<_>>(),
+        held,
+        "keys were created while the cluster was down"
+    );
+    assert_eq!(
+        holdings_of(&cluster, &survivors),
+        values_before,
+        "values were written while the cluster was down"
+    );
+}
+
+/// Every key and its string value on the masters `which`.
+fn holdings_of(cluster: &RedisCluster, which: &[usize]) -> Vec<(String, Option<String>)> {
+    let mut held = Vec::new();
+    for &i in which {
+        let mut connection = cluster.nodes[i].client().get_connection().unwrap();
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut connection).unwrap();
+        keys.sort();
+        for key in keys {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query(&mut connection)
+                .unwrap_or(None);
+            held.push((key, value));
+        }
+    }
+    held
 }
