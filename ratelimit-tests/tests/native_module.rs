@@ -84,58 +84,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// What a server holds: each key's type and value (a sorted set's scores:
-/// its members carry each request's own tag) and its expiry in ms.
-async fn holdings(server: &RedisServer) -> BTreeMap<String, (String, i64)> {
-    let mut connection = server.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    let mut held = BTreeMap::new();
-    for key in keys {
-        let kind: String = redis::cmd("TYPE")
-            .arg(&key)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        let value = match kind.as_str() {
-            "string" => match redis::cmd("GET")
-                .arg(&key)
-                .query_async::<Option<String>>(&mut connection)
-                .await
-                .unwrap()
-            {
-                Some(value) => value,
-                None => continue,
-            },
-            "zset" => {
-                let scored: Vec<(String, String)> = redis::cmd("ZRANGE")
-                    .arg(&key)
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .query_async(&mut connection)
-                    .await
-                    .unwrap();
-                let scores: Vec<String> = scored.into_iter().map(|(_, s)| s).collect();
-                format!("zset {scores:?}")
-            }
-            // Expired since KEYS listed it.
-            "none" => continue,
-            other => format!("a {other}"),
-        };
-        let expires: i64 = redis::cmd("PEXPIRETIME")
-            .arg(&key)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        held.insert(key, (value, expires));
-    }
-    held
-}
-
 /// Two servers hold the same keys and values, with expiries within
 /// `tolerance_ms` of each other: 250 for two servers that each computed
 /// them (from the same `PX`, a few milliseconds apart), 50 for a replica
@@ -319,7 +267,7 @@ fn the_module_decides_as_the_function_and_stores_the_same_values() {
             let (by_function, by_module, held_function, held_native) = runtime.block_on(async {
                 let by_function = step(&function, op, &key, &quota_of).await;
                 let by_module = step(&module, op, &key, &quota_of).await;
-                (by_function, by_module, holdings(&plain).await, holdings(&native).await)
+                (by_function, by_module, plain.holdings().await, native.holdings().await)
             });
             prop_assert_eq!(&by_function, &by_module, "{}", context);
             same_holdings(&context, &held_function, &held_native, 250)?;
@@ -455,6 +403,22 @@ fn raw_arguments(call: &RawCall, key: &dyn Fn(usize) -> String, now: u64) -> Vec
     args
 }
 
+/// The arguments of a raw call of one key, after `RATELIMIT.DECIDE <wire
+/// version>` or `FCALL <function>`: its mode, its count of requests as sent,
+/// the requests' fields, then the groups.
+fn one_key_call(
+    key: &str,
+    mode: &str,
+    requests: &str,
+    fields: impl IntoIterator<Item = impl ToString>,
+    groups: &[&str],
+) -> Vec<String> {
+    let mut args: Vec<String> = ["1", key, mode, requests].map(String::from).to_vec();
+    args.extend(fields.into_iter().map(|field| field.to_string()));
+    args.extend(groups.iter().map(|group| group.to_string()));
+    args
+}
+
 /// The name of the limiter's function on a server that has run it.
 async fn function_name(server: &RedisServer) -> String {
     fn find(value: &redis::Value) -> Option<String> {
@@ -540,8 +504,8 @@ fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
                     .await
                     .unwrap();
                 assert_eq!(acknowledged, 1, "the replica did not acknowledge");
-                let held_function = holdings(&plain).await;
-                let (held_native, held_replica) = (holdings(&native).await, holdings(&replica).await);
+                let held_function = plain.holdings().await;
+                let (held_native, held_replica) = (native.holdings().await, replica.holdings().await);
                 (by_function, by_module, held_function, held_native, held_replica)
             });
             let by_function = by_function.map_err(|e| e.to_string());
@@ -660,29 +624,29 @@ async fn a_refund_that_gives_nothing_back_leaves_the_key_and_its_expiry_as_they_
     // By wire id: a token bucket of 4 at 1/s, a fixed window and a sliding
     // window of 4 a second. A refund's third number is the bucket's units
     // (none), or the windows' time to the admission's window's end.
-    let requests: [(u64, [u64; 3], [i64; 3]); 3] = [
+    let requests: [(i64, [i64; 3], [i64; 3]); 3] = [
         (0, [1, 1_000_000, 4], [1, 1_000_000, 0]),
         (2, [4, 1_000_000, 0], [4, 1_000_000, 300_000]),
         (4, [4, 1_000_000, 0], [4, 1_000_000, 300_000]),
     ];
     for (algorithm, decide, refund) in requests {
         let key = format!("nothing-back:{algorithm}");
-        let call = |mode: &str, cost: u64, now: u64, p: [String; 3]| -> Vec<String> {
-            [
-                vec![
-                    "1".to_string(),
-                    key.clone(),
-                    mode.to_string(),
-                    "1".to_string(),
-                ],
-                vec![algorithm.to_string(), cost.to_string(), now.to_string()],
-                p.to_vec(),
-                vec!["1".to_string(), "1".to_string()],
-            ]
-            .concat()
-        };
-        let decision = call("each", 2, decided_at, decide.map(|n| n.to_string()));
-        let nothing = call("refund", 0, refunded_at, refund.map(|n| n.to_string()));
+        let request =
+            |cost: i64, now: u64, p: [i64; 3]| [algorithm, cost, now as i64, p[0], p[1], p[2]];
+        let decision = one_key_call(
+            &key,
+            "each",
+            "1",
+            request(2, decided_at, decide),
+            &["1", "1"],
+        );
+        let nothing = one_key_call(
+            &key,
+            "refund",
+            "1",
+            request(0, refunded_at, refund),
+            &["1", "1"],
+        );
         let mut expiries = Vec::new();
         for server in [&plain, &native] {
             let mut connection = server.connection().await;
@@ -700,7 +664,7 @@ async fn a_refund_that_gives_nothing_back_leaves_the_key_and_its_expiry_as_they_
                     command.arg(args).query_async(&mut connection).await;
                 reply.unwrap_or_else(|e| panic!("{args:?}: {e}"));
             }
-            let held = holdings(server).await;
+            let held = server.holdings().await;
             let (value, expires) = held
                 .get(&key)
                 .unwrap_or_else(|| panic!("{key} is gone: {held:?}"))
@@ -837,68 +801,84 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
     let server = with_module();
     let mut connection = server.connection().await;
     let max = u64::MAX.to_string();
-    let wire = WIRE_VERSION.to_string();
-    let w = wire.as_str();
     // A bucket's request (algorithm, cost, clock and its three numbers).
     let bucket = ["1", "1", "", "1", "500000", "10"];
-    // A call of one key, with one request and one group naming it.
-    macro_rules! one {
-        ($mode:literal, $request:expr) => {
-            [
-                &[w, "1", "k", $mode, "1"][..],
-                &$request[..],
-                &["1", "1"][..],
-            ]
-            .concat()
-        };
-    }
-    // A call of one key whose table counts `requests` and holds the bucket's
-    // alone, then `groups`.
-    macro_rules! with_bucket {
-        ($requests:literal, $($group:literal),*) => {
-            [&[w, "1", "k", "each", $requests][..], &bucket[..], &[$($group),*][..]].concat()
-        };
-    }
-    let calls: Vec<Vec<&str>> = vec![
+    let owned = |parts: &[&str]| parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let calls: Vec<Vec<String>> = vec![
         // Counts that would wrap, or ask for vast allocations.
-        vec![w, "18446744073709551613", "k", "each"],
-        vec![w, "1", "k", "runs", "99999999999999999"],
-        vec![w, "1", "k", "runs", "1", "-9223372036854775808"],
-        vec![w, "1", "k", "each", "99999999999999999"],
+        owned(&["18446744073709551613", "k", "each"]),
+        owned(&["1", "k", "runs", "99999999999999999"]),
+        owned(&["1", "k", "runs", "1", "-9223372036854775808"]),
+        owned(&["1", "k", "each", "99999999999999999"]),
         // A cost above the capacity, for a bucket and a sliding log's
         // refund (whose member names would be built by the billion).
-        one!("each", ["1", "11", "", "1", "500000", "10"]),
-        one!("refund", ["3", &max, "", "4", "1000000", "77"]),
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["1", "11", "", "1", "500000", "10"],
+            &["1", "1"],
+        ),
+        one_key_call(
+            "k",
+            "refund",
+            "1",
+            ["3", &max, "", "4", "1000000", "77"],
+            &["1", "1"],
+        ),
         // A good group, then one cut short: nothing of the first is written.
-        [
-            &[w, "2", "k", "k2", "each", "1"][..],
-            &bucket[..],
-            &["1", "1", "1"][..],
-        ]
-        .concat(),
+        owned(
+            &[
+                &["2", "k", "k2", "each", "1"][..],
+                &bucket,
+                &["1", "1", "1"],
+            ]
+            .concat(),
+        ),
         // A request cut short, and more requests than the call holds.
-        [&[w, "1", "k", "each", "1"][..], &bucket[..3]].concat(),
-        with_bucket!("3", "1", "1"),
+        one_key_call("k", "each", "1", &bucket[..3], &[]),
+        one_key_call("k", "each", "3", bucket, &["1", "1"]),
         // The groups name more keys than the call, or a request it lacks.
-        with_bucket!("1", "2", "1"),
-        with_bucket!("1", "1", "0"),
-        with_bucket!("1", "1", "2"),
+        one_key_call("k", "each", "1", bucket, &["2", "1"]),
+        one_key_call("k", "each", "1", bucket, &["1", "0"]),
+        one_key_call("k", "each", "1", bucket, &["1", "2"]),
         // An instant no double holds exactly, an unknown algorithm, a
         // rate not reduced, a group across runs.
-        one!("each", ["1", "1", &max, "1", "500000", "10"]),
-        one!("each", ["9", "1", "", "1", "500000", "10"]),
-        one!("each", ["1", "1", "", "2", "1000000", "10"]),
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["1", "1", &max, "1", "500000", "10"],
+            &["1", "1"],
+        ),
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["9", "1", "", "1", "500000", "10"],
+            &["1", "1"],
+        ),
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["1", "1", "", "2", "1000000", "10"],
+            &["1", "1"],
+        ),
         // A batch naming more keys than it holds.
-        vec![w, "0", "batch", "5", "k"],
-        [
-            &[w, "2", "k", "k2", "runs", "2", "1", "1", "1"][..],
-            &bucket[..],
-            &["2", "1"][..],
-        ]
-        .concat(),
+        owned(&["0", "batch", "5", "k"]),
+        owned(
+            &[
+                &["2", "k", "k2", "runs", "2", "1", "1", "1"][..],
+                &bucket,
+                &["2", "1"],
+            ]
+            .concat(),
+        ),
     ];
     for args in &calls {
         let reply: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
+            .arg(WIRE_VERSION)
             .arg(&args[..])
             .query_async(&mut connection)
             .await;
@@ -964,7 +944,7 @@ async fn a_replica_holds_what_the_module_wrote_on_its_master() {
     }
     assert_eq!(synced, 1, "the replica did not acknowledge the writes");
     assert!(master.command_calls(&["ratelimit.decide"]).await > 0);
-    let (on_master, on_replica) = (holdings(&master).await, holdings(&replica).await);
+    let (on_master, on_replica) = (master.holdings().await, replica.holdings().await);
     assert!(!on_master.is_empty());
     // A key whose window ends between the two readings is gone from the
     // second: keys about to expire are not compared.

@@ -205,6 +205,59 @@ impl RedisServer {
         );
     }
 
+    /// What a server holds: each key's type and value (a sorted set's scores:
+    /// its members carry each request's own tag) and its expiry in ms.
+    #[allow(dead_code)]
+    pub async fn holdings(&self) -> std::collections::BTreeMap<String, (String, i64)> {
+        let mut connection = self.connection().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let mut held = std::collections::BTreeMap::new();
+        for key in keys {
+            let kind: String = redis::cmd("TYPE")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            let value = match kind.as_str() {
+                "string" => match redis::cmd("GET")
+                    .arg(&key)
+                    .query_async::<Option<String>>(&mut connection)
+                    .await
+                    .unwrap()
+                {
+                    Some(value) => value,
+                    None => continue,
+                },
+                "zset" => {
+                    let scored: Vec<(String, String)> = redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query_async(&mut connection)
+                        .await
+                        .unwrap();
+                    let scores: Vec<String> = scored.into_iter().map(|(_, s)| s).collect();
+                    format!("zset {scores:?}")
+                }
+                // Expired since KEYS listed it.
+                "none" => continue,
+                other => format!("a {other}"),
+            };
+            let expires: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            held.insert(key, (value, expires));
+        }
+        held
+    }
+
     /// Waits until this replica has synced with its master (ten seconds at
     /// most), so that the master's later writes reach it as commands, not
     /// in a snapshot.
@@ -507,6 +560,25 @@ impl RedisCluster {
             assert!(
                 Instant::now() < deadline,
                 "the Redis Cluster did not become ready within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every node still running reports the cluster down
+    /// (`cluster_state:fail`), as after a master with no replica died.
+    #[allow(dead_code)]
+    pub fn wait_until_down(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .all(|n| self.info(n, "INFO").contains("cluster_state:fail"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the Redis Cluster did not go down within {within:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
