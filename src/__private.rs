@@ -303,27 +303,30 @@ impl<'a> Call<'a> {
 ///
 /// With `on_limit = wait(max)`, a call denied by the quota sleeps for its
 /// `retry_after` and tries again while it can still be admitted within `max`
-/// of the first try; dropping the future cancels the wait.
+/// of the first try; dropping the future cancels the wait. A leaky bucket's
+/// call sleeps until its turn; dropped before then, it gives the turn back.
 pub async fn acquire(call: Option<Call<'_>>) -> Result<(), RateLimited> {
-    match call {
-        Some(call) => acquire_one(&call).await.map(drop),
-        None => Ok(()),
+    let Some(call) = call else {
+        return Ok(());
+    };
+    let admitted = admit(&call).await?;
+    let delay = admitted.delay();
+    if !delay.is_zero() {
+        let mut taking = Taking::default();
+        taking.hold(call.limiter, admitted, delay);
+        taking.turn().await;
+        taking.keep();
     }
+    Ok(())
 }
 
-async fn acquire_one<'a>(call: &'a Call<'_>) -> Result<Admitted<'a>, RateLimited> {
+/// The call's admission by its limiter, after the waits `on_limit = wait`
+/// allows; the denial names the rule.
+async fn admit<'a>(call: &'a Call<'_>) -> Result<Admitted<'a>, RateLimited> {
     let deadline = call.rule.wait.map(|max| tokio::time::Instant::now() + max);
     loop {
         match call.limiter.check(call.request()).await {
-            Ok(admitted) => {
-                // The leaky bucket admits a call for later: its turn comes
-                // after `delay`, so the body runs at the bucket's pace.
-                let delay = admitted.delay();
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
-                return Ok(admitted);
-            }
+            Ok(admitted) => return Ok(admitted),
             Err(denied) => {
                 let waitable = matches!(
                     denied.cause,
@@ -342,10 +345,76 @@ async fn acquire_one<'a>(call: &'a Call<'_>) -> Result<Admitted<'a>, RateLimited
     }
 }
 
+/// What a call's checks have taken while its body has not started: given
+/// back if the call goes no further, because a later check denies or the
+/// caller drops the future at a later check or while it waits its turn.
+#[derive(Default)]
+struct Taking {
+    held: Vec<(Limiter, OwnedAdmitted)>,
+    /// When the body may run: the latest turn a leaky bucket gave.
+    turn: Option<tokio::time::Instant>,
+}
+
+impl Taking {
+    fn hold(&mut self, limiter: &Limiter, admitted: Admitted<'_>, delay: Duration) {
+        if !delay.is_zero() {
+            let turn = tokio::time::Instant::now() + delay;
+            self.turn = Some(self.turn.map_or(turn, |t| t.max(turn)));
+        }
+        self.held.push((limiter.clone(), admitted.__into_owned()));
+    }
+
+    /// Sleeps until the body's turn: a leaky bucket admits a call for later,
+    /// so bodies run at the bucket's pace.
+    async fn turn(&self) {
+        if let Some(turn) = self.turn {
+            tokio::time::sleep_until(turn).await;
+        }
+    }
+
+    /// The body runs: what was taken stays taken.
+    fn keep(mut self) -> Vec<(Limiter, OwnedAdmitted)> {
+        std::mem::take(&mut self.held)
+    }
+
+    /// A later check denied: everything taken goes back before the denial
+    /// is returned. Dropped halfway, the rest goes back as `Drop` sends it.
+    async fn give_back(&mut self) {
+        while let Some((limiter, admitted)) = self.held.pop() {
+            if let Err(error) = limiter.__refund_owned(admitted).await {
+                tracing::warn!(%error, "could not give back the tokens of a call that was not run");
+            }
+        }
+    }
+}
+
+impl Drop for Taking {
+    /// The caller dropped the call before its body ran. A refund needs I/O,
+    /// so it runs as a task of its own on the caller's runtime; with none
+    /// (the runtime is gone), the tokens stay taken, which admits less,
+    /// never more.
+    fn drop(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut rest = Taking {
+            held: std::mem::take(&mut self.held),
+            turn: None,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { rest.give_back().await });
+        } else {
+            rest.held.clear();
+        }
+    }
+}
+
 /// Several `#[rate_limit]` on one function: every one must admit, and none
 /// consumes unless all do (one atomic check on one limiter; those in shadow
 /// mode are decided after the others, and never deny). Checks on different
-/// limiters, or that wait, run one after the other in the order written.
+/// limiters, or that wait, run one after the other in the order written;
+/// when one denies, or the caller drops the call before its body runs, what
+/// the earlier ones took is given back.
 /// Exempt checks (`None`) are left out. Each check keeps its own failure
 /// policy.
 ///
@@ -423,39 +492,42 @@ async fn acquire_several(
         }
     }
     let calls: Vec<&Call<'_>> = calls.iter().flatten().collect();
-    let mut receipt = Receipt { kept: Vec::new() };
     let Some((first, rest)) = calls.split_first() else {
-        return Ok(receipt);
+        return Ok(Receipt { kept: Vec::new() });
     };
     let atomic = rest.iter().all(|call| call.limiter.__same(first.limiter))
         && calls.iter().all(|call| call.rule.wait.is_none());
+    let mut taking = Taking::default();
     if !atomic || calls.len() == 1 {
         for call in &calls {
-            let admitted = acquire_one(call).await?;
-            if keep {
-                receipt
-                    .kept
-                    .push((call.limiter.clone(), admitted.__into_owned()));
+            match admit(call).await {
+                Ok(admitted) => {
+                    let delay = admitted.delay();
+                    taking.hold(call.limiter, admitted, delay);
+                }
+                Err(denied) => {
+                    taking.give_back().await;
+                    return Err(denied);
+                }
             }
         }
-        return Ok(receipt);
-    }
-    let requests: Vec<Request<'_>> = calls.iter().map(|call| call.request()).collect();
-    let admitted = first.limiter.check(&requests[..]).await.map_err(|denied| {
-        match calls.iter().find(|call| call.key == denied.key) {
-            Some(call) => call.shown(denied),
-            None => denied,
+    } else {
+        let requests: Vec<Request<'_>> = calls.iter().map(|call| call.request()).collect();
+        let admitted = first.limiter.check(&requests[..]).await.map_err(|denied| {
+            match calls.iter().find(|call| call.key == denied.key) {
+                Some(call) => call.shown(denied),
+                None => denied,
+            }
+        })?;
+        // A leaky bucket among them: the call's turn comes after the longest delay.
+        let delay = admitted.delay();
+        if keep || !delay.is_zero() {
+            taking.hold(first.limiter, admitted, delay);
         }
-    })?;
-    // A leaky bucket among them: the call's turn comes after the longest delay.
-    let delay = admitted.delay();
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
     }
-    if keep {
-        receipt
-            .kept
-            .push((first.limiter.clone(), admitted.__into_owned()));
-    }
-    Ok(receipt)
+    taking.turn().await;
+    let kept = taking.keep();
+    Ok(Receipt {
+        kept: if keep { kept } else { Vec::new() },
+    })
 }

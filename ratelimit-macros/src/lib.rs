@@ -375,10 +375,11 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// On one limiter the check is all or nothing: a denied call takes no token
-/// from any of them. Attributes on different limiters, or that wait or run
-/// in shadow mode, are checked one after the other, and tokens taken by an
-/// earlier one stay taken when a later one denies. An exempt attribute is
-/// left out of the check.
+/// from any of them. Attributes on different limiters, or that wait, are
+/// checked one after the other; when a later one denies, or the call is
+/// dropped before its body starts, what the earlier ones took is given back,
+/// as `Limiter::refund` gives it. An exempt attribute is left out of the
+/// check.
 ///
 /// # A renamed crate
 ///

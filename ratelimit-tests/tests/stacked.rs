@@ -8,7 +8,9 @@ use support::Decide;
 
 use std::time::Duration;
 
-use ratelimit::{rate_limit, DenialCause, FailurePolicy, Limiter, Quota, RateLimited, Request};
+use ratelimit::{
+    rate_limit, DenialCause, FailurePolicy, Limiter, Quota, Rate, RateLimited, Request,
+};
 use support::RedisServer;
 
 /// The common pair: a burst limit and a sustained limit on one template.
@@ -119,4 +121,136 @@ async fn a_cost_above_one_dimensions_capacity_names_that_dimension() {
         ratelimit::DenialCause::CostExceedsCapacity { cost: 5 }
     );
     assert_eq!(denied.retry_after, std::time::Duration::MAX);
+}
+
+/// Stacked on two limiters: one per process, one shared, say. They are
+/// asked one after the other, in the order written.
+#[rate_limit(key = "export:<user>", capacity = 5, rate = "1/min", limiter = first)]
+#[rate_limit(key = "export-all:<user>", capacity = 1, rate = "1/min", limiter = second)]
+async fn export(first: &Limiter, second: &Limiter, user: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// The same pair, the later one waiting up to 10 s for its token.
+#[rate_limit(key = "report:<user>", capacity = 5, rate = "1/min", limiter = first)]
+#[rate_limit(key = "report-all:<user>", capacity = 1, rate = "1/s", on_limit = wait(max = "10s"), limiter = second)]
+async fn report(first: &Limiter, second: &Limiter, user: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// The attributes' `capacity = 5, rate = "1/min"`.
+fn five_a_minute() -> Quota {
+    Quota::token_bucket(5, Rate::per_minute(1).unwrap()).unwrap()
+}
+
+/// How many calls `limiter` still admits on `key`, asked one by one.
+async fn admits_left(limiter: &Limiter, quota: &Quota, key: &str) -> u64 {
+    let mut admitted = 0;
+    while limiter.check(Request::new(quota, key)).await.is_ok() {
+        admitted += 1;
+        assert!(
+            admitted <= quota.capacity(),
+            "{key}: more than the capacity"
+        );
+    }
+    admitted
+}
+
+/// Each pair of limiters a service could stack: memory and Redis, either way
+/// round, and two of one kind.
+fn pairs(server: &RedisServer) -> Vec<(Limiter, Limiter)> {
+    let redis = || Limiter::builder().redis(server.url()).build().unwrap();
+    vec![
+        (Limiter::memory(), Limiter::memory()),
+        (Limiter::memory(), redis()),
+        (redis(), Limiter::memory()),
+        (redis(), redis()),
+    ]
+}
+
+#[tokio::test]
+async fn stacked_attributes_on_two_limiters_take_nothing_when_the_later_one_denies() {
+    let server = RedisServer::start();
+    for (user, (first, second)) in (0..).zip(pairs(&server)) {
+        let names = format!("{} then {}", first.backend_name(), second.backend_name());
+        export(&first, &second, user).await.unwrap();
+        for _ in 0..3 {
+            let denied = export(&first, &second, user).await.unwrap_err();
+            assert_eq!(denied.cause, DenialCause::Quota, "{names}: {denied:?}");
+            assert_eq!(denied.key, format!("export-all:{user}"), "{names}");
+        }
+        // The admitted call took one of the first limit's five; the three
+        // denied calls took nothing from it.
+        let left = admits_left(&first, &five_a_minute(), &format!("export:{user}")).await;
+        assert_eq!(left, 4, "{names}");
+    }
+}
+
+#[tokio::test]
+async fn stacked_attributes_on_two_limiters_take_nothing_when_dropped_at_the_later_one() {
+    let server = RedisServer::start();
+    for (user, (first, second)) in (0..).zip(pairs(&server)) {
+        let names = format!("{} then {}", first.backend_name(), second.backend_name());
+        report(&first, &second, user).await.unwrap();
+        // The second limit's token is a second away: the call waits for it,
+        // and its caller gives up first, three times.
+        for _ in 0..3 {
+            let gone =
+                tokio::time::timeout(Duration::from_millis(100), report(&first, &second, user));
+            assert!(gone.await.is_err(), "{names}: the call waited");
+        }
+        // What the first limit gave those calls comes back: a refund sent
+        // when each call was dropped, so it lands shortly after.
+        let quota = five_a_minute();
+        let key = format!("report:{user}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let left = loop {
+            let left = first.inspect(&quota, &key, 0).await.unwrap().remaining;
+            if left == 4 || tokio::time::Instant::now() > deadline {
+                break left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(left, 4, "{names}");
+        assert_eq!(admits_left(&first, &quota, &key).await, 4, "{names}");
+    }
+}
+
+/// A leaky bucket admits a call for its turn; the attribute sleeps until
+/// then.
+#[rate_limit(key = "crawl:<site>", algorithm = leaky_bucket, capacity = 3, rate = "1/min", limiter = limiter)]
+async fn crawl(limiter: &Limiter, site: u32) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_call_dropped_while_it_waits_its_turn_gives_the_turn_back() {
+    let server = RedisServer::start();
+    let redis = Limiter::builder().redis(server.url()).build().unwrap();
+    for limiter in [Limiter::memory(), redis] {
+        let name = limiter.backend_name();
+        // The first call's turn is now; the next ones' a minute apart.
+        crawl(&limiter, 1).await.unwrap();
+        for _ in 0..2 {
+            let gone = tokio::time::timeout(Duration::from_millis(100), crawl(&limiter, 1));
+            assert!(gone.await.is_err(), "{name}: the call waited its turn");
+        }
+        let quota = Quota::leaky_bucket(3, Rate::per_minute(1).unwrap()).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let left = loop {
+            let left = limiter
+                .inspect(&quota, "crawl:1", 0)
+                .await
+                .unwrap()
+                .remaining;
+            if left == 2 || tokio::time::Instant::now() > deadline {
+                break left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(
+            left, 2,
+            "{name}: the two dropped calls' turns are free again"
+        );
+    }
 }
