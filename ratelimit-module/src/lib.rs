@@ -17,16 +17,17 @@
 //!
 //! Load it with `redis-server --loadmodule /path/to/libratelimit_module.so`
 //! (see the guide's chapter on the native module). Writes reach replicas and
-//! the AOF as the commands the script would have run (`PSETEX`, `DEL`, and
-//! the sliding log's sorted-set commands).
+//! the AOF as commands any Redis runs: a call's writes of string values as
+//! one `SET ... PXAT` or `DEL`, or one `EVAL` of them all, and the sliding
+//! log's sorted-set commands.
 
 #![deny(missing_docs)]
 
 mod args;
 mod key;
 mod log;
+mod replicate;
 
-use std::os::raw::{c_char, c_longlong};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
@@ -116,6 +117,7 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         grace: false,
         // The clock Redis's TIME reads.
         time: SystemClock.now_micros(),
+        writes: replicate::Writes::default(),
     };
     call.held.resize_with(call.keys.len(), || None);
     call.pending.resize_with(call.keys.len(), || None);
@@ -125,7 +127,10 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let stored = call.store_pending();
     decided.and(stored)?;
     Ok(RedisValue::Array(
-        call.out.into_iter().map(RedisValue::Integer).collect(),
+        std::mem::take(&mut call.out)
+            .into_iter()
+            .map(RedisValue::Integer)
+            .collect(),
     ))
 }
 
@@ -230,6 +235,14 @@ impl Drop for User {
     }
 }
 
+impl Drop for Call<'_> {
+    /// Whatever the call's end (a reply, an error, a panic caught in
+    /// [`decide`]), replicas and the AOF get every write it made.
+    fn drop(&mut self) {
+        self.send_writes();
+    }
+}
+
 /// A write an all-or-nothing run holds until every key admits.
 enum Held {
     /// A string value and its `PX`, with the key still open when the call
@@ -288,6 +301,8 @@ struct Call<'c> {
     /// that send none, and the start of the absolute expiries sent to
     /// replicas.
     time: u64,
+    /// The writes of string keys not yet sent to replicas and the AOF.
+    writes: replicate::Writes,
 }
 
 impl Call<'_> {
@@ -411,43 +426,22 @@ impl Call<'_> {
         Ok(())
     }
 
-    /// Sends replicas and the AOF the write the script's `PSETEX` makes, with
-    /// its expiry as an instant (as Redis propagates a relative one), so a
-    /// replica and a reloaded AOF expire the key when the master does.
-    ///
-    /// Called with Redis's own formats rather than the crate's `replicate`,
-    /// which copies each argument into a new string first: the key is this
-    /// call's own string, the value a buffer and the instant a number. A
-    /// write's propagation was a fifth of a decision's cost to Redis.
-    fn replicate_set(&self, i: usize, value: &[u8], px: u64) {
-        let at = c_longlong::try_from(self.unix_ms().saturating_add(px)).unwrap_or(c_longlong::MAX);
-        // SAFETY: a command's context, one of its strings, and a buffer and
-        // number read during the call; the formats match the arguments.
-        unsafe {
-            raw::RedisModule_Replicate.unwrap()(
-                self.ctx.ctx,
-                c"SET".as_ptr(),
-                c"sbcl".as_ptr(),
-                self.keys[i].inner,
-                value.as_ptr().cast::<c_char>(),
-                value.len(),
-                c"PXAT".as_ptr(),
-                at,
-            );
-        }
+    /// Key `i` set to `value` for `px` ms, for replicas and the AOF (sent
+    /// when the call ends, or before a sorted set's write).
+    fn replicate_set(&mut self, i: usize, value: &[u8], px: u64) {
+        let at = self.unix_ms().saturating_add(px);
+        self.writes.set(self.keys[i].inner, value, at);
     }
 
-    /// Sends replicas and the AOF the deletion of key `i`.
-    fn replicate_delete(&self, i: usize) {
-        // SAFETY: as in `replicate_set`.
-        unsafe {
-            raw::RedisModule_Replicate.unwrap()(
-                self.ctx.ctx,
-                c"DEL".as_ptr(),
-                c"s".as_ptr(),
-                self.keys[i].inner,
-            );
-        }
+    /// Key `i` deleted, for replicas and the AOF.
+    fn replicate_delete(&mut self, i: usize) {
+        self.writes.delete(self.keys[i].inner);
+    }
+
+    /// Sends replicas and the AOF the writes of string keys made so far.
+    fn send_writes(&mut self) {
+        // SAFETY: this call's context, whose strings the keys are.
+        unsafe { self.writes.send(self.ctx.ctx) };
     }
 
     /// Stores what the decisions of keys `from..to` held.
@@ -539,6 +533,7 @@ mod entry {
 
     fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         super::key::signal_writes_only(ctx);
+        super::replicate::init();
         Status::Ok
     }
 

@@ -135,7 +135,9 @@ impl Call<'_> {
     /// Trims the log at key `i` and adds the admission (`add_members` in
     /// sliding_log.lua: unique members, `t<tag>:<i>` for a tagged request,
     /// else `<now>:<n>` numbered past the count).
-    pub(crate) fn write_log(&self, i: usize, admission: &Admission) -> Result<(), RedisError> {
+    pub(crate) fn write_log(&mut self, i: usize, admission: &Admission) -> Result<(), RedisError> {
+        // Replicas and the AOF get the call's writes in the order made.
+        self.send_writes();
         let key = self.keys[i].as_slice();
         let cutoff = admission.cutoff.to_string();
         self.command("ZREMRANGEBYSCORE", &[key, b"-inf", cutoff.as_bytes()], true)?;
@@ -177,7 +179,13 @@ impl Call<'_> {
     /// Removes, by name, the admissions a tagged decision added (refund.lua):
     /// nothing of another caller's, and nothing more when applied twice. An
     /// untagged request, or a key that holds no log, gives nothing back.
-    pub(crate) fn refund_log(&self, group: &Group, i: usize, cost: u64) -> Result<(), RedisError> {
+    pub(crate) fn refund_log(
+        &mut self,
+        group: &Group,
+        i: usize,
+        cost: u64,
+    ) -> Result<(), RedisError> {
+        self.send_writes();
         let tag = group.p3();
         if tag == 0 || Key::open(self.ctx, &self.keys[i])?.kind() != KeyType::ZSet {
             return Ok(());

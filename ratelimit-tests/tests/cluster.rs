@@ -5,6 +5,7 @@ mod support;
 
 use support::{fault, Decide};
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -950,4 +951,87 @@ async fn holdings(
         held.push(cluster.nodes[i].holdings().await);
     }
     held
+}
+
+on_both_paths!(multi_thread: every_replica_holds_what_its_master_wrote);
+async fn every_replica_holds_what_its_master_wrote(module: bool) {
+    let cluster = start(3, 1, module);
+    let limiter = uncached(&cluster, Duration::from_secs(2));
+    let quotas = [
+        Quota::new(3, "1/min".parse().unwrap()).unwrap(),
+        Quota::gcra(3, "1/min".parse().unwrap()).unwrap(),
+        Quota::fixed_window(3, Duration::from_secs(60)).unwrap(),
+        Quota::sliding_log(3, Duration::from_secs(60)).unwrap(),
+        Quota::sliding_window(3, Duration::from_secs(60)).unwrap(),
+        Quota::leaky_bucket(3, "1/min".parse().unwrap()).unwrap(),
+    ];
+    // Synced first, so that every write reaches a replica as a command.
+    let masters = cluster.masters();
+    for (index, node) in cluster.nodes.iter().enumerate() {
+        if !masters.contains(&index) {
+            node.wait_until_synced().await;
+        }
+    }
+    // Concurrent checks: each master's batch names keys of many slots, and
+    // its writes reach its replica together. A third are refunded.
+    for _ in 0..2 {
+        let checks = (0..600).map(|i| {
+            let (limiter, quota, key) = (&limiter, &quotas[i % quotas.len()], format!("copy:{i}"));
+            async move {
+                let request = Request::new(quota, &key).on_error(FailurePolicy::Closed);
+                let admitted = limiter
+                    .check(request)
+                    .await
+                    .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+                if i % 3 == 0 {
+                    limiter.refund(admitted).await.unwrap();
+                }
+            }
+        });
+        futures::future::join_all(checks).await;
+    }
+    let (mut on_masters, mut on_replicas) = (BTreeMap::new(), BTreeMap::new());
+    for (index, node) in cluster.nodes.iter().enumerate() {
+        if masters.contains(&index) {
+            node.wait_for_replicas().await;
+        }
+    }
+    for (index, node) in cluster.nodes.iter().enumerate() {
+        let held = node.holdings().await;
+        if masters.contains(&index) {
+            on_masters.extend(held);
+        } else {
+            on_replicas.extend(held);
+            let scripts = node.command_calls(&["eval"]).await;
+            assert!(
+                !module || scripts > 0,
+                "replica {index}: no call's writes came as one script"
+            );
+        }
+    }
+    assert!(on_masters.len() > 250, "{} keys", on_masters.len());
+    // Every key lasts a minute: the same keys, values and expiries (the
+    // master sends the instant).
+    let missing: Vec<_> = on_masters
+        .keys()
+        .filter(|k| !on_replicas.contains_key(*k))
+        .collect();
+    let extra: Vec<_> = on_replicas
+        .keys()
+        .filter(|k| !on_masters.contains_key(*k))
+        .collect();
+    assert!(missing.is_empty(), "not on a replica: {missing:?}");
+    assert!(
+        extra.is_empty(),
+        "on a replica, not on its master: {extra:?}"
+    );
+    for (key, (value, expires)) in &on_masters {
+        let (replica_value, replica_expires) = &on_replicas[key];
+        assert_eq!(value, replica_value, "{key}");
+        assert!(
+            (expires - replica_expires).abs() <= 50,
+            "{key} expires at {expires} on its master, at {replica_expires} on its replica"
+        );
+    }
+    served_by(&cluster, module).await;
 }

@@ -497,13 +497,7 @@ fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
                     .arg(&args)
                     .query_async(&mut native.connection().await)
                     .await;
-                let acknowledged: i64 = redis::cmd("WAIT")
-                    .arg(1)
-                    .arg(2_000)
-                    .query_async(&mut native.connection().await)
-                    .await
-                    .unwrap();
-                assert_eq!(acknowledged, 1, "the replica did not acknowledge");
+                native.wait_for_replicas().await;
                 let held_function = plain.holdings().await;
                 let (held_native, held_replica) = (native.holdings().await, replica.holdings().await);
                 (by_function, by_module, held_function, held_native, held_replica)
@@ -927,22 +921,7 @@ async fn a_replica_holds_what_the_module_wrote_on_its_master() {
             limiter.refund(admitted).await.unwrap();
         }
     }
-    // Until the replica has synced and acknowledged every write (each
-    // WAIT shorter than the client's response timeout).
-    let mut connection = master.connection().await;
-    let mut synced = 0;
-    for _ in 0..50 {
-        synced = redis::cmd("WAIT")
-            .arg(1)
-            .arg(200)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        if synced == 1 {
-            break;
-        }
-    }
-    assert_eq!(synced, 1, "the replica did not acknowledge the writes");
+    master.wait_for_replicas().await;
     assert!(master.command_calls(&["ratelimit.decide"]).await > 0);
     let (on_master, on_replica) = (master.holdings().await, replica.holdings().await);
     assert!(!on_master.is_empty());
@@ -953,4 +932,85 @@ async fn a_replica_holds_what_the_module_wrote_on_its_master() {
         on_master.values().all(|(_, expires)| *expires > 0),
         "a key with no expiry: {on_master:?}"
     );
+}
+
+/// A replica without the module, and the master's own AOF read back by a
+/// restart, hold what the module wrote: a call's writes go out as one
+/// `EVAL`, or as a command each where the servers have `EVAL` renamed away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_writes_reach_a_replica_and_the_aof_whatever_eval_is_named() {
+    let module = native_module();
+    for renamed in [false, true] {
+        let rename: &[&str] = if renamed {
+            &["--rename-command", "EVAL", "eval-renamed"]
+        } else {
+            &[]
+        };
+        let mut args = vec!["--loadmodule", module.to_str().unwrap()];
+        args.extend(["--appendonly", "yes", "--appendfsync", "always"]);
+        args.extend(rename);
+        let mut master = RedisServer::start_with(&args);
+        let port = master.port().to_string();
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
+        replica_args.extend(rename);
+        let replica = RedisServer::start_with(&replica_args);
+        replica.wait_until_synced().await;
+        let limiter = Limiter::builder()
+            .redis(master.url())
+            .deny_cache_max_keys(0)
+            .build()
+            .unwrap();
+        // Concurrent checks share calls: many writes a call. Half are
+        // refunded, in calls of their own.
+        for (q, quota) in families().iter().flatten().enumerate() {
+            let checks = (0..24).map(|k| {
+                let (limiter, key) = (&limiter, format!("aof:{q}:{k}"));
+                async move {
+                    let request =
+                        Request::new(quota, &key).on_error(ratelimit::FailurePolicy::Closed);
+                    match limiter.check(request).await {
+                        Ok(admitted) if k % 2 == 0 => limiter.refund(admitted).await.unwrap(),
+                        Ok(_) => {}
+                        Err(denied) => panic!("{key}: {denied:?}"),
+                    }
+                }
+            });
+            futures::future::join_all(checks).await;
+        }
+        let context = if renamed { "EVAL renamed" } else { "EVAL" };
+        assert!(
+            master.command_calls(&["ratelimit.decide"]).await > 0,
+            "{context}"
+        );
+        master.wait_for_replicas().await;
+        let scripts = replica.command_calls(&["eval", "eval-renamed"]).await;
+        if renamed {
+            assert_eq!(scripts, 0, "{context}: the replica ran scripts");
+        } else {
+            assert!(
+                scripts > 0,
+                "{context}: no call's writes went as one script"
+            );
+        }
+        let on_master = master.holdings().await;
+        // Not all 240: a refunded bucket may be full again, holding nothing,
+        // and the shortest windows have ended.
+        assert!(on_master.len() >= 48, "{context}: {} keys", on_master.len());
+        same_holdings(
+            &format!("{context}, on the replica"),
+            &on_master,
+            &replica.holdings().await,
+            50,
+        )
+        .unwrap();
+        // The master again, from its AOF alone.
+        master.restart();
+        same_holdings(
+            &format!("{context}, read back from the AOF"),
+            &on_master,
+            &master.holdings().await,
+            50,
+        )
+        .unwrap();
+    }
 }

@@ -206,10 +206,16 @@ impl RedisServer {
     }
 
     /// What a server holds: each key's type and value (a sorted set's scores:
-    /// its members carry each request's own tag) and its expiry in ms.
+    /// its members carry each request's own tag) and its expiry in ms. A
+    /// cluster node's own keys, a replica's too.
     #[allow(dead_code)]
     pub async fn holdings(&self) -> std::collections::BTreeMap<String, (String, i64)> {
         let mut connection = self.connection().await;
+        // A cluster replica answers reads of its keys only after READONLY;
+        // any other server refuses it, which changes nothing.
+        let _ = redis::cmd("READONLY")
+            .query_async::<redis::Value>(&mut connection)
+            .await;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("*")
             .query_async(&mut connection)
@@ -275,6 +281,51 @@ impl RedisServer {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
         panic!("the replica did not sync:\n{}", self.log());
+    }
+
+    /// Waits until this master's replica has acknowledged every write so far
+    /// (ten seconds at most). `WAIT` waits for a connection's own last write,
+    /// so this one writes and deletes a key first: in the slot of a key the
+    /// server holds, so that a cluster node takes it.
+    #[allow(dead_code)]
+    pub async fn wait_for_replicas(&self) {
+        let mut connection = self.connection().await;
+        let held: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let marker = match held.first() {
+            Some(key) if !key.contains('{') => format!("{{{key}}}:replicated"),
+            _ => "replicated".to_owned(),
+        };
+        let _: () = redis::cmd("SET")
+            .arg(&marker)
+            .arg(1)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&marker)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        // Each WAIT shorter than the client's response timeout.
+        for _ in 0..25 {
+            let acknowledged: i64 = redis::cmd("WAIT")
+                .arg(1)
+                .arg(400)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            if acknowledged == 1 {
+                return;
+            }
+        }
+        panic!(
+            "the replica did not acknowledge the writes:\n{}",
+            self.log()
+        );
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
