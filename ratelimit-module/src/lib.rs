@@ -104,6 +104,9 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     } else {
         vec![None; keys.len()]
     };
+    // Five numbers a key's answer; a write of each key at most.
+    out.reserve(5 * keys.len());
+    let writes = replicate::Writes::with_capacity(keys.len());
     let mut call = Call {
         ctx,
         keys,
@@ -117,7 +120,7 @@ fn decide_call(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         grace: false,
         // The clock Redis's TIME reads.
         time: SystemClock.now_micros(),
-        writes: replicate::Writes::default(),
+        writes,
     };
     call.held.resize_with(call.keys.len(), || None);
     call.pending.resize_with(call.keys.len(), || None);
@@ -416,7 +419,7 @@ impl Call<'_> {
                 self.pending[at] = Some(Pending::Value(value, px));
             } else if let Some(key) = key.as_mut() {
                 key.set(value.as_bytes(), px)?;
-                self.replicate_set(i, value.as_bytes(), px);
+                self.replicate_set(i, &value, px);
             }
         }
         self.out.extend_from_slice(verdict.reply());
@@ -428,7 +431,7 @@ impl Call<'_> {
 
     /// Key `i` set to `value` for `px` ms, for replicas and the AOF (sent
     /// when the call ends, or before a sorted set's write).
-    fn replicate_set(&mut self, i: usize, value: &[u8], px: u64) {
+    fn replicate_set(&mut self, i: usize, value: &Value, px: u64) {
         let at = self.unix_ms().saturating_add(px);
         self.writes.set(self.keys[i].inner, value, at);
     }
@@ -456,7 +459,7 @@ impl Call<'_> {
                             None => Key::open(self.ctx, &self.keys[i])?,
                         };
                         key.set(value.as_bytes(), px)?;
-                        self.replicate_set(i, value.as_bytes(), px);
+                        self.replicate_set(i, &value, px);
                     }
                 },
                 Some(Held::Log(admission)) => self.write_log(i, &admission)?,
@@ -496,7 +499,7 @@ impl Call<'_> {
             Refunded::Store(value, ttl_us) => {
                 let px = self.px(ttl_us);
                 key.set(value.as_bytes(), px)?;
-                self.replicate_set(i, value.as_bytes(), px);
+                self.replicate_set(i, &value, px);
                 Ok(())
             }
         }
@@ -512,7 +515,7 @@ impl Call<'_> {
             match pending {
                 Pending::Value(value, px) => {
                     key.set(value.as_bytes(), px)?;
-                    self.replicate_set(at, value.as_bytes(), px);
+                    self.replicate_set(at, &value, px);
                 }
                 Pending::Deleted => {
                     key.delete();

@@ -16,6 +16,7 @@ use std::os::raw::{c_char, c_longlong};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use ratelimit_core::native::Value;
 use redis_module::raw;
 
 /// Sets each key to its value, expiring at its instant in ms, or deletes it
@@ -46,48 +47,48 @@ pub(crate) fn init() {
 }
 
 /// One call's writes of string keys, in the order made.
-#[derive(Default)]
 pub(crate) struct Writes {
-    /// Each write's key (its string in the call) and expiry instant in ms;
-    /// `None` deletes the key.
-    writes: Vec<(*mut raw::RedisModuleString, Option<c_longlong>)>,
-    /// Each write's value, one after the other (a deletion's is empty).
-    values: Vec<u8>,
-    /// Where each write's value ends in `values`.
-    ends: Vec<usize>,
-    /// The script's argument: `<value> <instant>` for each write.
+    /// Each write's key (its string in the call), where its value is in
+    /// `pairs` (start and length), and its expiry instant in ms; `None`
+    /// deletes the key.
+    writes: Vec<(
+        *mut raw::RedisModuleString,
+        usize,
+        usize,
+        Option<c_longlong>,
+    )>,
+    /// The script's argument: `<value> <instant> ` for each write.
     pairs: Vec<u8>,
-    /// Whether a value could not be sent in `pairs` (one that is empty,
-    /// `-`, or holds a space or a byte outside ASCII's printable ones): no
-    /// value the module writes, but then each write goes as its own command.
-    unplain: bool,
 }
 
 impl Writes {
-    /// Key `key` set to `value`, expiring at `at` ms.
-    pub(crate) fn set(&mut self, key: *mut raw::RedisModuleString, value: &[u8], at: u64) {
+    /// Room for a write of each of `keys` keys: nothing grows in a call
+    /// whose values are of usual lengths.
+    pub(crate) fn with_capacity(keys: usize) -> Self {
+        Self {
+            writes: Vec::with_capacity(keys),
+            pairs: Vec::with_capacity(keys * 48),
+        }
+    }
+
+    /// Key `key` set to `value`, expiring at `at` ms. A `Value` is digits
+    /// and colons: never empty, never `-`, and no space in it.
+    pub(crate) fn set(&mut self, key: *mut raw::RedisModuleString, value: &Value, at: u64) {
         let at = c_longlong::try_from(at).unwrap_or(c_longlong::MAX);
-        self.writes.push((key, Some(at)));
-        self.values.extend_from_slice(value);
-        self.ends.push(self.values.len());
-        self.unplain |=
-            value.is_empty() || value == b"-" || !value.iter().all(u8::is_ascii_graphic);
+        let value = value.as_bytes();
+        let start = self.pairs.len();
         self.pairs.extend_from_slice(value);
         self.pairs.push(b' ');
         push_number(&mut self.pairs, at.unsigned_abs());
         self.pairs.push(b' ');
+        self.writes.push((key, start, value.len(), Some(at)));
     }
 
     /// Key `key` deleted.
     pub(crate) fn delete(&mut self, key: *mut raw::RedisModuleString) {
-        self.writes.push((key, None));
-        self.ends.push(self.values.len());
+        let start = self.pairs.len();
         self.pairs.extend_from_slice(b"- 0 ");
-    }
-
-    fn value(&self, index: usize) -> &[u8] {
-        let start = index.checked_sub(1).map_or(0, |before| self.ends[before]);
-        &self.values[start..self.ends[index]]
+        self.writes.push((key, start, 0, None));
     }
 
     /// Sends the writes made so far, and forgets them.
@@ -100,7 +101,7 @@ impl Writes {
         let sent = match self.writes.len() {
             0 => true,
             1 => false,
-            _ if self.unplain || script.is_null() => false,
+            _ if script.is_null() => false,
             // SAFETY: as this function's.
             _ => unsafe { self.send_script(ctx, script) },
         };
@@ -113,16 +114,13 @@ impl Writes {
             }
         }
         self.writes.clear();
-        self.values.clear();
-        self.ends.clear();
         self.pairs.clear();
-        self.unplain = false;
     }
 
     /// Sends write `index` as `SET` or `DEL`.
     unsafe fn send_one(&self, ctx: *mut raw::RedisModuleCtx, index: usize) {
-        let (key, at) = self.writes[index];
-        let value = self.value(index);
+        let (key, start, len, at) = self.writes[index];
+        let value = &self.pairs[start..start + len];
         // SAFETY: a command's context and one of its strings; the formats
         // match the arguments (a buffer and its length, a C string, a
         // number).
@@ -153,7 +151,7 @@ impl Writes {
         script: *mut raw::RedisModuleString,
     ) -> bool {
         let mut keys: Vec<*mut raw::RedisModuleString> =
-            self.writes.iter().map(|&(key, _)| key).collect();
+            self.writes.iter().map(|&(key, ..)| key).collect();
         let pairs = self.pairs.strip_suffix(b" ").unwrap_or(&self.pairs);
         // SAFETY: a command's context; the script's string, a number, an
         // array of strings and its length, and a buffer and its length, as
