@@ -26,6 +26,16 @@ use ratelimit::{
 use ratelimit_core::native::WIRE_VERSION;
 use support::{bucket, fault, native_module, window, Decide, Decided, RedisServer};
 
+/// A limiter on `server` without the deny cache: every decision reaches
+/// Redis.
+fn uncached(server: &RedisServer) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap()
+}
+
 fn with_module() -> RedisServer {
     let module = native_module();
     RedisServer::start_with(&["--loadmodule", module.to_str().unwrap()])
@@ -904,11 +914,7 @@ async fn a_replica_holds_what_the_module_wrote_on_its_master() {
     // Synced before the first decision, so that every write reaches the
     // replica as a command, not in the master's snapshot.
     replica.wait_until_synced().await;
-    let limiter = Limiter::builder()
-        .redis(master.url())
-        .deny_cache_max_keys(0)
-        .build()
-        .unwrap();
+    let limiter = uncached(&master);
     for (k, quota) in families().iter().flatten().enumerate() {
         let key = format!("replicated:{k}");
         for cost in [1, 1, 2] {
@@ -955,11 +961,7 @@ async fn a_calls_writes_reach_a_replica_and_the_aof_whatever_eval_is_named() {
         replica_args.extend(rename);
         let replica = RedisServer::start_with(&replica_args);
         replica.wait_until_synced().await;
-        let limiter = Limiter::builder()
-            .redis(master.url())
-            .deny_cache_max_keys(0)
-            .build()
-            .unwrap();
+        let limiter = uncached(&master);
         // Concurrent checks share calls: many writes a call. Half are
         // refunded, in calls of their own.
         for (q, quota) in families().iter().flatten().enumerate() {

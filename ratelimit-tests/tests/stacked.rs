@@ -156,6 +156,24 @@ async fn admits_left(limiter: &Limiter, quota: &Quota, key: &str) -> u64 {
     admitted
 }
 
+/// What `key` has left once the refunds sent when calls were dropped have
+/// landed: `expected`, or what it has after five seconds.
+async fn remaining_once_given_back(
+    limiter: &Limiter,
+    quota: &Quota,
+    key: &str,
+    expected: u64,
+) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = limiter.inspect(quota, key, 0).await.unwrap().remaining;
+        if left == expected || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Each pair of limiters a service could stack: memory and Redis, either way
 /// round, and two of one kind.
 fn pairs(server: &RedisServer) -> Vec<(Limiter, Limiter)> {
@@ -203,14 +221,7 @@ async fn stacked_attributes_on_two_limiters_take_nothing_when_dropped_at_the_lat
         // when each call was dropped, so it lands shortly after.
         let quota = five_a_minute();
         let key = format!("report:{user}");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let left = loop {
-            let left = first.inspect(&quota, &key, 0).await.unwrap().remaining;
-            if left == 4 || tokio::time::Instant::now() > deadline {
-                break left;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let left = remaining_once_given_back(&first, &quota, &key, 4).await;
         assert_eq!(left, 4, "{names}");
         assert_eq!(admits_left(&first, &quota, &key).await, 4, "{names}");
     }
@@ -236,18 +247,7 @@ async fn a_call_dropped_while_it_waits_its_turn_gives_the_turn_back() {
             assert!(gone.await.is_err(), "{name}: the call waited its turn");
         }
         let quota = Quota::leaky_bucket(3, Rate::per_minute(1).unwrap()).unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let left = loop {
-            let left = limiter
-                .inspect(&quota, "crawl:1", 0)
-                .await
-                .unwrap()
-                .remaining;
-            if left == 2 || tokio::time::Instant::now() > deadline {
-                break left;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let left = remaining_once_given_back(&limiter, &quota, "crawl:1", 2).await;
         assert_eq!(
             left, 2,
             "{name}: the two dropped calls' turns are free again"
