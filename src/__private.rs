@@ -380,31 +380,32 @@ impl Taking {
     /// A later check denied: everything taken goes back before the denial
     /// is returned. Dropped halfway, the rest goes back as `Drop` sends it.
     async fn give_back(&mut self) {
-        while let Some((limiter, admitted)) = self.held.pop() {
-            if let Err(error) = limiter.__refund_owned(admitted).await {
-                tracing::warn!(%error, "could not give back the tokens of a call that was not run");
-            }
+        give_back(&mut self.held).await;
+    }
+}
+
+/// Refunds each admission in `held`, taking it out as it goes.
+async fn give_back(held: &mut Vec<(Limiter, OwnedAdmitted)>) {
+    while let Some((limiter, admitted)) = held.pop() {
+        if let Err(error) = limiter.__refund_owned(admitted).await {
+            tracing::warn!(%error, "could not give back the tokens of a call that was not run");
         }
     }
 }
 
 impl Drop for Taking {
     /// The caller dropped the call before its body ran. A refund needs I/O,
-    /// so it runs as a task of its own on the caller's runtime; with none
-    /// (the runtime is gone), the tokens stay taken, which admits less,
-    /// never more.
+    /// so it runs as a task of its own on the caller's runtime. With none,
+    /// or one shutting down (which drops the task unrun, and with it what it
+    /// holds, never a `Taking` again), the tokens stay taken: that admits
+    /// less, never more.
     fn drop(&mut self) {
         if self.held.is_empty() {
             return;
         }
-        let mut rest = Taking {
-            held: std::mem::take(&mut self.held),
-            turn: None,
-        };
+        let mut held = std::mem::take(&mut self.held);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { rest.give_back().await });
-        } else {
-            rest.held.clear();
+            runtime.spawn(async move { give_back(&mut held).await });
         }
     }
 }

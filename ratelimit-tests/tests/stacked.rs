@@ -254,3 +254,52 @@ async fn a_call_dropped_while_it_waits_its_turn_gives_the_turn_back() {
         );
     }
 }
+
+/// A call dropped where no runtime runs (its runtime shut down while it
+/// waited) cannot send a refund: what it took stays taken, which admits
+/// less, never more, and nothing panics.
+#[test]
+fn a_stacked_call_dropped_outside_any_runtime_keeps_its_tokens_and_panics_nowhere() {
+    let (first, second) = (Limiter::memory(), Limiter::memory());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let waiting = runtime.block_on(async {
+        report(&first, &second, 1).await.unwrap();
+        // The second limit's token is a second away: the call waits for it.
+        let mut call = Box::pin(report(&first, &second, 1));
+        assert!(futures::poll!(call.as_mut()).is_pending());
+        call
+    });
+    drop(runtime);
+    drop(waiting);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let left = runtime.block_on(admits_left(&first, &five_a_minute(), "report:1"));
+    assert_eq!(left, 3, "two calls took a token each");
+}
+
+/// A runtime shutting down drops its tasks: a stacked call waiting in one
+/// is dropped while no new task can run. Its refund cannot be sent; what it
+/// took stays taken, and nothing panics or recurses.
+#[test]
+fn a_stacked_call_dropped_by_its_runtime_shutting_down_keeps_its_tokens() {
+    let (first, second) = (Limiter::memory(), Limiter::memory());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        report(&first, &second, 1).await.unwrap();
+        let (one, two) = (first.clone(), second.clone());
+        // The second limit's token is a second away: the call waits for it.
+        tokio::spawn(async move { report(&one, &two, 1).await });
+        while first
+            .inspect(&five_a_minute(), "report:1", 0)
+            .await
+            .unwrap()
+            .remaining
+            > 3
+        {
+            tokio::task::yield_now().await;
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let left = runtime.block_on(admits_left(&first, &five_a_minute(), "report:1"));
+    assert_eq!(left, 3, "two calls took a token each");
+}
