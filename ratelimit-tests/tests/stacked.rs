@@ -262,12 +262,11 @@ async fn a_call_dropped_while_it_waits_its_turn_gives_the_turn_back() {
 fn a_stacked_call_dropped_outside_any_runtime_keeps_its_tokens_and_panics_nowhere() {
     let (first, second) = (Limiter::memory(), Limiter::memory());
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let waiting = runtime.block_on(async {
+    let mut waiting = Box::pin(report(&first, &second, 1));
+    runtime.block_on(async {
         report(&first, &second, 1).await.unwrap();
         // The second limit's token is a second away: the call waits for it.
-        let mut call = Box::pin(report(&first, &second, 1));
-        assert!(futures::poll!(call.as_mut()).is_pending());
-        call
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
     });
     drop(runtime);
     drop(waiting);
