@@ -1026,3 +1026,50 @@ async fn a_calls_writes_reach_a_replica_and_the_aof_whatever_eval_is_named() {
         .unwrap();
     }
 }
+
+/// Calls of the module inside `MULTI`/`EXEC` and inside a user's script
+/// reach a replica as they did on the master: the call's `EVAL` travels
+/// inside the transaction, or among the script's effects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_a_transaction_or_a_script_reach_a_replica_as_on_the_master() {
+    let master = with_module();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    replica.wait_until_synced().await;
+    // Two keys of a bucket of 4 at one token a minute, on the server's clock.
+    let call = |a: &str, b: &str| -> Vec<String> {
+        let fields = [
+            "2", a, b, "each", "1", "0", "1", "", "1", "60000000", "4", "1", "1", "1", "1",
+        ];
+        std::iter::once(WIRE_VERSION.to_string())
+            .chain(fields.iter().map(|f| f.to_string()))
+            .collect()
+    };
+    let mut connection = master.connection().await;
+    let answers: Vec<Vec<i64>> = redis::pipe()
+        .atomic()
+        .cmd("RATELIMIT.DECIDE")
+        .arg(call("multi:1", "multi:2"))
+        .cmd("RATELIMIT.DECIDE")
+        .arg(call("multi:3", "multi:4"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let script = "return redis.call('RATELIMIT.DECIDE', unpack(ARGV))";
+    let _: Vec<i64> = redis::cmd("EVAL")
+        .arg(script)
+        .arg(0)
+        .arg(call("script:1", "script:2"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    master.wait_for_replicas().await;
+    let on_master = master.holdings().await;
+    assert_eq!(on_master.len(), 6, "{on_master:?}");
+    same_holdings("on the replica", &on_master, &replica.holdings().await, 50).unwrap();
+    assert!(
+        replica.command_calls(&["eval"]).await >= 3,
+        "each call's two writes went as one script"
+    );
+}
