@@ -418,8 +418,7 @@ impl Call<'_> {
             } else if let Some(at) = repeat {
                 self.pending[at] = Some(Pending::Value(value, px));
             } else if let Some(key) = key.as_mut() {
-                key.set(value.as_bytes(), px)?;
-                self.replicate_set(i, &value, px);
+                self.store(key, i, &value, px)?;
             }
         }
         self.out.extend_from_slice(verdict.reply());
@@ -429,15 +428,20 @@ impl Call<'_> {
         Ok(())
     }
 
-    /// Key `i` set to `value` for `px` ms, for replicas and the AOF (sent
-    /// when the call ends, or before a sorted set's write).
-    fn replicate_set(&mut self, i: usize, value: &Value, px: u64) {
+    /// Sets key `i` (open as `key`) to `value` for `px` ms, and keeps the
+    /// write for replicas and the AOF (sent when the call ends, or before a
+    /// sorted set's write).
+    fn store(&mut self, key: &mut Key, i: usize, value: &Value, px: u64) -> Result<(), RedisError> {
+        key.set(value.as_bytes(), px)?;
         let at = self.unix_ms().saturating_add(px);
         self.writes.set(self.keys[i].inner, value, at);
+        Ok(())
     }
 
-    /// Key `i` deleted, for replicas and the AOF.
-    fn replicate_delete(&mut self, i: usize) {
+    /// Deletes key `i` (open as `key`), and keeps the deletion for replicas
+    /// and the AOF.
+    fn delete(&mut self, key: &mut Key, i: usize) {
+        key.delete();
         self.writes.delete(self.keys[i].inner);
     }
 
@@ -458,8 +462,7 @@ impl Call<'_> {
                             Some(key) => key,
                             None => Key::open(self.ctx, &self.keys[i])?,
                         };
-                        key.set(value.as_bytes(), px)?;
-                        self.replicate_set(i, &value, px);
+                        self.store(&mut key, i, &value, px)?;
                     }
                 },
                 Some(Held::Log(admission)) => self.write_log(i, &admission)?,
@@ -492,14 +495,12 @@ impl Call<'_> {
         match group.refund(key.value(), now, cost) {
             Refunded::Unchanged => Ok(()),
             Refunded::Delete => {
-                key.delete();
-                self.replicate_delete(i);
+                self.delete(&mut key, i);
                 Ok(())
             }
             Refunded::Store(value, ttl_us) => {
                 let px = self.px(ttl_us);
-                key.set(value.as_bytes(), px)?;
-                self.replicate_set(i, &value, px);
+                self.store(&mut key, i, &value, px)?;
                 Ok(())
             }
         }
@@ -514,12 +515,10 @@ impl Call<'_> {
             let mut key = Key::open(self.ctx, &self.keys[at])?;
             match pending {
                 Pending::Value(value, px) => {
-                    key.set(value.as_bytes(), px)?;
-                    self.replicate_set(at, &value, px);
+                    self.store(&mut key, at, &value, px)?;
                 }
                 Pending::Deleted => {
-                    key.delete();
-                    self.replicate_delete(at);
+                    self.delete(&mut key, at);
                 }
             }
         }
