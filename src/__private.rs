@@ -376,15 +376,11 @@ impl Taking {
     fn keep(mut self) -> Vec<(Limiter, OwnedAdmitted)> {
         std::mem::take(&mut self.held)
     }
-
-    /// A later check denied: everything taken goes back before the denial
-    /// is returned. Dropped halfway, the rest goes back as `Drop` sends it.
-    async fn give_back(&mut self) {
-        give_back(&mut self.held).await;
-    }
 }
 
-/// Refunds each admission in `held`, taking it out as it goes.
+/// Refunds each admission in `held`, taking it out as it goes: a later check
+/// denied, and everything taken goes back before the denial is returned
+/// (dropped halfway, a `Taking` sends the rest as it drops).
 async fn give_back(held: &mut Vec<(Limiter, OwnedAdmitted)>) {
     while let Some((limiter, admitted)) = held.pop() {
         if let Err(error) = limiter.__refund_owned(admitted).await {
@@ -507,7 +503,7 @@ async fn acquire_several(
                     taking.hold(call.limiter, admitted, delay);
                 }
                 Err(denied) => {
-                    taking.give_back().await;
+                    give_back(&mut taking.held).await;
                     return Err(denied);
                 }
             }
