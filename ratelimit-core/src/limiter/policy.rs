@@ -448,13 +448,14 @@ impl Limiter {
             .zip(&scaled)
             .map(|((_, key, cost), share)| (share, *key, *cost))
             .collect();
-        // The local limiter runs on the limiter's clock.
-        let at = self.inner.cache_clock.now_micros();
+        // The local limiter runs on the limiter's clock, and stamps each
+        // decision with the instant it decided at: a refund measures what
+        // has refilled since then (an instant read before it would count a
+        // refill that never happened, and give back less than a token).
         let mut decisions = self.inner.local.decide_all(&local);
         decisions.iter_mut().for_each(|d| {
             d.fallback = true;
             d.via = Via::Local;
-            d.at = at;
         });
         let denied = requests
             .iter()
