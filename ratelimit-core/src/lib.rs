@@ -24,15 +24,15 @@ mod metrics;
 #[cfg(feature = "native")]
 #[doc(hidden)]
 pub mod native;
-#[cfg(not(feature = "native"))]
-#[allow(dead_code)]
-mod native;
 mod quota;
 #[cfg(feature = "redis")]
 mod rule_source;
 mod rules;
 mod sharded;
 mod tls;
+// The version the limiter sends with each call of its function.
+#[cfg(any(feature = "redis", feature = "native"))]
+mod wire_version;
 
 pub use breaker::{BreakerConfig, CircuitState};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};

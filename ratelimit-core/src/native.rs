@@ -14,17 +14,7 @@ use std::time::Duration;
 use crate::algorithm::{self, Refund, State};
 use crate::quota::{Algorithm, Quota, Rate, MAX_EXACT};
 
-/// The version of the call's format (the arguments and the reply of
-/// `scripts/entry.lua`). The limiter sends it first; a module of another
-/// version refuses the call, and the limiter uses the function instead.
-/// Changed with every change of the scripts' arguments, replies or values
-/// (a test holds the scripts' hash to [`WIRE_SCRIPTS_SHA1`]).
-pub const WIRE_VERSION: u64 = 4;
-
-/// The SHA-1 of the scripts this version's format is that of; see
-/// [`WIRE_VERSION`].
-#[cfg(all(test, feature = "redis"))]
-pub(crate) const WIRE_SCRIPTS_SHA1: &str = "a81ecd7f52d9c83a563a1a86cd2440b2c75adcf1";
+pub use crate::wire_version::WIRE_VERSION;
 
 /// One group of a call: an algorithm and its three numbers, as the caller
 /// sent them.
@@ -308,15 +298,24 @@ fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
 /// held in place: written at every decision, it allocates nothing.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Value {
-    /// Three numbers of 20 digits at most and two colons, from `start`.
+    /// Three numbers of 20 digits at most and two colons, in the first
+    /// `len` bytes.
     text: [u8; 62],
-    start: u8,
+    len: u8,
 }
 
 impl Value {
     /// Its bytes: ASCII digits and colons.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.text[usize::from(self.start)..]
+        &self.text[..usize::from(self.len)]
+    }
+
+    /// Appends `bytes`; a value holds at most 62.
+    fn push(&mut self, bytes: &[u8]) {
+        let at = usize::from(self.len);
+        self.text[at..at + bytes.len()].copy_from_slice(bytes);
+        // At most 62.
+        self.len = (at + bytes.len()) as u8;
     }
 }
 
@@ -325,14 +324,6 @@ impl std::fmt::Debug for Value {
         std::fmt::Debug::fmt(&String::from_utf8_lossy(self.as_bytes()), f)
     }
 }
-
-/// "00" to "99".
-const DIGIT_PAIRS: &[u8; 200] = b"\
-    0001020304050607080910111213141516171819\
-    2021222324252627282930313233343536373839\
-    4041424344454647484950515253545556575859\
-    6061626364656667686970717273747576777879\
-    8081828384858687888990919293949596979899";
 
 /// A state as its script stores it.
 fn format(state: &State) -> Value {
@@ -347,37 +338,20 @@ fn format(state: &State) -> Value {
         } => &[*start, *current, *previous],
         State::Log(_) => &[],
     };
-    // Written from the end, two digits a step, as the standard library
-    // writes integers: `format!` took most of what a decision's arithmetic
-    // costs.
-    let mut text = [0u8; 62];
-    let mut at = text.len();
-    for (i, &n) in numbers.iter().enumerate().rev() {
-        let mut rest = n;
-        while rest >= 100 {
-            let pair = (rest % 100) as usize * 2;
-            rest /= 100;
-            at -= 2;
-            text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
-        }
-        if rest >= 10 {
-            let pair = rest as usize * 2;
-            at -= 2;
-            text[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
-        } else {
-            at -= 1;
-            text[at] = b'0' + rest as u8;
-        }
+    // itoa, not `format!`: the formatting machinery took most of what a
+    // decision's arithmetic costs.
+    let mut value = Value {
+        text: [0; 62],
+        len: 0,
+    };
+    let mut digits = itoa::Buffer::new();
+    for (i, &n) in numbers.iter().enumerate() {
         if i > 0 {
-            at -= 1;
-            text[at] = b':';
+            value.push(b":");
         }
+        value.push(digits.format(n).as_bytes());
     }
-    Value {
-        text,
-        // At most 62.
-        start: at as u8,
-    }
+    value
 }
 
 #[cfg(test)]

@@ -79,7 +79,8 @@ impl Writes {
         let start = self.pairs.len();
         self.pairs.extend_from_slice(value);
         self.pairs.push(b' ');
-        push_number(&mut self.pairs, at.unsigned_abs());
+        self.pairs
+            .extend_from_slice(itoa::Buffer::new().format(at).as_bytes());
         self.pairs.push(b' ');
         self.writes.push((key, start, value.len(), Some(at)));
     }
@@ -171,19 +172,4 @@ impl Writes {
         };
         status == raw::REDISMODULE_OK as i32
     }
-}
-
-/// Appends `n` in decimal.
-fn push_number(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }

@@ -20,6 +20,7 @@ mod sliding_window;
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 
+#[cfg(feature = "native")]
 pub(crate) use fixed_window::window_end;
 pub(crate) use refund::{refund, Refund};
 

@@ -250,7 +250,7 @@ impl ScriptCall {
     fn native(&self) -> redis::Cmd {
         let mut native = redis::cmd("RATELIMIT.DECIDE");
         native
-            .arg(crate::native::WIRE_VERSION)
+            .arg(crate::wire_version::WIRE_VERSION)
             .arg(self.keys.len())
             .arg(&self.keys)
             .arg(&self.args);
@@ -484,13 +484,13 @@ mod tests {
 
     /// The native module decides in the format of these scripts, and a
     /// module of another format refuses the call: a change of the scripts
-    /// names the format anew (`native::WIRE_VERSION`, and this hash).
+    /// names the format anew (`wire_version::WIRE_VERSION`, and this hash).
     #[test]
     fn the_native_wire_version_names_these_scripts() {
         assert_eq!(
             SCRIPT.get_hash(),
-            crate::native::WIRE_SCRIPTS_SHA1,
-            "the scripts changed: give native::WIRE_VERSION a new number and \
+            crate::wire_version::WIRE_SCRIPTS_SHA1,
+            "the scripts changed: give wire_version::WIRE_VERSION a new number and \
              WIRE_SCRIPTS_SHA1 this hash"
         );
     }
