@@ -5,8 +5,10 @@
 # redis-cell's `CL.THROTTLE` (W2's quota), each sent by
 # `redis-benchmark -c 64 -P 16 -r 100000` to a fresh redis-server, rounds
 # interleaved. A decision reads, decides and writes one key: the bare write
-# is the floor of any limiter's decision. Prints each row, then the medians
-# and their ratio.
+# is the floor of any limiter's decision, and `SET key value PX 5000 GET`
+# (one command that reads the key's value and writes the new one with its
+# expiry, Redis 6.2 and later) the floor of one that reads as well. Prints
+# each row, then the medians and their ratios to redis-cell's.
 #
 #     CELL=/abs/path/libredis_cell.so benches/write_floor.sh   # ROUNDS=5
 #
@@ -45,11 +47,13 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round"
   run redis-cell CL.THROTTLE "rl:cell:__rand_int__" 9 2 1
   run set SET "rl:set:__rand_int__" 1796305279252249:4 PX 5000
+  run set-get SET "rl:set:__rand_int__" 1796305279252249:4 PX 5000 GET
 done
-python3 - "$dir/redis-cell.cpu" "$dir/set.cpu" <<'PY'
+python3 - "$dir" <<'PY'
 import statistics, sys
-cell = statistics.median(float(x) for x in open(sys.argv[1]))
-bare = statistics.median(float(x) for x in open(sys.argv[2]))
-print(f"Redis CPU s per 100k, median of {sum(1 for _ in open(sys.argv[1]))}: "
-      f"redis-cell {cell:.3f}, bare SET PX {bare:.3f}, ratio {bare / cell:.2f}x")
+def median(label):
+    return statistics.median(float(x) for x in open(f"{sys.argv[1]}/{label}.cpu"))
+cell, bare, read = median("redis-cell"), median("set"), median("set-get")
+print(f"Redis CPU s per 100k, medians: redis-cell {cell:.3f}, bare SET PX {bare:.3f} "
+      f"({bare / cell:.2f}x), SET PX GET {read:.3f} ({read / cell:.2f}x)")
 PY
