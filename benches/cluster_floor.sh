@@ -3,9 +3,10 @@
 # standalone redis-server: Redis CPU (used_cpu_user + used_cpu_sys, summed
 # over the cluster's masters) per 100,000 commands of a bare
 # `SET key value PX 5000` (a W2 bucket's value and expiry), sent by
-# `redis-benchmark -c 64 -P 16 -r 100000` (with `--cluster` to the cluster,
-# which gives each client keys of its node's slots), rounds interleaved:
-# one Redis, one Redis with a replica, the cluster. A decision on a cluster
+# `redis-benchmark -c 64 -P 16` over W2's 100,000 keys (to the cluster with
+# `--cluster`, which gives each node keys of its own slots: 33,334 a node,
+# `-r 33334`, as W2's 100,000 keys spread over three masters), rounds
+# interleaved: one Redis, one Redis with a replica, the cluster. A decision on a cluster
 # writes its key as a decision on one Redis does: the ratio of the bare
 # writes is the floor of `benches/cluster.sh`'s ratio for any limiter.
 # Prints each row, then the medians and their ratios.
@@ -55,15 +56,15 @@ measure() { # label "ports measured" redis-benchmark arguments...
   shift 2
   for p in $ports; do redis-cli -p "$p" flushall >/dev/null; done
   before=$(sum_cpu $ports)
-  redis-benchmark -c 64 -P 16 -r 100000 -n "$COMMANDS" "$@" "${write[@]}" >/dev/null 2>&1
+  redis-benchmark -c 64 -P 16 -n "$COMMANDS" "$@" "${write[@]}" >/dev/null 2>&1
   after=$(sum_cpu $ports)
   python3 -c "print(f'{($after - $before) * 100000 / $COMMANDS:.3f}')" | tee -a "$dir/$label.cpu" | sed "s/^/$label: /"
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round"
-  measure one "$one" -p "$one"
-  measure one-with-replica "$primary" -p "$primary"
-  measure cluster "${masters[*]}" -p "$base" --cluster
+  measure one "$one" -p "$one" -r 100000
+  measure one-with-replica "$primary" -p "$primary" -r 100000
+  measure cluster "${masters[*]}" -p "$base" --cluster -r 33334
 done
 python3 - "$dir" <<'PY'
 import statistics, sys
