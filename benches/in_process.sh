@@ -2,7 +2,8 @@
 # Instructions per in-process decision, counted by callgrind (repeatable
 # whatever else the machine runs): `Limiter::check(..).await` on the memory
 # backend, and in it the decision itself (`MemoryBackend::decide`: the clock,
-# the key's hash, the shard's lock, the table and the arithmetic), a
+# the key's hash, the shard's lock, the table and the arithmetic), the same
+# with a Prometheus recorder installed (metrics-exporter-prometheus), a
 # `#[rate_limit]` function (its key built from a `u64`), and governor's keyed
 # limiter (`check_key`), on 10,000 keys. Each figure is the
 # difference between runs of N and 2N decisions, divided by N, so that
@@ -32,11 +33,13 @@ per_decision() { # mode pattern
 }
 
 check=$(per_decision check 'PROGRAM TOTALS')
+recorded=$(per_decision check-recorded 'PROGRAM TOTALS')
 decide=$(per_decision check 'MemoryBackend::decide \[')
 attribute=$(per_decision attribute 'PROGRAM TOTALS')
 governor=$(per_decision governor 'PROGRAM TOTALS')
 printf '%-44s %6s\n' "instructions per admitted decision" ""
 printf '%-44s %6d\n' "Limiter::check(..).await, memory backend" "$check"
 printf '%-44s %6d\n' "  of which MemoryBackend::decide" "$decide"
+printf '%-44s %6d\n' "the same, a Prometheus recorder installed" "$recorded"
 printf '%-44s %6d\n' "#[rate_limit] function, memory backend" "$attribute"
 printf '%-44s %6d\n' "governor check_key" "$governor"

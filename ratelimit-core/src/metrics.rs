@@ -182,8 +182,7 @@ impl Stats {
 
 pub(crate) fn backend_latency(backend: &'static str, elapsed: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("ratelimit_backend_latency_seconds", "backend" => backend)
-        .record(elapsed.as_secs_f64());
+    keys::record(keys::LATENCY, backend, elapsed.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (backend, elapsed);
 }
@@ -212,21 +211,26 @@ pub(crate) fn backend_error(backend: &'static str, kind: crate::ErrorKind) {
         .increment(1);
 }
 
-/// The counters' keys, made once per rule and outcome. A `metrics::Key`
-/// built at each decision (what `counter!` does with a label known only at
-/// run time) allocates its labels and hashes them: a third of a decision's
-/// work on the memory backend. Rules are `&'static str`, so each distinct
-/// one is a key made once and kept.
+/// The keys of the metrics counted at every decision (the decisions and
+/// refunds by rule, the backend's latency), made once per label value and
+/// outcome. A `metrics::Key` built at each decision (what `counter!` does
+/// with a label known only at run time) allocates its labels and hashes
+/// them: a third of a decision's work on the memory backend. Rule and
+/// backend names are `&'static str`, so each distinct one is a key made once
+/// and kept, of static parts: a recorder that copies the key it is given at
+/// each registration (Prometheus's does) then copies two pointers, where the
+/// labels of a key made at run time are copied into an allocation each time.
 #[cfg(feature = "metrics")]
 mod keys {
     use std::cell::RefCell;
     use std::collections::HashMap;
     use std::sync::{Mutex, PoisonError};
 
-    use metrics::{Key, Label, Level, Metadata};
+    use metrics::{Key, Label, Level, Metadata, Recorder};
 
     pub(super) const DECISIONS: &str = "ratelimit_decisions_total";
     pub(super) const REFUNDS: &str = "ratelimit_refunds_total";
+    pub(super) const LATENCY: &str = "ratelimit_backend_latency_seconds";
 
     /// The most keys kept; past it (rule names made at run time by the
     /// thousand), each count builds its key as `counter!` would.
@@ -240,7 +244,11 @@ mod keys {
         Some("ratelimit_core::metrics"),
     );
 
-    type Id = (&'static str, usize, usize, &'static str);
+    /// A metric's name, its label's name and value, and its outcome (empty
+    /// for none).
+    type Parts = (&'static str, &'static str, &'static str, &'static str);
+    /// The same, with the label's value by address and length.
+    type Id = (&'static str, &'static str, usize, usize, &'static str);
 
     static KEYS: Mutex<Option<HashMap<Id, &'static Key>>> = Mutex::new(None);
 
@@ -253,14 +261,32 @@ mod keys {
     pub(super) fn increment(name: &'static str, rule: &'static str, outcome: &'static str) {
         // Calls without a rule name share one label value.
         let rule = if rule.is_empty() { "unnamed" } else { rule };
-        let id: Id = (name, rule.as_ptr() as usize, rule.len(), outcome);
+        registered((name, "rule", rule, outcome), |recorder, key| {
+            recorder.register_counter(key, &METADATA)
+        })
+        .increment(1);
+    }
+
+    /// Records `value` in the histogram `name` of `backend`.
+    pub(super) fn record(name: &'static str, backend: &'static str, value: f64) {
+        registered((name, "backend", backend, ""), |recorder, key| {
+            recorder.register_histogram(key, &METADATA)
+        })
+        .record(value);
+    }
+
+    /// The handle `register` gets from the installed recorder for the key of
+    /// `parts`.
+    fn registered<H>(parts: Parts, register: impl FnOnce(&dyn Recorder, &Key) -> H) -> H {
+        let (name, label, value, outcome) = parts;
+        let id: Id = (name, label, value.as_ptr() as usize, value.len(), outcome);
         let key = RECENT
             .try_with(|recent| {
                 let mut recent = recent.borrow_mut();
                 if let Some((_, key)) = recent.iter().find(|(seen, _)| same(seen, &id)) {
                     return Some(*key);
                 }
-                let key = kept(id, rule)?;
+                let key = kept(id, parts)?;
                 if recent.len() == PER_THREAD {
                     recent.remove(0);
                 }
@@ -270,10 +296,12 @@ mod keys {
             .ok()
             .flatten();
         match key {
-            Some(key) => metrics::with_recorder(|r| r.register_counter(key, &METADATA)),
-            None => metrics::with_recorder(|r| r.register_counter(&build(id, rule), &METADATA)),
+            Some(key) => metrics::with_recorder(|recorder| register(recorder, key)),
+            None => {
+                let key = Key::from_parts(name, labels(parts));
+                metrics::with_recorder(|recorder| register(recorder, &key))
+            }
         }
-        .increment(1);
     }
 
     /// Whether `a` and `b` are the same names, by address: the names are
@@ -281,11 +309,16 @@ mod keys {
     /// comparing their text would say, at a fraction of the cost; where the
     /// same text has two addresses, `kept` still gives both one key.
     fn same(a: &Id, b: &Id) -> bool {
-        std::ptr::eq(a.0, b.0) && a.1 == b.1 && a.2 == b.2 && std::ptr::eq(a.3, b.3)
+        std::ptr::eq(a.0, b.0)
+            && std::ptr::eq(a.1, b.1)
+            && a.2 == b.2
+            && a.3 == b.3
+            && std::ptr::eq(a.4, b.4)
     }
 
-    /// The key of `id`, made once; `None` once `MAX_KEYS` are kept.
-    fn kept(id: Id, rule: &'static str) -> Option<&'static Key> {
+    /// The key of `id`, made once of static parts; `None` once `MAX_KEYS`
+    /// are kept.
+    fn kept(id: Id, parts: Parts) -> Option<&'static Key> {
         let mut keys = KEYS.lock().unwrap_or_else(PoisonError::into_inner);
         let keys = keys.get_or_insert_with(HashMap::new);
         if let Some(key) = keys.get(&id) {
@@ -294,16 +327,17 @@ mod keys {
         if keys.len() >= MAX_KEYS {
             return None;
         }
-        let key: &'static Key = Box::leak(Box::new(build(id, rule)));
+        let labels: &'static [Label] = Box::leak(labels(parts).into_boxed_slice());
+        let key: &'static Key = Box::leak(Box::new(Key::from_static_parts(parts.0, labels)));
         keys.insert(id, key);
         Some(key)
     }
 
-    fn build((name, _, _, outcome): Id, rule: &'static str) -> Key {
-        let mut labels = vec![Label::new("rule", rule)];
+    fn labels((_, label, value, outcome): Parts) -> Vec<Label> {
+        let mut labels = vec![Label::from_static_parts(label, value)];
         if !outcome.is_empty() {
-            labels.push(Label::new("outcome", outcome));
+            labels.push(Label::from_static_parts("outcome", outcome));
         }
-        Key::from_parts(name, labels)
+        labels
     }
 }

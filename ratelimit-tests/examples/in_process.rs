@@ -2,6 +2,8 @@
 //! `benches/in_process.sh` to count instructions under callgrind:
 //!
 //!     in_process check <n>       `Limiter::check(..).await` on the memory backend
+//!     in_process check-recorded <n>
+//!                                the same, with a Prometheus recorder installed
 //!     in_process attribute <n>   a `#[rate_limit]` function on the memory backend
 //!     in_process governor <n>    governor's keyed limiter, `check_key`
 //!
@@ -24,13 +26,26 @@ async fn limited(user_id: usize) -> Result<usize, RateLimited> {
     Ok(user_id)
 }
 
+/// `n` checks on the memory backend, each admitted.
+fn checks(runtime: &tokio::runtime::Runtime, keys: &[String], n: usize) {
+    let limiter = limiter();
+    let quota = Quota::new(1_000_000_000_000, "1000000000/s".parse().unwrap()).unwrap();
+    runtime.block_on(async {
+        for i in 0..n {
+            let key = &keys[(i * 7) % keys.len()];
+            let admitted = limiter.check(Request::new(&quota, key)).await;
+            black_box(admitted.is_ok());
+        }
+    });
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(mode), Some(n)) = (
         args.next(),
         args.next().and_then(|n| n.parse::<usize>().ok()),
     ) else {
-        eprintln!("usage: in_process check|attribute|governor <decisions>");
+        eprintln!("usage: in_process check|check-recorded|attribute|governor <decisions>");
         std::process::exit(2);
     };
     let keys: Vec<String> = (0..10_000).map(|i| format!("user:{i}")).collect();
@@ -38,16 +53,13 @@ fn main() {
         .build()
         .expect("a current-thread runtime");
     match mode.as_str() {
-        "check" => {
-            let limiter = limiter();
-            let quota = Quota::new(1_000_000_000_000, "1000000000/s".parse().unwrap()).unwrap();
-            runtime.block_on(async {
-                for i in 0..n {
-                    let key = &keys[(i * 7) % keys.len()];
-                    let admitted = limiter.check(Request::new(&quota, key)).await;
-                    black_box(admitted.is_ok());
-                }
-            });
+        "check" => checks(&runtime, &keys, n),
+        "check-recorded" => {
+            // As a service exporting the limiter's metrics runs it.
+            let _handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .expect("no recorder installed yet");
+            checks(&runtime, &keys, n);
         }
         "attribute" => runtime.block_on(async {
             for i in 0..n {
@@ -66,7 +78,9 @@ fn main() {
             });
         }
         other => {
-            eprintln!("in_process: unknown mode {other:?} (check, attribute or governor)");
+            eprintln!(
+                "in_process: unknown mode {other:?} (check, check-recorded, attribute or governor)"
+            );
             std::process::exit(2);
         }
     }

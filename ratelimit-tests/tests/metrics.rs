@@ -116,9 +116,14 @@ async fn exported_counters_equal_what_the_limiter_did() {
     assert_eq!(memory.stats().refunded, 3);
     check("payments", "fallback_denied", 6.0);
     assert_eq!(closed.stats().fallback_denied, 6);
+    // Each call Redis answered, at least, under the backend's label.
+    let timed = s
+        .get("ratelimit_backend_latency_seconds_count{backend=\"redis\"}")
+        .copied()
+        .unwrap_or(0.0);
     assert!(
-        text.contains("ratelimit_backend_latency_seconds"),
-        "the backend latency histogram is exported:\n{text}"
+        timed >= 4.0,
+        "the backend latency histogram counts Redis's calls by backend:\n{text}"
     );
     assert!(
         s.iter()
