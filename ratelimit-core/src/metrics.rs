@@ -247,8 +247,9 @@ mod keys {
     /// A metric's name, its label's name and value, and its outcome (empty
     /// for none).
     type Parts = (&'static str, &'static str, &'static str, &'static str);
-    /// The same, with the label's value by address and length.
-    type Id = (&'static str, &'static str, usize, usize, &'static str);
+    /// The same, with the label's value by address and length, and without
+    /// the label's name, which each metric's name fixes.
+    type Id = (&'static str, usize, usize, &'static str);
 
     static KEYS: Mutex<Option<HashMap<Id, &'static Key>>> = Mutex::new(None);
 
@@ -278,8 +279,8 @@ mod keys {
     /// The handle `register` gets from the installed recorder for the key of
     /// `parts`.
     fn registered<H>(parts: Parts, register: impl FnOnce(&dyn Recorder, &Key) -> H) -> H {
-        let (name, label, value, outcome) = parts;
-        let id: Id = (name, label, value.as_ptr() as usize, value.len(), outcome);
+        let (name, _, value, outcome) = parts;
+        let id: Id = (name, value.as_ptr() as usize, value.len(), outcome);
         let key = RECENT
             .try_with(|recent| {
                 let mut recent = recent.borrow_mut();
@@ -309,11 +310,7 @@ mod keys {
     /// comparing their text would say, at a fraction of the cost; where the
     /// same text has two addresses, `kept` still gives both one key.
     fn same(a: &Id, b: &Id) -> bool {
-        std::ptr::eq(a.0, b.0)
-            && std::ptr::eq(a.1, b.1)
-            && a.2 == b.2
-            && a.3 == b.3
-            && std::ptr::eq(a.4, b.4)
+        std::ptr::eq(a.0, b.0) && a.1 == b.1 && a.2 == b.2 && std::ptr::eq(a.3, b.3)
     }
 
     /// The key of `id`, made once of static parts; `None` once `MAX_KEYS`
