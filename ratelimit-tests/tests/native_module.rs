@@ -461,10 +461,8 @@ async fn function_name(server: &RedisServer) -> String {
 fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (plain, native) = (RedisServer::start(), with_module());
-    let replica =
-        RedisServer::start_with(&["--replicaof", "127.0.0.1", &native.port().to_string()]);
-    let function = runtime.block_on(async {
-        replica.wait_until_synced().await;
+    let (replica, function) = runtime.block_on(async {
+        let replica = RedisServer::replica_of(&native, &[]).await;
         // Loads the function.
         let limiter = Limiter::builder().redis(plain.url()).build().unwrap();
         limiter
@@ -475,7 +473,7 @@ fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
             .query_async(&mut plain.connection().await)
             .await
             .unwrap();
-        function_name(&plain).await
+        (replica, function_name(&plain).await)
     });
     let case = std::sync::atomic::AtomicU64::new(0);
     proptest!(ProptestConfig { max_shrink_iters: 0, ..cases(64) }, |(calls in proptest::collection::vec((raw_call(), 0u64..400_000), 1..12))| {
@@ -909,11 +907,9 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
 async fn a_replica_holds_what_the_module_wrote_on_its_master() {
     let master = with_module();
     // The replica has no module: it applies the writes the module sent.
-    let replica =
-        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
     // Synced before the first decision, so that every write reaches the
     // replica as a command, not in the master's snapshot.
-    replica.wait_until_synced().await;
+    let replica = RedisServer::replica_of(&master, &[]).await;
     let limiter = uncached(&master);
     for (k, quota) in families().iter().flatten().enumerate() {
         let key = format!("replicated:{k}");
@@ -956,11 +952,7 @@ async fn a_calls_writes_reach_a_replica_and_the_aof_whatever_eval_is_named() {
         args.extend(["--appendonly", "yes", "--appendfsync", "always"]);
         args.extend(rename);
         let mut master = RedisServer::start_with(&args);
-        let port = master.port().to_string();
-        let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
-        replica_args.extend(rename);
-        let replica = RedisServer::start_with(&replica_args);
-        replica.wait_until_synced().await;
+        let replica = RedisServer::replica_of(&master, rename).await;
         let limiter = uncached(&master);
         // Concurrent checks share calls: many writes a call. Half are
         // refunded, in calls of their own. Each algorithm at a minute's
@@ -1033,9 +1025,7 @@ async fn a_calls_writes_reach_a_replica_and_the_aof_whatever_eval_is_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_in_a_transaction_or_a_script_reach_a_replica_as_on_the_master() {
     let master = with_module();
-    let replica =
-        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
-    replica.wait_until_synced().await;
+    let replica = RedisServer::replica_of(&master, &[]).await;
     // Two keys of a bucket of 4 at one token a minute, on the server's clock.
     let call = |a: &str, b: &str| -> Vec<String> {
         let fields = [

@@ -264,6 +264,18 @@ impl RedisServer {
         held
     }
 
+    /// A replica of `master`, started with `extra` arguments too, once it
+    /// has synced: the master's later writes reach it as commands.
+    #[allow(dead_code)]
+    pub async fn replica_of(master: &RedisServer, extra: &[&str]) -> Self {
+        let port = master.port().to_string();
+        let mut args = vec!["--replicaof", "127.0.0.1", port.as_str()];
+        args.extend(extra);
+        let replica = Self::start_with(&args);
+        replica.wait_until_synced().await;
+        replica
+    }
+
     /// Waits until this replica has synced with its master (ten seconds at
     /// most), so that the master's later writes reach it as commands, not
     /// in a snapshot.
