@@ -10,11 +10,14 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use ratelimit::{
-    Admitted, Algorithm, Decision, ErrorKind, Limiter, ManualClock, Quota, RateLimited, Request,
+    Admitted, Algorithm, Clock, Decision, ErrorKind, Limiter, ManualClock, Quota, RateLimited,
+    Request,
 };
 use support::{bucket, window, RedisServer};
 
@@ -443,6 +446,75 @@ async fn fallback_admissions_are_given_back_where_they_were_taken() {
         "{error:?}"
     );
     assert_eq!(local.stats().refunded, 1);
+}
+
+/// A clock that stands still but for one step forward, at its `step_at`-th
+/// reading, and counts its readings.
+#[derive(Debug, Clone)]
+struct StepAt {
+    start: u64,
+    step: u64,
+    step_at: u64,
+    readings: Arc<AtomicU64>,
+}
+
+impl Clock for StepAt {
+    fn now_micros(&self) -> u64 {
+        if self.readings.fetch_add(1, Ordering::Relaxed) < self.step_at {
+            self.start
+        } else {
+            self.start + self.step
+        }
+    }
+}
+
+/// A fallback admission given back leaves its key whole, whenever the clock
+/// moves: the step is tried at every reading a check and its refund make in
+/// turn. Had the admission been stamped with an instant read before the
+/// local limiter decided, a step between the two readings would have made
+/// the refund count a refill that never happened and give back half a
+/// token.
+#[tokio::test]
+async fn a_fallback_admission_given_back_leaves_its_key_whole_however_the_clock_steps() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    // Two of four a day locally: a token every 12 hours; the step is half
+    // of one.
+    let quota = Quota::new(4, "4/d".parse().unwrap()).unwrap();
+    for step_at in 0.. {
+        let clock = StepAt {
+            start: 1_780_000_000_000_000,
+            step: 6 * 3_600_000_000,
+            step_at,
+            readings: Arc::new(AtomicU64::new(0)),
+        };
+        let limiter = Limiter::builder()
+            .redis(url.clone())
+            .clock(clock.clone())
+            .timeout(Duration::from_millis(200))
+            .failure_policy(ratelimit::FailurePolicy::Local)
+            .local_share(0.5)
+            .build()
+            .unwrap();
+        let first = limiter.check(Request::new(&quota, "k")).await.unwrap();
+        assert!(first.decisions()[0].fallback, "{:?}", first.decisions());
+        limiter.refund(first).await.unwrap();
+        for n in 1..=2 {
+            let again = limiter.check(Request::new(&quota, "k")).await;
+            assert!(
+                again.is_ok(),
+                "with the clock stepping at reading {step_at}, check {n} after the refund \
+                 was denied: {again:?}"
+            );
+        }
+        assert!(limiter.check(Request::new(&quota, "k")).await.is_err());
+        if clock.readings.load(Ordering::Relaxed) <= step_at {
+            // The clock never stepped: every reading has been tried.
+            assert!(step_at > 2, "only {step_at} readings");
+            break;
+        }
+    }
 }
 
 /// Hundreds of callers at once, each checking and giving back half of what
