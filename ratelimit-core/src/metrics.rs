@@ -248,10 +248,14 @@ mod keys {
     /// for none).
     type Parts = (&'static str, &'static str, &'static str, &'static str);
     /// The same, with the label's value by address and length, and without
-    /// the label's name, which each metric's name fixes.
+    /// the label's name, which each metric's name fixes: what a thread
+    /// remembers a key by.
     type Id = (&'static str, usize, usize, &'static str);
+    /// A metric's name, its label's value and its outcome, by text: what the
+    /// kept keys are found by.
+    type Text = (&'static str, &'static str, &'static str);
 
-    static KEYS: Mutex<Option<HashMap<Id, &'static Key>>> = Mutex::new(None);
+    static KEYS: Mutex<Option<HashMap<Text, &'static Key>>> = Mutex::new(None);
 
     thread_local! {
         static RECENT: RefCell<Vec<(Id, &'static Key)>> = const { RefCell::new(Vec::new()) };
@@ -287,7 +291,7 @@ mod keys {
                 if let Some((_, key)) = recent.iter().find(|(seen, _)| same(seen, &id)) {
                     return Some(*key);
                 }
-                let key = kept(id, parts)?;
+                let key = kept(parts)?;
                 if recent.len() == PER_THREAD {
                     recent.remove(0);
                 }
@@ -313,12 +317,13 @@ mod keys {
         std::ptr::eq(a.0, b.0) && a.1 == b.1 && a.2 == b.2 && std::ptr::eq(a.3, b.3)
     }
 
-    /// The key of `id`, made once of static parts; `None` once `MAX_KEYS`
+    /// The key of `parts`, made once of static parts; `None` once `MAX_KEYS`
     /// are kept.
-    fn kept(id: Id, parts: Parts) -> Option<&'static Key> {
+    fn kept(parts: Parts) -> Option<&'static Key> {
+        let text: Text = (parts.0, parts.2, parts.3);
         let mut keys = KEYS.lock().unwrap_or_else(PoisonError::into_inner);
         let keys = keys.get_or_insert_with(HashMap::new);
-        if let Some(key) = keys.get(&id) {
+        if let Some(key) = keys.get(&text) {
             return Some(key);
         }
         if keys.len() >= MAX_KEYS {
@@ -326,7 +331,7 @@ mod keys {
         }
         let labels: &'static [Label] = Box::leak(labels(parts).into_boxed_slice());
         let key: &'static Key = Box::leak(Box::new(Key::from_static_parts(parts.0, labels)));
-        keys.insert(id, key);
+        keys.insert(text, key);
         Some(key)
     }
 

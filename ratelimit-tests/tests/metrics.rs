@@ -71,6 +71,21 @@ async fn exported_counters_equal_what_the_limiter_did() {
         memory.refund(admitted).await.unwrap();
     }
 
+    // More rule names than the limiter keeps metric keys for (4,096): each
+    // is still counted under its own name, past the bound as before it.
+    let many: Vec<&'static str> = (0..5_000)
+        .map(|i| &*Box::leak(format!("many-{i}").into_boxed_str()))
+        .collect();
+    let generous = Quota::per_second(1_000_000).unwrap();
+    for (i, rule) in many.iter().enumerate() {
+        for _ in 0..=i % 2 {
+            memory
+                .check(Request::new(&generous, "many").rule(rule))
+                .await
+                .unwrap();
+        }
+    }
+
     let mut server = RedisServer::start();
     let closed = Limiter::builder()
         .redis(server.url())
@@ -108,6 +123,20 @@ async fn exported_counters_equal_what_the_limiter_did() {
     check("::export", "shadow_denied", 8.0);
     check("payments", "allowed", 4.0);
     check("uploads-7", "allowed", 3.0);
+    for i in [0, 1, 4_094, 4_095, 4_998, 4_999] {
+        let series = format!("ratelimit_decisions_total{{rule=\"many-{i}\",outcome=\"allowed\"}}");
+        assert_eq!(
+            s.get(&series),
+            Some(&((1 + i % 2) as f64)),
+            "rule many-{i} of 5,000 is counted under its own name"
+        );
+    }
+    assert_eq!(
+        s.keys()
+            .filter(|series| series.contains("rule=\"many-"))
+            .count(),
+        5_000
+    );
     assert_eq!(
         s.get("ratelimit_refunds_total{rule=\"uploads-7\"}"),
         Some(&3.0),
