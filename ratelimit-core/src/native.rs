@@ -16,6 +16,14 @@ use crate::quota::{Algorithm, Quota, Rate, MAX_EXACT};
 
 pub use crate::wire_version::WIRE_VERSION;
 
+/// The largest number a stored value may hold: the integers a double holds
+/// exactly, which the scripts read. A bucket's `full_at` goes past
+/// `MAX_EXACT`: it is an instant (up to 2^52 µs) plus up to a whole depth's
+/// wait (up to 2^52 µs), as a slow bucket's does after a few admissions (a
+/// bucket of 10 that refills one every ten years: 9 admitted put it 90
+/// years from now).
+const MAX_STORED: u64 = 1 << 53;
+
 /// One group of a call: an algorithm and its three numbers, as the caller
 /// sent them.
 #[derive(Debug, Clone)]
@@ -248,7 +256,7 @@ pub fn unsigned(text: &[u8]) -> Option<u64> {
 /// `None` for a value it did not write.
 fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
     // Up to three numbers joined by colons: digits only, as the scripts'
-    // patterns match, none of 2^52 or more (no script here writes one).
+    // patterns match, none above `MAX_STORED` (no script here writes one).
     // Read in one pass: a decision's cost to Redis is counted in
     // instructions, and a value is read at every decision.
     let mut numbers = [0u64; 3];
@@ -271,7 +279,7 @@ fn parse(algorithm: Algorithm, value: &[u8]) -> Option<State> {
         *slot = slot
             .checked_mul(10)
             .and_then(|n| n.checked_add(u64::from(digit)))
-            .filter(|&n| n <= MAX_EXACT)?;
+            .filter(|&n| n <= MAX_STORED)?;
         digits += 1;
     }
     if digits == 0 {
@@ -380,7 +388,7 @@ mod tests {
             if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
             }
-            n.push(part.parse::<u64>().ok().filter(|&n| n <= MAX_EXACT)?);
+            n.push(part.parse::<u64>().ok().filter(|&n| n <= MAX_STORED)?);
         }
         match (algorithm, n.as_slice()) {
             (Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket, &[full_at]) => {
@@ -417,7 +425,7 @@ mod tests {
 
     proptest::proptest! {
         /// Values of digits, colons and other bytes, with numbers around
-        /// 2^52 and around u64's end: read as the scripts' patterns read
+        /// 2^52, 2^53 and u64's end: read as the scripts' patterns read
         /// them, and written back as `format!` writes them.
         #[test]
         fn values_read_and_write_as_the_scripts_patterns_do(
@@ -428,6 +436,7 @@ mod tests {
             ],
             big in proptest::prop_oneof![
                 MAX_EXACT - 2..=MAX_EXACT + 2,
+                MAX_STORED - 2..=MAX_STORED + 2,
                 u64::MAX - 2..=u64::MAX,
                 0u64..100,
             ],

@@ -244,6 +244,54 @@ fn cases(cases: u32) -> ProptestConfig {
     }
 }
 
+/// `ops` decided by a limiter on `plain` (the function) and one on `native`
+/// (the module), on one manual clock: the same answers, and after every
+/// step the same keys with the same values and expiries.
+fn decided_alike(
+    runtime: &tokio::runtime::Runtime,
+    (plain, native): (&RedisServer, &RedisServer),
+    families: &[Vec<Quota>],
+    ops: &[Op],
+    case: &str,
+) -> Result<(), TestCaseError> {
+    let start = 1_750_000_000_000_000;
+    let clock = ManualClock::new(start);
+    let limiter = |server: &RedisServer| {
+        Limiter::builder()
+            .redis(server.url())
+            .timeout(Duration::from_secs(5))
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let (function, module) = runtime.block_on(async { (limiter(plain), limiter(native)) });
+    let key = |k: usize| format!("native:{case}:{k}");
+    let quota_of = |k: usize, q: usize| families[k / 2][q % families[k / 2].len()];
+    let mut now = start;
+    for (n, op) in ops.iter().enumerate() {
+        let context = format!("case {case} step {n} {op:?}");
+        match op {
+            Op::Forward(d) => now += d,
+            Op::Back(d) => now -= (*d).min(now - start),
+            _ => {}
+        }
+        clock.set(now);
+        let (by_function, by_module, held_function, held_native) = runtime.block_on(async {
+            let by_function = step(&function, op, &key, &quota_of).await;
+            let by_module = step(&module, op, &key, &quota_of).await;
+            (
+                by_function,
+                by_module,
+                plain.holdings().await,
+                native.holdings().await,
+            )
+        });
+        prop_assert_eq!(&by_function, &by_module, "{}", context);
+        same_holdings(&context, &held_function, &held_native, 250)?;
+    }
+    Ok(())
+}
+
 #[test]
 fn the_module_decides_as_the_function_and_stores_the_same_values() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -252,36 +300,7 @@ fn the_module_decides_as_the_function_and_stores_the_same_values() {
     let case = std::sync::atomic::AtomicU64::new(0);
     proptest!(cases(60), |(ops in proptest::collection::vec(op(), 1..40))| {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let start = 1_750_000_000_000_000;
-        let clock = ManualClock::new(start);
-        let limiter = |server: &RedisServer| {
-            Limiter::builder()
-                .redis(server.url())
-                .timeout(Duration::from_secs(5))
-                .clock(clock.clone())
-                .build()
-                .unwrap()
-        };
-        let (function, module) = runtime.block_on(async { (limiter(&plain), limiter(&native)) });
-        let key = |k: usize| format!("native:{case}:{k}");
-        let quota_of = |k: usize, q: usize| families[k / 2][q % families[k / 2].len()];
-        let mut now = start;
-        for (n, op) in ops.iter().enumerate() {
-            let context = format!("case {case} step {n} {op:?}");
-            match op {
-                Op::Forward(d) => now += d,
-                Op::Back(d) => now -= (*d).min(now - start),
-                _ => {}
-            }
-            clock.set(now);
-            let (by_function, by_module, held_function, held_native) = runtime.block_on(async {
-                let by_function = step(&function, op, &key, &quota_of).await;
-                let by_module = step(&module, op, &key, &quota_of).await;
-                (by_function, by_module, plain.holdings().await, native.holdings().await)
-            });
-            prop_assert_eq!(&by_function, &by_module, "{}", context);
-            same_holdings(&context, &held_function, &held_native, 250)?;
-        }
+        decided_alike(&runtime, (&plain, &native), &families, &ops, &case.to_string())?;
     });
     runtime.block_on(async {
         assert!(native.command_calls(&["ratelimit.decide"]).await > 0);
@@ -292,6 +311,43 @@ fn the_module_decides_as_the_function_and_stores_the_same_values() {
         );
         assert!(plain.script_calls().await > 0);
     });
+}
+
+/// Quotas at the ends of what a quota may be, decided alike:
+/// - a bucket that refills one token every ten years, whose instant of
+///   being full again goes past 2^52 µs after a few admissions (the
+///   scripts read it exactly up to 2^53);
+/// - a sliding window's count of bytes a second, weighed under a quota of
+///   requests a day: beyond 64 bits once scaled by the day's milliseconds.
+#[test]
+fn quotas_at_the_ends_of_their_range_decide_on_the_module_as_on_the_function() {
+    use Algorithm::*;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (plain, native) = (RedisServer::start(), with_module());
+    let families = [
+        vec![
+            bucket(Gcra, 10, "1/3650d"),
+            bucket(TokenBucket, 10, "1/3650d"),
+        ],
+        vec![
+            window(SlidingWindow, 1_000_000_000_000, "1s"),
+            window(SlidingWindow, 50_000_000, "1d"),
+        ],
+    ];
+    let mut ops: Vec<Op> = (0..12).map(|q| Op::Check(0, q, 1)).collect();
+    ops.extend([
+        Op::Refunded(0, 0, 1),
+        Op::Forward(1_000),
+        Op::Check(1, 1, 3),
+    ]);
+    ops.extend([
+        Op::Check(2, 0, 500_000_000_000),
+        Op::Check(2, 1, 1),
+        Op::Forward(999_000),
+        Op::Check(2, 1, 1),
+        Op::Check(2, 0, 1),
+    ]);
+    decided_alike(&runtime, (&plain, &native), &families, &ops, "ends").unwrap();
 }
 
 /// A raw call's keys, by index into the call's key pool: each key keeps one

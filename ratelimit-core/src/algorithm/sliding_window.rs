@@ -41,16 +41,23 @@ pub(super) fn decide(
     // previous window fully then.
     let elapsed_ms = now.saturating_sub(start) / 1_000;
     let weight = window_ms - elapsed_ms;
-    // Everything is scaled by window_ms to stay in integers.
-    let used = previous * weight + current * window_ms;
+    // Everything is scaled by window_ms to stay in integers. A count within
+    // this quota's limit keeps `used` under 2^52, but one kept under another
+    // quota (a limit of bytes a second, then of requests a day) or stored by
+    // another hand need not: so the estimate is taken in 128 bits, where it
+    // cannot wrap round to room that is not there.
+    let used =
+        u128::from(previous) * u128::from(weight) + u128::from(current) * u128::from(window_ms);
     let capacity = limit * window_ms;
+    let asked = u128::from(cost * window_ms);
 
-    if used + cost * window_ms > capacity {
+    if used + asked > u128::from(capacity) {
         let retry_at = retry_at(limit, cost, current, previous, window_ms, start, end);
+        let room = u128::from(capacity).saturating_sub(used) as u64;
         let d = decision(
             quota,
             false,
-            capacity.saturating_sub(used) / window_ms,
+            room / window_ms,
             retry_at - now,
             reset_at(current, previous, end, window).saturating_sub(now),
             0,
@@ -58,11 +65,12 @@ pub(super) fn decide(
         return (d, false);
     }
     let current = current + cost;
-    let used = used + cost * window_ms;
+    // Admitted: `used` and the cost fit in the capacity.
+    let room = capacity - (used + asked) as u64;
     let d = decision(
         quota,
         true,
-        (capacity - used) / window_ms,
+        room / window_ms,
         0,
         reset_at(current, previous, end, window).saturating_sub(now),
         0,
@@ -123,6 +131,25 @@ mod tests {
     use crate::algorithm::testing::run;
     use crate::quota::Quota;
     use std::time::Duration;
+
+    /// A count kept under a quota of bytes a second weighs, under a quota of
+    /// requests a day, more than 64 bits hold once scaled by the day's
+    /// milliseconds: the key is denied, as the script's doubles deny it.
+    #[test]
+    fn a_count_kept_under_another_quota_is_weighed_without_wrapping() {
+        let bytes = Quota::sliding_window(1_000_000_000_000, Duration::from_secs(1)).unwrap();
+        let daily = Quota::sliding_window(50_000_000, Duration::from_secs(86_400)).unwrap();
+        let now = 1_780_000_000_000_000;
+        let mut state = None;
+        let (admitted, wrote) = super::decide(&bytes, &mut state, now, 500_000_000_000);
+        assert!(admitted.allowed && wrote);
+        for later in [0, 1_000, 999_000] {
+            let (d, wrote) = super::decide(&daily, &mut state, now + later, 1);
+            assert!(!d.allowed && !wrote, "{d:?}");
+            assert_eq!(d.remaining, 0);
+            assert!(d.retry_after > Duration::from_secs(86_400), "{d:?}");
+        }
+    }
 
     #[test]
     fn the_previous_window_fades_by_the_millisecond() {
