@@ -642,6 +642,16 @@ async fn check_all_consumes_every_dimension_or_none() {
     let denied = limiter.check(twice).await.unwrap_err();
     assert_eq!(denied.cause, DenialCause::DuplicateKey, "{denied:?}");
     assert!(!denied.is_retryable());
+    // Once enforced and once in shadow mode, too: nothing is taken.
+    let mixed = [twice[0], twice[1].shadow(true)];
+    let denied = limiter.check(mixed).await.unwrap_err();
+    assert_eq!(denied.cause, DenialCause::DuplicateKey, "{denied:?}");
+    let k = limiter.decide(&per_user, "k", 0).await.unwrap();
+    assert_eq!(
+        k.remaining,
+        per_user.capacity(),
+        "a refused check took from k"
+    );
 }
 
 /// Many callers at once: their decisions go to Redis in batches, one script

@@ -503,7 +503,9 @@ mod tests {
     }
 
     /// A check naming one key twice can never be decided as written: denied
-    /// (in shadow mode too, as a would-be denial) and counted as an error.
+    /// (in shadow mode too, as a would-be denial; once by an enforced
+    /// request and once in shadow mode, as a denial) and counted as an
+    /// error.
     #[tokio::test]
     async fn a_key_named_twice_is_the_callers_mistake() {
         let limiter = Limiter::memory();
@@ -518,7 +520,12 @@ mod tests {
             admitted.would_deny().map(|d| d.cause),
             Some(crate::DenialCause::DuplicateKey)
         );
-        assert_eq!(limiter.stats().errors, 2);
+        // An enforced request and one in shadow mode on one key: the
+        // shadow request would take from the enforced one's state.
+        let mixed = [twice[0], twice[1].shadow(true)];
+        let denied = limiter.check(mixed).await.unwrap_err();
+        assert_eq!(denied.cause, crate::DenialCause::DuplicateKey);
+        assert_eq!(limiter.stats().errors, 3);
         assert_eq!(limiter.inspect(&quota, "k", 0).await.unwrap().remaining, 5);
     }
 

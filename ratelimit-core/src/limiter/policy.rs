@@ -98,6 +98,9 @@ impl Limiter {
                     self.outcome(requests, decided, shadow)
                 }
                 None => {
+                    if let Some(denied) = self.named_twice(requests, false) {
+                        return Err(denied);
+                    }
                     let (enforced, shadowed) = enforced_and_shadowed(requests);
                     let enforced_decisions = self.decided_in_memory(memory, &enforced, false)?;
                     let shadow_decided = self.decided_in_memory(memory, &shadowed, true);
@@ -156,6 +159,10 @@ impl Limiter {
         &self,
         requests: &[Request<'a>],
     ) -> Result<Admitted<'a>, RateLimited> {
+        if let Some(denied) = self.named_twice(requests, false) {
+            answered_in_process().await;
+            return Err(denied);
+        }
         let (enforced, shadowed) = enforced_and_shadowed(requests);
         let enforced_decisions = self.decide_group(&enforced, false).await?;
         let shadow_decided = self.decide_group(&shadowed, true).await;
@@ -318,13 +325,24 @@ impl Limiter {
     /// above its quota's capacity (never admittable), or a key named twice
     /// (the caller's mistake, counted as an error). `None` for a valid check.
     fn refused(&self, requests: &[Request<'_>], shadow: bool) -> Option<RateLimited> {
-        for (i, r) in requests.iter().enumerate() {
+        for r in requests {
             let capacity = r.quota.capacity();
             if r.cost > capacity {
                 let denied = RateLimited::never_admittable(r.key, capacity, r.cost);
                 return Some(self.denied(r, denied, Outcome::Denied, shadow));
             }
+        }
+        self.named_twice(requests, shadow)
+    }
+
+    /// The denial of a check naming a key twice: its requests would decide
+    /// on one state, each as if the other were not there. An enforced
+    /// request and one in shadow mode on one key are named twice too (the
+    /// shadow request would take from the enforced one's state).
+    fn named_twice(&self, requests: &[Request<'_>], shadow: bool) -> Option<RateLimited> {
+        for (i, r) in requests.iter().enumerate() {
             if requests[..i].iter().any(|e| e.key == r.key) {
+                let capacity = r.quota.capacity();
                 tracing::error!(
                     key = r.key,
                     rule = r.rule,
