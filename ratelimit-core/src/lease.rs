@@ -21,6 +21,13 @@ use crate::sharded::{KeyTable, Sharded};
 
 const SHARDS: usize = 16;
 
+/// The most keys holding a lease at once. A lease taken beyond it is not
+/// kept, and its tokens are lost (a request of a key that finds the leases
+/// full is admitted, but takes its lease's worth): this bounds memory under
+/// a flood of distinct leased keys, each of whose leases lives one lease
+/// TTL at most.
+pub(crate) const MAX_KEYS: usize = 100_000;
+
 #[derive(Clone, Copy)]
 struct Lease {
     quota: Quota,
@@ -138,6 +145,9 @@ impl Leases {
 
     /// Drops `key`'s lease, if any.
     pub(crate) fn remove(&self, key: &str) {
+        if !self.used.load(Ordering::Relaxed) {
+            return;
+        }
         let (hash, mut shard) = self.shard(key);
         shard.remove(hash, key);
     }

@@ -1020,8 +1020,8 @@ async fn a_lease_does_not_outlive_a_change_of_its_keys_quota() {
             .rule("r")
             .lease(lease)
     };
-    // Five tokens leased under 10 a minute, none used yet.
-    limiter.check(leased(0, 5)).await.unwrap();
+    // Six tokens leased under 10 a minute, one used.
+    limiter.check(leased(1, 6)).await.unwrap();
     // The rule changes and back: the minute's count starts anew at 1, then 7.
     limiter.check(Request::new(&per_second, "k")).await.unwrap();
     limiter
@@ -1032,5 +1032,100 @@ async fn a_lease_does_not_outlive_a_change_of_its_keys_quota() {
     assert!(
         fifth.is_err(),
         "7 counted in this minute's window of 10, and 5 more were served from an old lease"
+    );
+}
+
+/// A request of no cost takes nothing, though it asks for a lease; a lease
+/// TTL of zero turns leases off, so each request takes its own cost alone.
+#[tokio::test]
+async fn no_lease_is_taken_for_a_request_of_no_cost_nor_with_a_ttl_of_zero() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let limiter = leasing(&server, &clock);
+    let quota = Quota::per_minute(10).unwrap();
+    let free = Request::new(&quota, "free").cost(0).lease(5);
+    assert_eq!(
+        limiter.check(free).await.unwrap().decisions()[0].remaining,
+        10
+    );
+    let left = limiter.inspect(&quota, "free", 0).await.unwrap();
+    assert_eq!(left.remaining, 10, "a request of no cost leased tokens");
+
+    let off = Limiter::builder()
+        .redis(server.url())
+        .clock(clock.clone())
+        .lease_ttl(Duration::ZERO)
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let request = Request::new(&quota, "off").lease(5);
+        admitted += u64::from(off.check(request).await.is_ok());
+    }
+    assert_eq!(admitted, 10, "leases that live no time took their tokens");
+}
+
+/// Leases are kept for many keys at once whatever the deny cache's size:
+/// with the cache off, a key leased after 200 others still serves its
+/// lease, rather than taking a lease's worth at every request.
+#[tokio::test]
+async fn leases_of_many_keys_are_kept_with_the_deny_cache_off() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .deny_cache_max_keys(0)
+        .lease_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let quota = Quota::per_minute(10).unwrap();
+    for i in 0..200 {
+        let key = format!("other:{i}");
+        limiter
+            .check(Request::new(&quota, &key).lease(5))
+            .await
+            .unwrap();
+    }
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let request = Request::new(&quota, "x").lease(5);
+        admitted += u64::from(limiter.check(request).await.is_ok());
+    }
+    assert_eq!(admitted, 10, "leases not kept took 5 tokens each");
+}
+
+/// A refund makes a bucket owe less than a live lease of the key was told
+/// it owes: the limiter drops that lease, so what it serves and what the
+/// bucket holds stay within the capacity.
+#[tokio::test]
+async fn a_refund_leaves_no_lease_serving_tokens_the_bucket_holds_again() {
+    let server = RedisServer::start();
+    let start = 1_800_000_000_000_000;
+    let clock = ManualClock::new(start);
+    let limiter = leasing(&server, &clock);
+    let quota = Quota::new(100, "100/s".parse().unwrap()).unwrap();
+    let taken = limiter
+        .check(Request::new(&quota, "k").cost(50))
+        .await
+        .unwrap();
+    // 50 leased, one served: the lease holds 49, owed for a second.
+    limiter
+        .check(Request::new(&quota, "k").lease(50))
+        .await
+        .unwrap();
+    limiter.refund(taken).await.unwrap();
+    // The bucket owes the lease's 50 alone: 300 ms on it holds 80, and owes
+    // 20 of the lease.
+    clock.set(start + 300_000);
+    let mut admitted = 0;
+    while admitted < 200 {
+        let request = Request::new(&quota, "k").lease(50);
+        if limiter.check(request).await.is_err() {
+            break;
+        }
+        admitted += 1;
+    }
+    assert!(
+        admitted <= 100,
+        "{admitted} admitted at one instant from a bucket of 100"
     );
 }

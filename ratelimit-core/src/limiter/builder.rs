@@ -240,7 +240,8 @@ impl LimiterBuilder {
 
     /// How long leased tokens ([`Request::lease`](super::Request::lease)) may be served before
     /// the rest are dropped (default 1 s): the bound on how stale a lease's
-    /// view of the quota can be.
+    /// view of the quota can be. Zero (or less than a microsecond) turns
+    /// leases off: each request is decided on its own.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self
@@ -390,7 +391,7 @@ impl Inner {
             local: MemoryBackend::bounded(clock.clone(), builder.local_max_keys),
             breaker: Breaker::new(builder.breaker),
             deny_cache,
-            leases: Leases::new(builder.deny_cache_max_keys.max(1)),
+            leases: Leases::new(crate::lease::MAX_KEYS),
             lease_ttl: builder.lease_ttl,
             cache_clock: clock,
             timeout: builder.timeout,

@@ -86,6 +86,10 @@ impl Limiter {
                     let Some(refund) = Refund::of(quota, decision, cost, elapsed) else {
                         continue;
                     };
+                    // A bucket's lease of this key holds what the bucket
+                    // owed when it was taken, which this refund makes less:
+                    // kept, it could serve tokens the bucket holds again.
+                    self.inner.leases.remove(key);
                     remote.push((quota, key, refund));
                 }
             }

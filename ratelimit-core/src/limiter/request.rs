@@ -81,7 +81,13 @@ impl<'a> Request<'a> {
     /// serves them in process until they run out or the lease expires
     /// ([`LimiterBuilder::lease_ttl`](super::LimiterBuilder::lease_ttl)).
     /// The global bound holds exactly; unused leased tokens are lost at
-    /// expiry, which can under-admit. A lease serves a check of this one
+    /// expiry, which can under-admit. One exception: a bucket's lease holds
+    /// at most what the bucket still owes for it, as of when it was taken,
+    /// and a [refund](super::Limiter::refund) made elsewhere (by another
+    /// instance) while it lives makes the bucket owe less; the lease's
+    /// holder can then admit up to the tokens left in it beyond the bound,
+    /// until the lease ends. A refund by this limiter drops the key's lease.
+    /// A request of no cost takes no lease. A lease serves a check of this one
     /// request, on a remote backend, for the algorithms other than the leaky
     /// bucket (whose admissions carry each call's own delay) and the sliding
     /// log (which keeps each admission's instant); otherwise each call asks

@@ -74,9 +74,13 @@ impl Limiter {
         }
     }
 
-    /// Whether `request` is served from token leases.
+    /// Whether `request` is served from token leases: not a request of no
+    /// cost, which takes nothing (nor leases anything), nor any when leases
+    /// live for no time.
     fn leases(&self, request: &Request<'_>) -> bool {
         request.lease > request.cost
+            && request.cost > 0
+            && self.inner.lease_ttl.as_micros() > 0
             && self.inner.backend.can_fail()
             && !matches!(
                 request.quota.algorithm(),
@@ -140,7 +144,8 @@ impl Limiter {
             // Cut so the lease never serves a token the algorithm could not
             // have admitted when it was counted (see `lease`): `now` is read
             // before the call, so these end no later than they should.
-            let mut expires = now.saturating_add(self.inner.lease_ttl.as_micros() as u64);
+            let ttl = u64::try_from(self.inner.lease_ttl.as_micros()).unwrap_or(u64::MAX);
+            let mut expires = now.saturating_add(ttl);
             let reset = now.saturating_add(decision.reset_after.as_micros() as u64);
             let window = quota.window().map_or(0, |w| w.as_micros() as u64);
             let owed_until = match quota.algorithm() {
