@@ -54,20 +54,28 @@ impl Key {
         Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
     }
 
-    /// Sets the key to `value` expiring in `px` ms, as `PSETEX` does. A
-    /// string already there is rewritten in place: no new object, and no
-    /// second lookup of the key. (Reading a string in place makes Redis keep
-    /// it as a plain string: a bare number `PSETEX` stores as an integer
-    /// takes a string's room once the module has read it.)
-    pub(crate) fn set(&mut self, value: &[u8], px: u64) -> Result<(), RedisError> {
+    /// Sets the key to `value` expiring at `at` (Unix time in ms), as `SET
+    /// .. PXAT` does: the very instant replicas and the AOF are sent, where
+    /// an expiry relative to the server's own clock could differ from it (by
+    /// however long a script or transaction had run, on a server that reads
+    /// its clock once for each). A string already there is rewritten in
+    /// place: no new object, and no second lookup of the key. (Reading a
+    /// string in place makes Redis keep it as a plain string: a bare number
+    /// `SET` stores as an integer takes a string's room once the module has
+    /// read it.)
+    pub(crate) fn set(&mut self, value: &[u8], at: u64) -> Result<(), RedisError> {
         if !(self.kind() == KeyType::String && self.rewrite(value)) {
             self.replace(value)?;
         }
         self.modified = true;
-        let px = c_longlong::try_from(px).unwrap_or(c_longlong::MAX);
-        match raw::set_expire(self.key.as_ptr(), px) {
-            raw::Status::Ok => Ok(()),
-            raw::Status::Err => Err(RedisError::Str("RLFAIL the key's expiry could not be set")),
+        let at = c_longlong::try_from(at).unwrap_or(c_longlong::MAX);
+        // SAFETY: an open key of this context, opened for writing. The
+        // function exists from Redis 6.2 on; the module loads on 7.0 and up.
+        let set =
+            unsafe { raw::RedisModule_SetAbsExpire.map(|set_abs| set_abs(self.key.as_ptr(), at)) };
+        match set.map(raw::Status::from) {
+            Some(raw::Status::Ok) => Ok(()),
+            _ => Err(RedisError::Str("RLFAIL the key's expiry could not be set")),
         }
     }
 

@@ -364,7 +364,8 @@ impl Call<'_> {
         self.time
     }
 
-    /// This call's time in ms, for the absolute expiries sent to replicas.
+    /// This call's time in ms, for the absolute expiries written (and sent
+    /// to replicas).
     fn unix_ms(&self) -> u64 {
         self.time / 1000
     }
@@ -432,8 +433,8 @@ impl Call<'_> {
     /// write for replicas and the AOF (sent when the call ends, or before a
     /// sorted set's write).
     fn store(&mut self, key: &mut Key, i: usize, value: &Value, px: u64) -> Result<(), RedisError> {
-        key.set(value.as_bytes(), px)?;
         let at = self.unix_ms().saturating_add(px);
+        key.set(value.as_bytes(), at)?;
         self.writes.set(self.keys[i].inner, value, at);
         Ok(())
     }

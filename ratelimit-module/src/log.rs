@@ -168,10 +168,10 @@ impl Call<'_> {
             // was applied before: adding nothing more is right.
             added += if tag != 0 { want } else { new };
         }
-        // Sent to replicas as an instant, as Redis propagates a `PEXPIRE`.
-        let px = admission.px.to_string();
-        self.ctx.call("PEXPIRE", &[key, px.as_bytes()][..])?;
+        // An instant, written here and sent to replicas alike (see
+        // `Key::set`).
         let at = (self.unix_ms() + admission.px).to_string();
+        self.ctx.call("PEXPIREAT", &[key, at.as_bytes()][..])?;
         self.ctx.replicate("PEXPIREAT", &[key, at.as_bytes()][..]);
         Ok(())
     }
