@@ -158,13 +158,13 @@ impl Breaker {
             state: AtomicU8::new(CircuitState::Closed as u8),
             failures: AtomicU32::new(0),
             probe_at: AtomicU64::new(0),
-            backoff_us: AtomicU64::new(config.initial_backoff.as_micros() as u64),
+            backoff_us: AtomicU64::new(micros(config.initial_backoff)),
             probing: AtomicBool::new(false),
         }
     }
 
     fn now_us(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
+        micros(self.epoch.elapsed())
     }
 
     pub(crate) fn state(&self) -> CircuitState {
@@ -204,10 +204,8 @@ impl Breaker {
     fn succeeded(&self, probe: bool) -> Option<CircuitState> {
         self.failures.store(0, Ordering::Release);
         if probe || self.state() != CircuitState::Closed {
-            self.backoff_us.store(
-                self.config.initial_backoff.as_micros() as u64,
-                Ordering::Release,
-            );
+            self.backoff_us
+                .store(micros(self.config.initial_backoff), Ordering::Release);
             self.state
                 .store(CircuitState::Closed as u8, Ordering::Release);
             self.probing.store(false, Ordering::Release);
@@ -231,11 +229,13 @@ impl Breaker {
         if probe || failures >= self.config.failures_to_open {
             let backoff = self.backoff_us.load(Ordering::Acquire);
             self.probe_at
-                .store(self.now_us() + backoff, Ordering::Release);
+                .store(self.now_us().saturating_add(backoff), Ordering::Release);
             let next = if refused {
-                self.config.initial_backoff.as_micros() as u64
+                micros(self.config.initial_backoff)
             } else {
-                (backoff * 2).min(self.config.max_backoff.as_micros() as u64)
+                backoff
+                    .saturating_mul(2)
+                    .min(micros(self.config.max_backoff))
             };
             self.backoff_us.store(next.max(1), Ordering::Release);
             let was = self.state.swap(CircuitState::Open as u8, Ordering::AcqRel);
@@ -260,6 +260,12 @@ impl Breaker {
         );
         self.probing.store(false, Ordering::Release);
     }
+}
+
+/// `duration` in whole microseconds; `u64::MAX` for any longer (a backoff
+/// of `Duration::MAX` waits for good rather than wrapping round to none).
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -310,6 +316,22 @@ mod tests {
         let _ = breaker.permit().unwrap().record(true, false);
         assert_eq!(kind(&breaker.permit()), "skip");
         assert_eq!(breaker.state(), CircuitState::Open);
+    }
+
+    /// The longest backoffs a `Duration` holds: the breaker stays open,
+    /// where the wait used to wrap round (to a probe at once) or overflow.
+    #[test]
+    fn a_backoff_of_any_length_keeps_the_breaker_open() {
+        for backoff in [Duration::MAX, Duration::from_micros(u64::MAX / 2 + 1)] {
+            let breaker = Breaker::new(BreakerConfig {
+                failures_to_open: 1,
+                initial_backoff: backoff,
+                max_backoff: Duration::MAX,
+            });
+            let _ = breaker.permit().unwrap().record(true, false);
+            assert_eq!(kind(&breaker.permit()), "skip", "{backoff:?}");
+            assert_eq!(breaker.state(), CircuitState::Open);
+        }
     }
 
     #[test]

@@ -78,7 +78,7 @@ impl MemoryBackend {
         if let Some((state, expires_at)) = shard.buckets.get_mut(hash, key) {
             let (decision, wrote) = algorithm::decide(quota, state, now, cost);
             if wrote {
-                *expires_at = now + decision.reset_after.as_micros() as u64;
+                *expires_at = now.saturating_add(decision.reset_after.as_micros() as u64);
             }
             if state.is_none() {
                 shard.buckets.remove(hash, key);
@@ -88,7 +88,7 @@ impl MemoryBackend {
         let mut fresh = None;
         let (decision, wrote) = algorithm::decide(quota, &mut fresh, now, cost);
         if wrote && fresh.is_some() {
-            let expires_at = now + decision.reset_after.as_micros() as u64;
+            let expires_at = now.saturating_add(decision.reset_after.as_micros() as u64);
             shard.buckets.insert(hash, key, (fresh, expires_at));
             shard.sweep_if_due(now, self.max_per_shard);
         }
@@ -161,7 +161,7 @@ impl MemoryBackend {
             if let (true, Some(state)) = (all_admitted, state) {
                 let position = guards.binary_search_by_key(index, |(i, _)| *i).unwrap_or(0);
                 let shard = &mut guards[position].1;
-                let expires_at = now + decision.reset_after.as_micros() as u64;
+                let expires_at = now.saturating_add(decision.reset_after.as_micros() as u64);
                 shard.buckets.insert(hash, key, (Some(state), expires_at));
                 shard.sweep_if_due(now, self.max_per_shard);
             }
