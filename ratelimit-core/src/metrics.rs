@@ -73,8 +73,7 @@ pub struct StatsSnapshot {
     /// Admissions given back, one per limit ([`Limiter::refund`](crate::Limiter::refund)).
     pub refunded: u64,
     /// Denials answered by the local deny cache, with no backend call (also
-    /// counted in `denied`, in `shadow_denied` in shadow mode, or as
-    /// decisions by callers of `decide`).
+    /// counted in `denied`, or in `shadow_denied` in shadow mode).
     pub denied_from_cache: u64,
 }
 

@@ -1129,3 +1129,78 @@ async fn a_refund_leaves_no_lease_serving_tokens_the_bucket_holds_again() {
         "{admitted} admitted at one instant from a bucket of 100"
     );
 }
+
+/// A reset that times out may still land once Redis answers again: the
+/// key's lease is dropped before the reset is sent, so it never serves
+/// tokens beside a quota Redis has made whole.
+#[tokio::test]
+async fn a_reset_that_times_out_leaves_no_lease_beside_a_whole_quota() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(200))
+        .lease_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let quota = Quota::per_minute(10).unwrap();
+    // Five leased, one served: the lease holds four.
+    limiter
+        .check(Request::new(&quota, "k").lease(5))
+        .await
+        .unwrap();
+    server.freeze();
+    let reset = limiter.reset("k").await;
+    server.thaw();
+    assert!(
+        reset.is_err(),
+        "a frozen Redis answered the reset: {reset:?}"
+    );
+    // The reset was sent before it timed out, and lands now.
+    let mut redis = server.connection().await;
+    for _ in 0..100 {
+        let held: u64 = redis::cmd("DBSIZE").query_async(&mut redis).await.unwrap();
+        if held == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut admitted = 0;
+    for _ in 0..30 {
+        let request = Request::new(&quota, "k").lease(5);
+        admitted += u64::from(limiter.check(request).await.is_ok());
+    }
+    assert!(
+        admitted <= 10,
+        "{admitted} admitted from a quota of 10 made whole"
+    );
+}
+
+/// A lease the deny cache knows the key cannot give is no denial: the
+/// request's own cost is asked for next, and only a denial of that counts,
+/// from the cache or not.
+#[tokio::test]
+async fn a_lease_the_deny_cache_refuses_is_not_counted_as_a_denial() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let quota = Quota::per_minute(10).unwrap();
+    limiter
+        .check(Request::new(&quota, "k").cost(7))
+        .await
+        .unwrap();
+    // Three left: each asks for five, is refused, and takes one.
+    for _ in 0..3 {
+        limiter
+            .check(Request::new(&quota, "k").lease(5))
+            .await
+            .unwrap();
+    }
+    let stats = limiter.stats();
+    assert_eq!((stats.denied, stats.denied_from_cache), (0, 0), "{stats:?}");
+    assert!(limiter
+        .check(Request::new(&quota, "k").lease(5))
+        .await
+        .is_err());
+    let stats = limiter.stats();
+    assert_eq!(stats.denied, 1, "{stats:?}");
+    assert!(stats.denied_from_cache <= 1, "{stats:?}");
+}

@@ -375,6 +375,11 @@ impl Limiter {
     /// their denials of the key until they expire (at most their
     /// `retry_after`). A backend fault is an `Err`.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
+        // The lease goes first, as the reset may land though the call fails
+        // or is dropped: a lease kept would serve tokens the backend no
+        // longer counts. And again after it, for a lease a check in flight
+        // took before the reset landed.
+        self.inner.leases.remove(key);
         self.inner.backend.reset(key).await?;
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget(key);

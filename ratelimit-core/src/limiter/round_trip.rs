@@ -67,7 +67,7 @@ impl Limiter {
         match requests {
             [one] if self.leases(one) => self.decide_leased(one).await.map(Answer::of_one),
             [one] => self
-                .decide_one(one.quota, one.key, one.cost)
+                .decide_one(one.quota, one.key, one.cost, true)
                 .await
                 .map(Answer::of_one),
             _ => self.decide_all(requests).await,
@@ -89,8 +89,17 @@ impl Limiter {
     }
 
     /// One key on a remote backend: from the deny cache when it knows the
-    /// answer, else from the backend, whose answer the cache learns.
-    async fn decide_one(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
+    /// answer, else from the backend, whose answer the cache learns. A
+    /// denial from the cache counts as one when it is the `answer` to the
+    /// request, rather than to its lease (asked for before the request's own
+    /// cost).
+    async fn decide_one(
+        &self,
+        quota: &Quota,
+        key: &str,
+        cost: u64,
+        answer: bool,
+    ) -> Result<Decision, Error> {
         let backend = &self.inner.backend;
         self.inner.leases.forget_other_quota(quota, key);
         let clock = &*self.inner.cache_clock;
@@ -104,7 +113,9 @@ impl Limiter {
             .await
         {
             Consulted::Denied(cached) => {
-                self.inner.stats.cache_hit();
+                if answer {
+                    self.inner.stats.cache_hit();
+                }
                 answered_in_process().await;
                 return Ok(cached);
             }
@@ -139,7 +150,7 @@ impl Limiter {
             });
         }
         let lease = request.lease.min(quota.capacity()).max(cost);
-        let decision = self.decide_one(quota, key, lease).await?;
+        let decision = self.decide_one(quota, key, lease, lease == cost).await?;
         if decision.allowed {
             // Cut so the lease never serves a token the algorithm could not
             // have admitted when it was counted (see `lease`): `now` is read
@@ -172,7 +183,7 @@ impl Limiter {
         if lease == cost {
             return Ok(decision);
         }
-        self.decide_one(quota, key, cost).await
+        self.decide_one(quota, key, cost, true).await
     }
 
     /// Several keys at one instant, all or nothing. A key whose denial the
