@@ -77,6 +77,10 @@ impl Group {
             .into_iter()
             .find(|a| a.wire_id() == algorithm)?;
         let [p1, p2, p3] = params;
+        // A bucket's refund takes units off its debt: none is negative.
+        if refund && !algorithm.is_windowed() && (p3 as i64) < 0 {
+            return None;
+        }
         let quota = if algorithm.is_windowed() {
             Quota::builder(algorithm)
                 .limit(p1)
@@ -495,5 +499,10 @@ mod tests {
         // Not reduced: the caller always sends a reduced rate.
         assert!(Group::new(1, [2, 1_000_000, 10], false).is_none());
         assert!(Group::new(2, [10, 0, 0], false).is_none());
+        // A bucket's refund gives units back, never takes them.
+        assert!(Group::new(1, [1, 500_000, 5], true).is_some());
+        assert!(Group::new(1, [1, 500_000, -5i64 as u64], true).is_none());
+        // A window's refund names its window's end, before or after now.
+        assert!(Group::new(2, [10, 1_000_000, -5i64 as u64], true).is_some());
     }
 }

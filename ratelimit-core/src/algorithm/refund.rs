@@ -114,7 +114,8 @@ pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund:
     let cost = refund.cost;
     match state.as_mut() {
         Some(State::Tat { full_at, rem }) if !quota.algorithm().is_windowed() => {
-            if *full_at < now {
+            // Nothing to give back leaves the key as it is (as the script).
+            if *full_at < now || refund.units == 0 {
                 return;
             }
             let tokens = quota.rate().tokens();
@@ -136,6 +137,7 @@ pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund:
             if *start < current
                 || i128::from(fixed_window::window_end(*start, current, window))
                     != admission_end(now, refund.until_end, window)
+                || cost == 0
             {
                 return;
             }
@@ -154,13 +156,19 @@ pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund:
                 return;
             }
             let admitted = admission_end(now, refund.until_end, window) - i128::from(window);
-            if i128::from(stored) == admitted {
-                *current = current.saturating_sub(cost);
+            let count = if i128::from(stored) == admitted {
+                &mut *current
             } else if i128::from(stored) == admitted + i128::from(window) {
-                *previous = previous.saturating_sub(cost);
+                &mut *previous
             } else {
                 return;
+            };
+            // A count already at 0 gives nothing back: the key is left as it
+            // is (as the script).
+            if *count == 0 {
+                return;
             }
+            *count = count.saturating_sub(cost);
             if *current == 0 && *previous == 0 {
                 *state = None;
             }
@@ -190,6 +198,53 @@ mod tests {
     use super::*;
     use crate::algorithm::decide;
     use std::time::Duration;
+
+    /// A refund that gives nothing back leaves the state as it is (no key
+    /// removed, no expiry moved), as the script's does: a bucket given no
+    /// units, a fixed window given no cost, a window whose count is 0.
+    #[test]
+    fn a_refund_of_nothing_leaves_the_state_as_it_is() {
+        let now = 10_000_000;
+        let second = Duration::from_secs(1);
+        let nothing = |cost, units, until_end| Refund {
+            cost,
+            tag: 0,
+            units,
+            until_end,
+        };
+        let cases = [
+            (
+                Quota::new(5, "1/s".parse().unwrap()).unwrap(),
+                State::Tat {
+                    full_at: now,
+                    rem: 0,
+                },
+                nothing(1, 0, 0),
+            ),
+            (
+                Quota::fixed_window(5, second).unwrap(),
+                State::Window {
+                    start: now,
+                    count: 0,
+                },
+                nothing(0, 0, 1_000_000),
+            ),
+            (
+                Quota::sliding_window(5, second).unwrap(),
+                State::Windows {
+                    start: now,
+                    current: 0,
+                    previous: 0,
+                },
+                nothing(2, 0, 1_000_000),
+            ),
+        ];
+        for (quota, state, given) in cases {
+            let mut held = Some(state.clone());
+            refund(&quota, &mut held, now, &given);
+            assert_eq!(held, Some(state), "{quota:?} {given:?}");
+        }
+    }
 
     /// Decides `cost` at `at`, refunds it at `later`: the state is what it
     /// was before the admission, in every algorithm, while the admission
