@@ -34,6 +34,9 @@ pub struct Rule {
     /// `quota = <expression>`): keys of a quota of another algorithm are
     /// kept apart (see [`Call::new`]).
     pub algorithm: Algorithm,
+    /// Among stacked attributes, the place (from 1) of one whose key
+    /// template an earlier one has too; 0 for any other.
+    pub apart: u32,
 }
 
 impl Rule {
@@ -47,7 +50,15 @@ impl Rule {
             lease: 0,
             wait: None,
             algorithm: Algorithm::TokenBucket,
+            apart: 0,
         }
+    }
+
+    /// A stacked attribute at `position` (from 1) whose key template an
+    /// earlier attribute has too: it decides on `key~<position>`.
+    pub const fn apart(mut self, position: u32) -> Self {
+        self.apart = position;
+        self
     }
 
     /// The algorithm of the attribute's own quota.
@@ -254,7 +265,9 @@ impl<'a> Call<'a> {
     /// `quota = ...` of another algorithm) decides on `key~<algorithm>`:
     /// each algorithm keeps state of its own shape, and a key must never
     /// meet another algorithm's state when a rule changes algorithm at run
-    /// time. Denials still report `key`.
+    /// time. A stacked attribute whose template an earlier one has too
+    /// decides on `key~<position>` (see [`acquire_all`]). Denials still
+    /// report `key`.
     #[inline]
     pub fn new(
         limiter: &'a Limiter,
@@ -265,6 +278,10 @@ impl<'a> Call<'a> {
     ) -> Self {
         let shown = key.len();
         crate::keys::keep_apart(&mut key, rule.algorithm, &quota);
+        if rule.apart != 0 {
+            use std::fmt::Write as _;
+            let _ = write!(key, "~{}", rule.apart);
+        }
         Self {
             limiter,
             rule,
@@ -418,7 +435,11 @@ impl Drop for Taking {
 /// Two checks on the same key (the common burst-plus-sustained pair on one
 /// template) keep state of their own: the later one decides on
 /// `key~<position>` (its place among the attributes, from 1), which no
-/// escaped value can spell. Denials still report the key as built.
+/// escaped value can spell. Where the templates are the same, that is fixed
+/// when the function is compiled (see [`Rule::apart`]), so an earlier check
+/// being exempt on a call changes no key; where different templates build
+/// the same key on a call, it is found here, among the checks that are not
+/// exempt. Denials still report the key as built.
 pub async fn acquire_all(calls: &mut [Option<Call<'_>>]) -> Result<(), RateLimited> {
     acquire_several(calls, false).await.map(drop)
 }

@@ -129,7 +129,7 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         ));
     }
     if let [check] = &checks[..] {
-        let prepared = prepare_check(&signature, check, "");
+        let prepared = prepare_check(&signature, check, "", None);
         let private = private_path(check);
         let deny = deny(
             &signature,
@@ -139,10 +139,11 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         return Ok(Expansion::First(quote!({ #prepared #deny })));
     }
     // Stacked: every check prepared, then one call that admits all or none.
+    let apart = apart(&checks);
     let prepared = checks
         .iter()
         .enumerate()
-        .map(|(i, check)| prepare_check(&signature, check, &format!("_{i}")));
+        .map(|(i, check)| prepare_check(&signature, check, &format!("_{i}"), apart[i]));
     let calls = (0..checks.len()).map(|i| format_ident!("__ratelimit_call_{}", i));
     let private = private_path(&checks[0]);
     let call = quote!(#private::acquire_all(&mut [#(#calls),*]));
@@ -226,10 +227,11 @@ fn refunding(
     refund_on: &'static str,
     output: TokenStream,
 ) -> Expansion {
+    let apart = apart(checks);
     let prepared: Vec<TokenStream> = checks
         .iter()
         .enumerate()
-        .map(|(i, check)| prepare_check(function, check, &format!("_{i}")))
+        .map(|(i, check)| prepare_check(function, check, &format!("_{i}"), apart[i]))
         .collect();
     let calls: Vec<_> = (0..checks.len())
         .map(|i| format_ident!("__ratelimit_call_{}", i))
@@ -324,7 +326,12 @@ fn deny(function: &Function, private: &TokenStream, call: TokenStream) -> TokenS
 /// `quota = <expression>` writes no `__RATELIMIT_QUOTA`, and the call's quota
 /// is `::ratelimit::__private::IntoQuota::into_quota(expression)`. Without
 /// `exempt`, the call is `Some(...)` at once.
-fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStream {
+fn prepare_check(
+    function: &Function,
+    check: &Check,
+    suffix: &str,
+    apart: Option<u32>,
+) -> TokenStream {
     let krate = &check.krate;
     let private = quote!(#krate::__private);
     let name = function.name.unraw().to_string();
@@ -367,6 +374,10 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
     }
     if check.shadow {
         rule_options.extend(quote!(.shadow()));
+    }
+    if let Some(position) = apart {
+        let position = Literal::u32_unsuffixed(position);
+        rule_options.extend(quote!(.apart(#position)));
     }
     if let Some(lease) = check.lease {
         let lease = Literal::u64_unsuffixed(lease);
@@ -450,6 +461,20 @@ fn prepare_check(function: &Function, check: &Check, suffix: &str) -> TokenStrea
         let #limiter_name: &#private::Limiter = __ratelimit_limiter_tmp;
         let #call_name: ::core::option::Option<#private::Call<'_>> = #call;
     }
+}
+
+/// For each stacked check, its place (from 1) when an earlier check has the
+/// same key template: it keeps state of its own under `key~<place>`
+/// whatever the other checks' exemptions on a call (see
+/// `__private::acquire_all`).
+fn apart(checks: &[Check]) -> Vec<Option<u32>> {
+    let templates: Vec<String> = checks
+        .iter()
+        .map(|check| expand_key(&TokenStream::new(), &check.key).to_string())
+        .collect();
+    (0..checks.len())
+        .map(|i| templates[..i].contains(&templates[i]).then(|| i as u32 + 1))
+        .collect()
 }
 
 /// The key, built from references to the arguments so that none is moved.

@@ -20,6 +20,41 @@ async fn api(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
     Ok(())
 }
 
+/// The same template twice, the first exempt on some calls.
+#[rate_limit(key = "s:<user>", capacity = 1, rate = "1/h", exempt = skip, limiter = limiter)]
+#[rate_limit(key = "s:<user>", algorithm = fixed_window, limit = 3, window = "1h", limiter = limiter)]
+async fn skippable(limiter: &Limiter, user: u32, skip: bool) -> Result<(), RateLimited> {
+    Ok(())
+}
+
+/// The second check keeps its own key on calls where the first is exempt:
+/// otherwise it decided on the first's key then, under its own algorithm,
+/// and the first found that state on the next call.
+#[tokio::test]
+async fn a_check_keeps_its_own_key_on_calls_where_an_earlier_one_is_exempt() {
+    let server = RedisServer::start();
+    let redis = Limiter::builder()
+        .redis(server.url())
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    for limiter in [Limiter::memory(), redis] {
+        skippable(&limiter, 7, true).await.unwrap();
+        skippable(&limiter, 7, false).await.unwrap();
+        let denied = skippable(&limiter, 7, false).await.unwrap_err();
+        assert_eq!(denied.cause, DenialCause::Quota, "{denied:?}");
+        assert_eq!(
+            denied.limit, 1,
+            "the first check's quota denies: {denied:?}"
+        );
+        // The second counted two calls (the denied one took nothing): one
+        // more fits in its 3.
+        skippable(&limiter, 7, true).await.unwrap();
+        let fourth = skippable(&limiter, 7, true).await.unwrap_err();
+        assert_eq!(fourth.limit, 3, "{fourth:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_burst_and_a_sustained_limit_on_one_template_keep_state_of_their_own() {
     let server = RedisServer::start();
