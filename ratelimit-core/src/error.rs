@@ -272,6 +272,17 @@ fn redis_kind(error: &redis::RedisError) -> ErrorKind {
     use redis::{ErrorKind as Redis, ServerErrorKind as Server};
     match error.code() {
         Some("NOAUTH" | "WRONGPASS") => return ErrorKind::Authentication,
+        // A command the script ran that the user may not run (as Redis 7.0
+        // says it, and as later servers do).
+        Some("ERR")
+            if error.detail().is_some_and(|detail| {
+                let detail = detail.trim_start();
+                detail.starts_with("The user executing the script can't run")
+                    || detail.starts_with("ACL failure in script")
+            }) =>
+        {
+            return ErrorKind::Permission
+        }
         // Over `maxmemory`: writes are refused until memory is freed.
         Some("OOM") => return ErrorKind::Unavailable,
         _ => {}

@@ -7,7 +7,10 @@ use support::Decide;
 
 use std::time::Duration;
 
-use ratelimit::{Algorithm, Error, Limiter, Quota, Rate, RedisRuleSource, Request};
+use ratelimit::{
+    Algorithm, DenialCause, Error, ErrorKind, FailurePolicy, Limiter, Quota, Rate, RedisRuleSource,
+    Request,
+};
 use support::RedisServer;
 
 const PASSWORD: &str = "pw-7f3a9c";
@@ -189,6 +192,49 @@ async fn a_user_without_fcall_is_served_by_evalsha() {
     assert!(check.iter().all(|d| d.allowed), "{check:?}");
     // The FCALLs this user may not run are rejected, and never counted.
     assert!(server.command_calls(&["evalsha"]).await >= 4);
+}
+
+/// A call that fails inside the function after it wrote (a command the user
+/// may not run: here `PEXPIRE`, which the sliding log needs after the
+/// bucket's key was written) is sent once, never again as though the
+/// function were missing, which wrote the bucket's key again at each try;
+/// its error names a missing permission, not an outage.
+#[tokio::test]
+async fn a_call_failing_inside_the_function_is_sent_once_and_named_a_permission_fault() {
+    let server = RedisServer::start();
+    set_up_user_without(&server, &["+pexpire"]).await;
+    let limiter = Limiter::builder()
+        .redis(as_user(&server, PASSWORD))
+        .timeout(Duration::from_secs(2))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let bucket = Quota::new(10, Rate::per_minute(10).unwrap()).unwrap();
+    let log = Quota::sliding_log(10, Duration::from_secs(60)).unwrap();
+    let both = [
+        Request::new(&bucket, "acl:bucket"),
+        Request::new(&log, "acl:log"),
+    ];
+    let denied = limiter.check(both).await.unwrap_err();
+    assert_eq!(
+        denied.cause,
+        DenialCause::BackendUnavailable {
+            kind: ErrorKind::Permission
+        },
+        "{denied:?}"
+    );
+    assert_eq!(
+        server.command_calls(&["evalsha"]).await,
+        0,
+        "the call went again by EVALSHA"
+    );
+    let admin = Limiter::builder().redis(server.url()).build().unwrap();
+    let left = admin.decide(&bucket, "acl:bucket", 0).await.unwrap();
+    assert!(
+        left.remaining >= 9,
+        "the failed call took {} tokens of the bucket",
+        10 - left.remaining
+    );
 }
 
 #[tokio::test]

@@ -396,6 +396,16 @@ pub(super) async fn invoke_once<C: Connection>(
     invoke_function(call, connection, functions).await
 }
 
+/// Whether FCALL's `error` says the function was not called: no such
+/// function, or no FCALL command.
+fn not_called(error: &redis::RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error.detail().is_some_and(|detail| {
+            let detail = detail.trim_start().to_ascii_lowercase();
+            detail.starts_with("function not found") || detail.starts_with("unknown command")
+        })
+}
+
 fn is_no_perm(error: &redis::RedisError) -> bool {
     error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
 }
@@ -409,14 +419,16 @@ async fn invoke_function<C: Connection>(
     let mut loads = 0;
     while !functions.refused.load(Ordering::Relaxed) {
         match connection.send(call.fcall(), call).await {
-            // A generic error: the function is missing (never loaded here,
-            // flushed, a restart), or FCALL cannot run (Redis before 7.0, the
-            // command renamed away). Told apart by codes alone: the load
-            // fails where FUNCTION is unknown, and FCALL failing again after
-            // two loads (one may meet a flush landing between the load and
-            // the call) cannot run here; EVALSHA decides from then on (and
-            // answers with a call's own error, if that is what it was).
-            Err(error) if error.code() == Some("ERR") => {
+            // The function is missing (never loaded here, flushed, a
+            // restart), or FCALL cannot run (Redis before 7.0, the command
+            // renamed away): the load fails where FUNCTION is unknown, and
+            // FCALL failing so again after two loads (one may meet a flush
+            // landing between the load and the call) cannot run here;
+            // EVALSHA decides from then on. Any other error is the call's
+            // own, from a function that ran and may have written before it
+            // failed (a command the user may not run, say): it is the
+            // answer, never a reason to run the call again.
+            Err(error) if not_called(&error) => {
                 if loads == 2 {
                     functions.refuse(&error);
                     break;
