@@ -161,7 +161,7 @@ impl fmt::Debug for RedisRuleSource {
 
 /// Configures a [`RedisRuleSource`], and publishes rules to the same hash
 /// and channel.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use]
 pub struct RedisRuleSourceBuilder {
     url: String,
@@ -174,6 +174,29 @@ pub struct RedisRuleSourceBuilder {
     /// The master's name and the Sentinels' URLs, when Redis Sentinel names
     /// the Redis to read (then `url` is unused).
     sentinel: Option<(String, Vec<String>)>,
+}
+
+/// The URLs without their passwords.
+impl fmt::Debug for RedisRuleSourceBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::backend::redis::redacted;
+        let sentinel = self.sentinel.as_ref().map(|(master, urls)| {
+            (
+                master,
+                urls.iter().map(|url| redacted(url)).collect::<Vec<_>>(),
+            )
+        });
+        f.debug_struct("RedisRuleSourceBuilder")
+            .field("url", &redacted(&self.url))
+            .field("hash", &self.hash)
+            .field("channel", &self.channel)
+            .field("reload_every", &self.reload_every)
+            .field("timeout", &self.timeout)
+            .field("max_backoff", &self.max_backoff)
+            .field("tls", &self.tls)
+            .field("sentinel", &sentinel)
+            .finish()
+    }
 }
 
 impl RedisRuleSourceBuilder {
@@ -407,4 +430,22 @@ pub enum PublishError {
     /// Redis failed or did not answer in time.
     #[error(transparent)]
     Redis(#[from] Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_builder_shows_its_urls_without_their_passwords() {
+        for builder in [
+            RedisRuleSource::builder("redis://svc:s3cret@127.0.0.1:6390/0"),
+            RedisRuleSource::builder("redis+unix:///tmp/r.sock?pass=s3cret"),
+            RedisRuleSource::sentinel("main", ["redis://:s3cret@127.0.0.1:26379"]),
+        ] {
+            let shown = format!("{builder:?}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+    }
 }

@@ -30,11 +30,13 @@ impl KeySpace {
 }
 
 /// `url` with any password replaced by `***`, for errors and logs: a Redis
-/// URL carries the password of its user (`redis://user:secret@host`).
+/// URL carries the password of its user (`redis://user:secret@host`), or in
+/// its query (`redis+unix:///tmp/redis.sock?pass=secret`).
 pub(crate) fn redacted(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };
+    let url = &hidden_in_query(url);
     let authority_end = url[scheme_end..]
         .find(['/', '?', '#'])
         .map_or(url.len(), |i| scheme_end + i);
@@ -51,6 +53,34 @@ pub(crate) fn redacted(url: &str) -> String {
         }
         None => url.to_owned(),
     }
+}
+
+/// `url` with the values of its query's `pass` and `password` replaced by
+/// `***`.
+fn hidden_in_query(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let (query, fragment) = query
+        .split_once('#')
+        .map_or((query, None), |(q, f)| (q, Some(f)));
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _))
+                if name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password") =>
+            {
+                format!("{name}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    let mut shown = format!("{head}?{}", pairs.join("&"));
+    if let Some(fragment) = fragment {
+        shown.push('#');
+        shown.push_str(fragment);
+    }
+    shown
 }
 
 /// A client for `url`, with `tls`'s certificates for a `rediss://` URL; an
@@ -193,6 +223,18 @@ mod url_tests {
             ("redis://host:6379/2", "redis://host:6379/2"),
             ("redis+unix:///tmp/r.sock", "redis+unix:///tmp/r.sock"),
             ("redis://u:p@ss@host", "redis://u:***@host"),
+            (
+                "redis+unix:///tmp/r.sock?db=2&pass=s3cret",
+                "redis+unix:///tmp/r.sock?db=2&pass=***",
+            ),
+            (
+                "redis+unix:///tmp/r.sock?user=svc&password=s3cret&x",
+                "redis+unix:///tmp/r.sock?user=svc&password=***&x",
+            ),
+            (
+                "redis://host/0?protocol=resp3",
+                "redis://host/0?protocol=resp3",
+            ),
             ("not a url", "not a url"),
         ] {
             assert_eq!(redacted(url), shown, "{url}");

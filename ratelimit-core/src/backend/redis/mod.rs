@@ -27,7 +27,7 @@ use crate::error::Error;
 use crate::quota::Quota;
 
 pub(crate) use batcher::{await_answer, run_batches, Job, MAX_QUEUED};
-pub(crate) use endpoint::{open_client, Endpoint, KeySpace};
+pub(crate) use endpoint::{open_client, redacted, Endpoint, KeySpace};
 pub(crate) use script::{invoke, Functions, ScriptCall};
 pub(crate) use server::{check_server, hello};
 pub(crate) use wire::{decode_one, invocation, Request};
@@ -36,7 +36,7 @@ use batcher::{send_batch, Check, Work, BATCH_CONNECTIONS, MAX_IN_FLIGHT, NO_RUNT
 use sentinel::watch_switches;
 #[cfg(feature = "cluster")]
 pub(crate) use {
-    endpoint::{redacted, uses_tls},
+    endpoint::uses_tls,
     script::{eval_call, script_body},
     wire::{batch_invocation, decode_all, decode_reply},
 };
