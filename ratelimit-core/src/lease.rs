@@ -36,6 +36,9 @@ struct Lease {
     /// For a bucket: when the bucket is full again, as of the lease's
     /// decision. The lease holds no more than the tokens owed until then.
     owed_until_us: Option<u64>,
+    /// When the decision that set `owed_until_us` was asked for: an
+    /// admission asked for before it is owed before the lease's tokens.
+    asked_at_us: u64,
     /// Unique to this lease, so a refund gives tokens back to the lease
     /// they were served from and to no later one.
     id: u64,
@@ -126,6 +129,39 @@ impl Leases {
         }
     }
 
+    /// A refund of `units` of a bucket's debt, made on the backend at `now`
+    /// (by this limiter) for an admission asked for at `asked_at_us`. A
+    /// bucket repays its oldest debt first, so the refund of an admission
+    /// asked for no later than `key`'s lease (under `quota`) brings the
+    /// lease's tokens that much sooner: the lease is owed that much less
+    /// time, and never serves a token the bucket holds again. An admission
+    /// asked for after the lease is owed after it, and its refund leaves
+    /// the lease as it is.
+    pub(crate) fn refunded(
+        &self,
+        quota: &Quota,
+        key: &str,
+        units: u64,
+        asked_at_us: u64,
+        now_us: u64,
+    ) {
+        if !self.used.load(Ordering::Relaxed) || units == 0 {
+            return;
+        }
+        let (hash, mut shard) = self.shard(key);
+        let Some(lease) = shard.get_mut(hash, key) else {
+            return;
+        };
+        if lease.quota != *quota || asked_at_us > lease.asked_at_us {
+            return;
+        }
+        if let Some(until) = &mut lease.owed_until_us {
+            // Rounded up: the lease is never owed longer than the bucket.
+            let sooner = units.div_ceil(quota.rate().tokens());
+            *until = until.saturating_sub(sooner).max(now_us);
+        }
+    }
+
     /// Drops `key`'s lease if it was taken under another quota than
     /// `quota`: a decision under another quota may not count the leased
     /// tokens (a changed window starts a new count), so serving them after
@@ -175,7 +211,10 @@ impl Leases {
             if live.quota == *quota && live.expires_at_us > now_us {
                 live.tokens = live.usable(now_us).saturating_add(tokens);
                 live.expires_at_us = live.expires_at_us.min(expires_at_us);
-                live.owed_until_us = live.owed_until_us.max(owed_until_us);
+                if owed_until_us > live.owed_until_us {
+                    live.owed_until_us = owed_until_us;
+                    live.asked_at_us = now_us;
+                }
                 return Some(live.id);
             }
         }
@@ -194,6 +233,7 @@ impl Leases {
                 tokens,
                 expires_at_us,
                 owed_until_us,
+                asked_at_us: now_us,
                 id,
             },
         );
@@ -249,6 +289,30 @@ mod tests {
         );
         leases.take(&quota, "k", 1, 1_050).unwrap();
         assert!(!leases.give_back(&quota, "k", 1, second, 2_000), "expired");
+    }
+
+    #[test]
+    fn a_bucket_lease_is_owed_less_after_a_refund() {
+        let leases = Leases::new(100);
+        // 10 tokens a second: one token every 100,000 µs.
+        let quota = Quota::new(10, "10/s".parse().unwrap()).unwrap();
+        // Eight leased from a bucket that owes ten: full again in a second.
+        leases.put(&quota, "k", 8, 0, 10_000_000, Some(1_000_000));
+        // Five tokens given back on the backend, of an admission asked for
+        // before the lease: full again at 500,000 µs.
+        let token = quota.rate().period_us();
+        leases.refunded(&quota, "k", 5 * token, 0, 0);
+        assert_eq!(
+            leases.take(&quota, "k", 1, 0).map(|t| t.0),
+            Some(3),
+            "4 owed at once (the bound's microsecond), one served"
+        );
+        // A refund of another quota's tokens, of none, or of an admission
+        // asked for after the lease (owed after it) changes nothing.
+        leases.refunded(&Quota::per_second(5).unwrap(), "k", 5 * token, 0, 0);
+        leases.refunded(&quota, "k", 0, 0, 0);
+        leases.refunded(&quota, "k", 5 * token, 1, 0);
+        assert_eq!(leases.take(&quota, "k", 3, 0).map(|t| t.0), Some(0));
     }
 
     #[test]

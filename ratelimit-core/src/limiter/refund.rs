@@ -86,10 +86,12 @@ impl Limiter {
                     let Some(refund) = Refund::of(quota, decision, cost, elapsed) else {
                         continue;
                     };
-                    // A bucket's lease of this key holds what the bucket
-                    // owed when it was taken, which this refund makes less:
-                    // kept, it could serve tokens the bucket holds again.
-                    self.inner.leases.remove(key);
+                    // A bucket's lease of this key holds no more than the
+                    // bucket owed when it was taken, which this refund may
+                    // make less: so must the lease then.
+                    self.inner
+                        .leases
+                        .refunded(quota, key, refund.units, decision.at, now);
                     remote.push((quota, key, refund));
                 }
             }

@@ -86,7 +86,8 @@ impl<'a> Request<'a> {
     /// and a [refund](super::Limiter::refund) made elsewhere (by another
     /// instance) while it lives makes the bucket owe less; the lease's
     /// holder can then admit up to the tokens left in it beyond the bound,
-    /// until the lease ends. A refund by this limiter drops the key's lease.
+    /// until the lease ends. A refund by this limiter makes its own lease
+    /// of the key owed less too.
     /// A request of no cost takes no lease. A lease serves a check of this one
     /// request, on a remote backend, for the algorithms other than the leaky
     /// bucket (whose admissions carry each call's own delay) and the sliding
