@@ -340,7 +340,11 @@ pub async fn acquire(call: Option<Call<'_>>) -> Result<(), RateLimited> {
 /// The call's admission by its limiter, after the waits `on_limit = wait`
 /// allows; the denial names the rule.
 async fn admit<'a>(call: &'a Call<'_>) -> Result<Admitted<'a>, RateLimited> {
-    let deadline = call.rule.wait.map(|max| tokio::time::Instant::now() + max);
+    // `None` inside: a deadline past any instant.
+    let deadline = call
+        .rule
+        .wait
+        .map(|max| tokio::time::Instant::now().checked_add(max));
     loop {
         match call.limiter.check(call.request()).await {
             Ok(admitted) => return Ok(admitted),
@@ -350,8 +354,10 @@ async fn admit<'a>(call: &'a Call<'_>) -> Result<Admitted<'a>, RateLimited> {
                     DenialCause::Quota | DenialCause::LocalFallback
                 );
                 if let (Some(deadline), true) = (deadline, waitable) {
-                    let wake = tokio::time::Instant::now() + denied.retry_after;
-                    if wake <= deadline {
+                    // A wait past any instant (a `retry_after` of years) is
+                    // past the deadline too.
+                    let wake = tokio::time::Instant::now().checked_add(denied.retry_after);
+                    if let Some(wake) = wake.filter(|wake| deadline.is_none_or(|d| *wake <= d)) {
                         tokio::time::sleep_until(wake).await;
                         continue;
                     }

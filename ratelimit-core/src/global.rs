@@ -53,7 +53,7 @@ pub fn global() -> &'static Limiter {
         Err(error) => {
             let message = format!(
                 "the environment names a Redis the rate limiter cannot use ({error}); limiting \
-                 each process on its own in memory until it is fixed"
+                 each process on its own in memory: fix it and restart"
             );
             tracing::error!("{message}");
             eprintln!("ratelimit: {message}");

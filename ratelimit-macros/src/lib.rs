@@ -146,7 +146,7 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// With `leaky_bucket`, an admitted call sleeps until its turn before the body
-/// runs; dropping the future cancels the wait (the slot stays taken).
+/// runs; dropping the future cancels the wait and gives the turn back.
 /// An option of the other family (`window` with `gcra`, `capacity` with
 /// `fixed_window`) is a compile error.
 ///
@@ -182,7 +182,9 @@ use proc_macro::TokenStream;
 ///
 /// A waiting call gives up (returning the denial) as soon as its next chance
 /// would come after `max`; dropping its future cancels the wait. Only a denial
-/// by the quota waits: a denial because the backend failed returns at once.
+/// by a quota waits: the limit's, or, while the backend is down under
+/// `on_error = local`, its share of it. A denial by `on_error = closed`
+/// returns at once.
 ///
 /// # Named rules
 ///
@@ -307,9 +309,9 @@ use proc_macro::TokenStream;
 ///
 /// `key = <expression>` (anything but a string literal) uses the expression's
 /// `Display` value as the whole key, for keys a template cannot express. It is
-/// taken as written except that `%`, `{` and `}` are escaped (a value cannot
-/// choose a hash tag) and a value longer than 256 bytes is replaced by its
-/// digest.
+/// taken as written except that `%`, `{`, `}` and `~` are escaped (a value
+/// cannot choose a hash tag, nor spell the suffixes that keep stacked checks
+/// apart) and a value longer than 256 bytes is replaced by its digest.
 ///
 /// # Cost
 ///
@@ -322,7 +324,8 @@ use proc_macro::TokenStream;
 /// # Limiter
 ///
 /// By default the checks go to the limiter installed with
-/// `ratelimit::install` (the memory backend until one is). `limiter = expr`
+/// `ratelimit::install`; until one is, the one `Limiter::from_env` gives (Redis
+/// when `REDIS_URL` names one, else the memory backend). `limiter = expr`
 /// names another, evaluated at each call:
 ///
 /// ```

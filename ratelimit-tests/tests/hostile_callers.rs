@@ -1088,3 +1088,28 @@ async fn a_check_dropped_at_its_yield_takes_nothing() {
         }
     }
 }
+
+/// A waiting call whose denial asks it to wait past any instant (a local
+/// fallback's denial with a `closed_retry_after` of `Duration::MAX`) gives
+/// up with the denial: it never panics computing when to wake.
+#[ratelimit::rate_limit(key = "sync:<tenant>", capacity = 2, rate = "1/s", cost = 2,
+    on_error = local, on_limit = wait(max = "1s"), limiter = limiter)]
+async fn waits_for_a_share(limiter: &Limiter, tenant: u32) -> Result<(), ratelimit::RateLimited> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_wait_past_any_instant_gives_up_with_the_denial() {
+    let mut server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .local_share(0.5)
+        .closed_retry_after(Duration::MAX)
+        .build()
+        .unwrap();
+    server.kill();
+    let denied = waits_for_a_share(&limiter, 1).await.unwrap_err();
+    assert_eq!(denied.cause, DenialCause::LocalFallback, "{denied:?}");
+    assert_eq!(denied.retry_after, Duration::MAX);
+}
