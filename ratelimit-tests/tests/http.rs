@@ -592,7 +592,11 @@ async fn a_cost_above_the_capacity_is_never_worth_retrying() {
         denied.header("retry-after").is_none(),
         "no Retry-After invites a retry that can never succeed"
     );
-    assert_eq!(denied.all("ratelimit"), [r#""export";r=0"#]);
+    assert!(
+        denied.header("ratelimit").is_none(),
+        "the quota was not read, so no r=0 is claimed: {:?}",
+        denied.headers
+    );
     let body = denied.json();
     assert_eq!(body["code"], "cost_exceeds_capacity", "{body}");
     assert!(body.get("retryAfter").is_none(), "{body}");
@@ -728,6 +732,49 @@ async fn a_closed_outage_is_a_503_with_retry_after_and_an_open_one_admits() {
     );
     assert_eq!(admitted.header("x-ratelimit-limit"), Some("5"));
     assert!(admitted.header("x-ratelimit-remaining").is_none());
+}
+
+/// A denial by the local fallback's share of the quota is a 429, but says
+/// nothing of what the quota has left: no `RateLimit` member and no
+/// `X-RateLimit-Remaining`, as for any limit a failure policy decided.
+#[tokio::test]
+async fn a_local_fallbacks_denial_claims_nothing_of_the_quota() {
+    let local = unreachable_redis(FailurePolicy::Local);
+    let app = Router::new().route(
+        "/local",
+        get(ok).route_layer(
+            RateLimitLayer::new(local, hourly(2))
+                .name("l")
+                .legacy_headers(true),
+        ),
+    );
+    let base = serve(app).await;
+    let client = client();
+    for _ in 0..2 {
+        assert_eq!(fetch(&client, &format!("{base}/local")).await.status, 200);
+    }
+    let denied = fetch(&client, &format!("{base}/local")).await;
+    assert_eq!(denied.status, 429, "{}", denied.body);
+    assert_eq!(denied.json()["code"], "rate_limited", "{}", denied.body);
+    assert!(denied.header("retry-after").is_some());
+    assert!(
+        denied.header("ratelimit").is_none(),
+        "the local share's r=0 is not the quota's: {:?}",
+        denied.headers
+    );
+    assert!(denied.header("x-ratelimit-remaining").is_none());
+}
+
+/// A check naming one key twice is the service's mistake: a 500 that no
+/// retry mends, with no `Retry-After` and no `RateLimit` member.
+#[test]
+fn a_key_named_twice_is_a_500_that_no_retry_mends() {
+    let mut denied = RateLimited::new("k", 5, 0, Duration::MAX);
+    denied.cause = ratelimit::DenialCause::DuplicateKey;
+    let response = TooManyRequests::from(denied).into_response();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(response.headers().get("retry-after").is_none());
+    assert!(response.headers().get("ratelimit").is_none());
 }
 
 #[tokio::test]

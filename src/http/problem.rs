@@ -60,6 +60,7 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 /// | [`DenialCause::LocalFallback`] (the backend failed, and the local share of the quota is spent) | 429 | `"rate_limited"` | the wait in whole seconds, rounded up |
 /// | [`DenialCause::BackendUnavailable`] (the backend failed and the failure policy is closed) | 503 | `"rate_limiter_unavailable"` | the denial's `retry_after` (the limiter's `closed_retry_after`), rounded up |
 /// | [`DenialCause::CostExceedsCapacity`] | 429 | `"cost_exceeds_capacity"` | absent: the request costs more than the quota's capacity, so waiting never helps, and no header invites a retry |
+/// | [`DenialCause::DuplicateKey`] (two limits of one check built the same key: the service's mistake) | 500 | `"rate_limit_misconfigured"` | absent: retrying never helps |
 ///
 /// A closed policy's denial is a `503`, not a `429`: the client did nothing
 /// wrong, and nothing is known of its quota, so no `RateLimit: r=0` says it
@@ -78,8 +79,10 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 ///
 /// The response also carries `RateLimit-Policy: "<policy>";q=<limit>` (a
 /// [`RateLimitLayer`](super::RateLimitLayer)'s denial advertises its `q` and
-/// `w`) and, on a `429`, `RateLimit: "<policy>";r=0;t=<Retry-After>` (no `t`
-/// when retrying never helps). The policy name is the denying function's
+/// `w`) and, on a denial by the quota itself ([`DenialCause::Quota`]),
+/// `RateLimit: "<policy>";r=0;t=<Retry-After>`: a denial by a failure
+/// policy's local share, or of a cost above the capacity, knows nothing true
+/// of what the quota has left. The policy name is the denying function's
 /// name for a `#[rate_limit]` denial, the limit's name for a layer's,
 /// `default` otherwise, or what [`policy_name`](Self::policy_name) sets.
 ///
@@ -201,21 +204,23 @@ impl TooManyRequests {
     }
 
     /// The response's status: `503 Service Unavailable` when the backend
-    /// failed and the failure policy is closed, `429 Too Many Requests`
-    /// otherwise.
+    /// failed and the failure policy is closed, `500 Internal Server Error`
+    /// for a check naming one key twice, `429 Too Many Requests` otherwise.
     pub fn status(&self) -> StatusCode {
         match self.denied.cause {
             DenialCause::BackendUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            DenialCause::DuplicateKey => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
-    /// The body's `code`: `"rate_limited"`, `"rate_limiter_unavailable"` or
-    /// `"cost_exceeds_capacity"`.
+    /// The body's `code`: `"rate_limited"`, `"rate_limiter_unavailable"`,
+    /// `"cost_exceeds_capacity"` or `"rate_limit_misconfigured"`.
     pub fn code(&self) -> &'static str {
         match self.denied.cause {
             DenialCause::BackendUnavailable { .. } => "rate_limiter_unavailable",
             DenialCause::CostExceedsCapacity { .. } => "cost_exceeds_capacity",
+            DenialCause::DuplicateKey => "rate_limit_misconfigured",
             // The local fallback limiter denies by its share of the quota: to
             // the client, a spent quota like any other.
             DenialCause::Quota | DenialCause::LocalFallback => "rate_limited",
@@ -258,6 +263,10 @@ impl TooManyRequests {
                 "the request costs {cost}, more than the {} that rate limit `{policy}` ever \
                  admits at once; send a smaller request, as this one can never be admitted",
                 self.denied.limit
+            ),
+            DenialCause::DuplicateKey => format!(
+                "rate limit `{policy}` could not be checked: the service names one key twice in \
+                 one check, which retrying does not mend"
             ),
             _ => format!("rate limit `{policy}` exceeded; retry after {retry}s"),
         }
@@ -333,7 +342,7 @@ impl IntoResponse for TooManyRequests {
             fields::ratelimit_policy(),
             fields::policy_value(policy, q, w),
         );
-        if status == StatusCode::TOO_MANY_REQUESTS {
+        if self.denied.cause == DenialCause::Quota {
             headers.append(
                 fields::ratelimit(),
                 fields::ratelimit_value(policy, 0, retry_after),

@@ -278,7 +278,7 @@ impl Shared {
             }
             return response;
         }
-        let (limit, remaining) = (denied.limit, denied.remaining);
+        let (limit, remaining, cause) = (denied.limit, denied.remaining, denied.cause);
         let problem = TooManyRequests::new(denied).policy_name(denying.limit.name);
         let reset = problem.retry_after_secs();
         let mut response = problem.into_response();
@@ -288,8 +288,9 @@ impl Shared {
                 headers.append(fields::ratelimit_policy(), a.policy_field());
             }
         }
-        // A 503 says nothing of what is left.
-        if self.legacy_headers && response.status() == StatusCode::TOO_MANY_REQUESTS {
+        // Only a denial by the quota itself knows what is left (see
+        // `TooManyRequests`).
+        if self.legacy_headers && cause == DenialCause::Quota {
             fields::set_legacy(response.headers_mut(), limit, Some(remaining), reset);
         }
         response
