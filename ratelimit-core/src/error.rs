@@ -154,6 +154,14 @@ pub enum ConfigError {
         /// Which addresses.
         what: &'static str,
     },
+    /// A combination of settings this version cannot serve.
+    #[error("{what} is not supported; {instead}")]
+    Unsupported {
+        /// What was asked for.
+        what: &'static str,
+        /// What to do instead.
+        instead: &'static str,
+    },
     /// An environment variable needed by another one is not set.
     #[error("{set} is set but {missing} is not; set it to {what}")]
     MissingVariable {

@@ -103,15 +103,22 @@ impl LimiterBuilder {
     /// master is, so a failover is followed within about the Sentinels' own
     /// `down-after-milliseconds` plus their election; meanwhile the failure
     /// policy answers. The master's connections take the first URL's user,
-    /// password and database.
+    /// password and database. TLS is not supported with Sentinel:
+    /// `rediss://` Sentinel URLs, or [`tls`](Self::tls), are refused at
+    /// [`build`](Self::build) with [`ConfigError::Unsupported`](crate::ConfigError::Unsupported).
     ///
     /// ```
-    /// use ratelimit_core::Limiter;
+    /// use ratelimit_core::{ConfigError, Error, Limiter};
     ///
     /// let limiter = Limiter::builder()
     ///     .sentinel("mymaster", ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"])
     ///     .build()?; // connects on the first decision
     /// assert_eq!(limiter.backend_name(), "redis");
+    ///
+    /// let over_tls = Limiter::builder()
+    ///     .sentinel("mymaster", ["rediss://10.0.0.1:26379"])
+    ///     .build();
+    /// assert!(matches!(over_tls, Err(Error::Config(ConfigError::Unsupported { .. }))));
     /// # Ok::<(), ratelimit_core::Error>(())
     /// ```
     pub fn sentinel<I, S>(mut self, master: impl Into<String>, sentinels: I) -> Self
@@ -139,7 +146,8 @@ impl LimiterBuilder {
         self
     }
 
-    /// Certificates for a `rediss://` URL (standalone or cluster): a private
+    /// Certificates for a `rediss://` URL (standalone or cluster, not
+    /// Sentinel): a private
     /// CA to trust, a client certificate for mutual TLS. Without them a
     /// `rediss://` URL trusts the platform's roots. See [`TlsConfig`](crate::TlsConfig).
     pub fn tls(mut self, tls: crate::tls::TlsConfig) -> Self {
@@ -324,7 +332,7 @@ impl LimiterBuilder {
             #[cfg(feature = "redis")]
             BackendChoice::Sentinel { master, sentinels } => {
                 Backend::Redis(Box::new(crate::backend::redis::RedisBackend::new(
-                    crate::backend::redis::Endpoint::sentinel(master, sentinels)?,
+                    crate::backend::redis::Endpoint::sentinel(master, sentinels, &self.tls)?,
                     self.prefix.clone(),
                     self.timeout,
                     self.clock.clone(),

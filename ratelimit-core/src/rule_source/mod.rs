@@ -370,7 +370,7 @@ impl RedisRuleSourceBuilder {
     fn endpoint(&self) -> Result<crate::backend::redis::Endpoint, Error> {
         use crate::backend::redis::{open_client, Endpoint};
         match &self.sentinel {
-            Some((master, sentinels)) => Endpoint::sentinel(master, sentinels),
+            Some((master, sentinels)) => Endpoint::sentinel(master, sentinels, &self.tls),
             None => Ok(Endpoint::Fixed(open_client(&self.url, &self.tls)?)),
         }
     }
@@ -435,6 +435,33 @@ pub enum PublishError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// TLS with Sentinel is refused, for the limiter and the rule source
+    /// alike: the master's connections would not use it.
+    #[test]
+    fn sentinel_over_tls_is_refused_when_built() {
+        let ca = crate::TlsConfig::new().root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec());
+        let limiters = [
+            Limiter::builder()
+                .sentinel("main", ["rediss://127.0.0.1:26379"])
+                .build(),
+            Limiter::builder()
+                .sentinel("main", ["redis://127.0.0.1:26379"])
+                .tls(ca.clone())
+                .build(),
+        ];
+        for built in limiters {
+            assert!(
+                matches!(built, Err(Error::Config(ConfigError::Unsupported { .. }))),
+                "{built:?}"
+            );
+        }
+        let rules = RedisRuleSource::sentinel("main", ["rediss://127.0.0.1:26379"]);
+        assert!(matches!(
+            rules.endpoint(),
+            Err(Error::Config(ConfigError::Unsupported { .. }))
+        ));
+    }
 
     #[test]
     fn a_builder_shows_its_urls_without_their_passwords() {

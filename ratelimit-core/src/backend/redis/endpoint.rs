@@ -144,8 +144,23 @@ pub(crate) enum Endpoint {
 impl Endpoint {
     /// The endpoint for `sentinels` (their URLs), serving `master`. The
     /// master's connections take the first URL's user, password and
-    /// database.
-    pub(crate) fn sentinel(master: &str, sentinels: &[String]) -> Result<Self, Error> {
+    /// database. TLS is refused: the master's connections would not use it
+    /// (sending the password in clear to a master reached over TLS), and
+    /// the certificates given would not reach the Sentinels.
+    pub(crate) fn sentinel(
+        master: &str,
+        sentinels: &[String],
+        tls: &crate::tls::TlsConfig,
+    ) -> Result<Self, Error> {
+        if tls.is_set() || sentinels.iter().any(|url| url.starts_with("rediss://")) {
+            return Err(ConfigError::Unsupported {
+                what: "TLS with Redis Sentinel (`rediss://` Sentinel URLs, or `tls`)",
+                instead: "reach the Sentinels and the master on a private network with \
+                          `redis://` URLs, or name the master itself with \
+                          `redis(\"rediss://...\")`",
+            }
+            .into());
+        }
         use redis::IntoConnectionInfo as _;
         let invalid = |source| {
             Error::from(ConfigError::InvalidUrl {
