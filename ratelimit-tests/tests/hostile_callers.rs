@@ -1113,3 +1113,36 @@ async fn a_wait_past_any_instant_gives_up_with_the_denial() {
     assert_eq!(denied.cause, DenialCause::LocalFallback, "{denied:?}");
     assert_eq!(denied.retry_after, Duration::MAX);
 }
+
+/// Callers that arrive together at a Redis that never answers (frozen
+/// before the limiter's first decision) each wait one timeout, not one per
+/// caller ahead of them: the first attempt to connect answers them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_queued_behind_a_first_connection_to_a_frozen_redis_wait_one_timeout() {
+    let server = RedisServer::start();
+    server.freeze();
+    let limiter = limiter(&server, FailurePolicy::Closed);
+    let started = Instant::now();
+    let calls = (0..30).map(|i| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let (quota, key) = (roomy(), format!("queued:{i}"));
+            let denied = limiter.check(Request::new(&quota, &key)).await.err();
+            denied
+        })
+    });
+    let answers = futures::future::join_all(calls).await;
+    let took = started.elapsed();
+    server.thaw();
+    for answer in answers {
+        let denied = answer.unwrap().expect("a frozen Redis admitted a call");
+        assert!(
+            matches!(denied.cause, DenialCause::BackendUnavailable { .. }),
+            "{denied:?}"
+        );
+    }
+    assert!(
+        took < TIMEOUT + MARGIN,
+        "30 callers took {took:?} to be answered, with a timeout of {TIMEOUT:?}"
+    );
+}

@@ -83,13 +83,25 @@ pub(crate) struct RedisBackend {
     lane: RwLock<Option<Arc<Lane>>>,
     /// One lane is made at a time, and Sentinels are asked at most once per
     /// `RESOLVE_EVERY` after a failure.
-    renewing: tokio::sync::Mutex<Option<std::time::Instant>>,
+    renewing: tokio::sync::Mutex<Renewing>,
     keys: KeySpace,
     timeout: Duration,
     /// Switches the Sentinels announced, counted by a watcher started with
     /// the first lane.
     switches: Arc<AtomicU64>,
     watching: AtomicBool,
+}
+
+/// What the making of lanes remembers between attempts.
+#[derive(Default)]
+struct Renewing {
+    /// When the Sentinels were last asked.
+    last_resolve: Option<std::time::Instant>,
+    /// How the last attempt failed, and when it ended. Callers that waited
+    /// for that attempt take its answer rather than each trying again in
+    /// turn: behind a server that does not answer, the last of them would
+    /// wait one timeout per caller before it.
+    failed: Option<(std::time::Instant, Error)>,
 }
 
 /// The key a ping reads (under the limiter's prefix), and the quota it reads
@@ -112,7 +124,7 @@ impl RedisBackend {
         Self {
             endpoint,
             lane: RwLock::new(None),
-            renewing: tokio::sync::Mutex::new(None),
+            renewing: tokio::sync::Mutex::new(Renewing::default()),
             keys: KeySpace { prefix, clock },
             timeout,
             switches: Arc::new(AtomicU64::new(0)),
@@ -151,7 +163,29 @@ impl RedisBackend {
     #[cold]
     async fn renew_lane(&self) -> Result<Arc<Lane>, Error> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| NO_RUNTIME)?;
-        let mut last_resolve = self.renewing.lock().await;
+        let waited_from = std::time::Instant::now();
+        let mut renewing = self.renewing.lock().await;
+        if let Some((ended, error)) = &renewing.failed {
+            if *ended >= waited_from {
+                return Err(error.clone());
+            }
+        }
+        let result = self
+            .renew_locked(&runtime, &mut renewing.last_resolve)
+            .await;
+        renewing.failed = match &result {
+            Ok(_) => None,
+            Err(error) => Some((std::time::Instant::now(), error.clone())),
+        };
+        result
+    }
+
+    /// [`renew_lane`](Self::renew_lane), with the lock held.
+    async fn renew_locked(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        last_resolve: &mut Option<std::time::Instant>,
+    ) -> Result<Arc<Lane>, Error> {
         let current = self.current();
         let stale = match &current {
             Some(lane) if lane.live() => return Ok(lane.clone()),
