@@ -1052,3 +1052,41 @@ async fn every_replica_holds_what_its_master_wrote(module: bool) {
     }
     served_by(&cluster, module).await;
 }
+
+/// Callers that arrive together at a cluster whose nodes never answer
+/// (frozen before the limiter's first decision) wait about one timeout, not
+/// one per caller ahead of them: the attempt to connect that ended while
+/// they waited answers them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_queued_behind_a_slot_map_read_of_frozen_nodes_wait_one_timeout() {
+    let cluster = RedisCluster::start(3, 0);
+    let timeout = Duration::from_millis(100);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(timeout)
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    cluster.nodes.iter().for_each(|node| node.freeze());
+    let started = Instant::now();
+    let calls = (0..30).map(|i| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let quota = Quota::per_second(100).unwrap();
+            let key = format!("queued:{i}");
+            let denied = limiter.check(Request::new(&quota, &key)).await.err();
+            denied
+        })
+    });
+    let answers = futures::future::join_all(calls).await;
+    let took = started.elapsed();
+    cluster.nodes.iter().for_each(|node| node.thaw());
+    for answer in answers {
+        let denied = answer.unwrap().expect("a frozen cluster admitted a call");
+        assert!(fault(&denied).is_some(), "{denied:?}");
+    }
+    assert!(
+        took < 2 * timeout + Duration::from_secs(1),
+        "30 callers took {took:?} to be answered, with a timeout of {timeout:?}"
+    );
+}

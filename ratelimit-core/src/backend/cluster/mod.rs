@@ -68,6 +68,11 @@ pub(crate) struct ClusterBackend {
     seed: redis::Client,
     /// Connected on first use; a failed attempt is retried on the next call.
     connection: tokio::sync::OnceCell<ClusterConnection>,
+    /// One attempt to connect at a time, and how the last one failed and
+    /// when it ended: callers that waited for it take its answer, rather
+    /// than each trying again in turn (behind nodes that do not answer, the
+    /// last of them would wait one timeout per caller before it).
+    connecting: tokio::sync::Mutex<Option<(Instant, Error)>>,
     /// The slot map and the masters' queues; none until first read.
     routing: RwLock<Option<Arc<Routing>>>,
     /// When the slot map was last asked for; one reader at a time.
@@ -131,6 +136,7 @@ impl ClusterBackend {
             client,
             seed,
             connection: tokio::sync::OnceCell::new(),
+            connecting: tokio::sync::Mutex::new(None),
             routing: RwLock::new(None),
             refreshing: tokio::sync::Mutex::new(None),
             stale: Arc::new(AtomicBool::new(false)),
@@ -177,11 +183,37 @@ impl ClusterBackend {
     }
 
     async fn connection(&self) -> Result<ClusterConnection, Error> {
-        self.connection
-            .get_or_try_init(|| self.client.get_async_connection())
+        if let Some(connection) = self.connection.get() {
+            return Ok(connection.clone());
+        }
+        let waited_from = Instant::now();
+        let mut failed = self.connecting.lock().await;
+        if let Some(connection) = self.connection.get() {
+            return Ok(connection.clone());
+        }
+        if let Some((ended, error)) = &*failed {
+            if *ended >= waited_from {
+                return Err(error.clone());
+            }
+        }
+        let attempt = tokio::time::timeout(self.timeout, self.client.get_async_connection())
             .await
-            .cloned()
-            .map_err(Error::from)
+            .map_err(|_| Error::Timeout(self.timeout))
+            .and_then(|connected| connected.map_err(Error::from));
+        match attempt {
+            Ok(connection) => {
+                *failed = None;
+                Ok(self
+                    .connection
+                    .get_or_init(|| async { connection })
+                    .await
+                    .clone())
+            }
+            Err(error) => {
+                *failed = Some((Instant::now(), error.clone()));
+                Err(error)
+            }
+        }
     }
 
     fn full_key(&self, key: &str) -> String {
