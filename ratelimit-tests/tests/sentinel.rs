@@ -370,3 +370,41 @@ async fn switchover(on_master: bool, on_replica: bool) {
     eprintln!("switchover: the worst key admitted {worst} in {elapsed:?}, bound {bound}");
     assert!(worst <= bound, "a key admitted {worst}, over {bound}");
 }
+
+/// Sentinels that do not answer stop nothing while the master is well:
+/// after a failed call (the master frozen past the timeout, then thawed),
+/// decisions go on to the master as last known, rather than each waiting
+/// on the Sentinels and failing until they answer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_sentinels_leave_decisions_on_the_master_as_last_known() {
+    let (master, _replica, sentinels) = sentinel_set();
+    let urls: Vec<String> = sentinels.iter().map(|s| s.url()).collect();
+    let limiter = Limiter::builder()
+        .sentinel(MASTER, urls)
+        .timeout(Duration::from_millis(100))
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .unwrap();
+    let quota = Quota::new(1_000_000_000, "1000000000/s".parse().unwrap()).unwrap();
+    let on_redis = |admitted: &ratelimit::Admitted<'_>| !admitted.decisions()[0].fallback;
+    let first = limiter.check(Request::new(&quota, "k")).await.unwrap();
+    assert!(on_redis(&first), "{:?}", first.decisions());
+    sentinels.iter().for_each(RedisServer::freeze);
+    master.freeze();
+    let failed = limiter.check(Request::new(&quota, "k")).await.unwrap();
+    assert!(!on_redis(&failed), "a frozen master decided");
+    master.thaw();
+    let started = Instant::now();
+    loop {
+        let admitted = limiter.check(Request::new(&quota, "k")).await.unwrap();
+        if on_redis(&admitted) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "decisions did not go back to the master while its Sentinels were frozen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sentinels.iter().for_each(RedisServer::thaw);
+}

@@ -215,7 +215,29 @@ impl RedisBackend {
         }
         // Read before asking: a switch announced meanwhile is seen again.
         let switches = self.switches.load(Ordering::Acquire);
-        let client = self.endpoint.client(self.timeout).await?;
+        let asked = self.endpoint.client(self.timeout).await;
+        // Counted from the answer: callers that waited for it do not ask
+        // again at once.
+        *last_resolve = Some(std::time::Instant::now());
+        let client = match asked {
+            Ok(client) => client,
+            // Sentinels that cannot say where the master is stop nothing:
+            // calls go on to the master as last known, which answers them
+            // while it is still the master (and fails them, for the failure
+            // policy to answer, if it is not).
+            Err(error) => match stale {
+                Some(lane) => {
+                    tracing::warn!(
+                        %error,
+                        master = %lane.address,
+                        "the Redis Sentinels did not say where the master is; deciding on the \
+                         master as last known"
+                    );
+                    return Ok(lane);
+                }
+                None => return Err(error),
+            },
+        };
         let address = client.get_connection_info().addr().clone();
         if let Some(lane) = stale {
             if lane.address == address {
