@@ -115,6 +115,16 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         all.push(Args::from_attribute(attr)?);
     }
     let body = Body::of(function);
+    // What comes before the returned future runs when the function is
+    // called, whatever the limits answer: nothing may.
+    if let (Body::Returned { .. }, [first, _, ..]) = (&body, &function.block.stmts[..]) {
+        return Err(syn::Error::new_spanned(
+            first,
+            "`#[rate_limit]` checks the limits inside the future this function returns, so \
+             statements before it would run on every call, even a denied one; move them into \
+             the `async` block",
+        ));
+    }
     let signature = valid::function(&function.sig, &body)?;
     let checks = all
         .into_iter()
@@ -585,6 +595,27 @@ mod tests {
             "every check precedes the body: {out}"
         );
         assert_eq!(out.matches("static __RATELIMIT_RULE").count(), 3, "{out}");
+    }
+
+    #[test]
+    fn statements_before_a_returned_future_are_refused() {
+        let out = expand(
+            r#"key = "k", capacity = 1, rate = 1"#,
+            r#"
+            fn f() -> Pin<Box<dyn Future<Output = Result<(), E>> + Send>> {
+                COUNTED.fetch_add(1, Relaxed);
+                Box::pin(async move { Ok(()) })
+            }
+            "#,
+        );
+        assert!(out.starts_with(":: core :: compile_error !"), "{out}");
+        assert!(out.contains("move them into"), "{out}");
+        let alone = expand(
+            r#"key = "k", capacity = 1, rate = 1"#,
+            "fn f() -> Pin<Box<dyn Future<Output = Result<(), E>> + Send>> { \
+             Box::pin(async move { Ok(()) }) }",
+        );
+        assert!(!alone.contains("compile_error"), "{alone}");
     }
 
     #[test]

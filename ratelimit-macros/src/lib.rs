@@ -70,9 +70,11 @@ use proc_macro::TokenStream;
 ///   impl's attribute expands first, whatever the order of the method's
 ///   attributes, and leaves a `fn` returning `Box::pin(async move { .. })`;
 ///   the checks go first inside that block, so they run when the future is
-///   polled. Any `fn` whose last expression is `async move { .. }` or
+///   polled. Any `fn` whose only expression is `async move { .. }` or
 ///   `Box::pin(async move { .. })`, with `Future<Output = ..>` in its return
 ///   type, is taken the same way, and its `Output` is the return type below.
+///   A statement before that expression would run on every call, even a
+///   denied one, and does not compile: it belongs inside the block.
 /// - A return type that is `Result<T, E>` where
 ///   `E: From<ratelimit::RateLimited>`, under any name: written out, an alias
 ///   such as `type ApiResult<T> = Result<T, ApiError>`, or a crate's own
