@@ -597,6 +597,32 @@ mod tests {
         assert_eq!(out.matches("static __RATELIMIT_RULE").count(), 3, "{out}");
     }
 
+    /// A lease the limiter would never take is refused where it is written.
+    #[test]
+    fn a_lease_that_is_never_taken_is_refused() {
+        for (args, says) in [
+            (
+                r#"key = "k", algorithm = sliding_log, limit = 5, window = "1s", lease = 3"#,
+                "`sliding_log` cannot lease",
+            ),
+            (
+                r#"key = "k", capacity = 5, rate = 1, cost = 2, lease = 2"#,
+                "leases nothing for a call of cost 2",
+            ),
+        ] {
+            let out = expand(args, "async fn f() -> Result<(), E> { Ok(()) }");
+            assert!(
+                out.starts_with(":: core :: compile_error !") && out.contains(says),
+                "{args}: {out}"
+            );
+        }
+        let taken = expand(
+            r#"key = "k", capacity = 5, rate = 1, cost = 2, lease = 3"#,
+            "async fn f() -> Result<(), E> { Ok(()) }",
+        );
+        assert!(!taken.contains("compile_error"), "{taken}");
+    }
+
     #[test]
     fn statements_before_a_returned_future_are_refused() {
         let out = expand(

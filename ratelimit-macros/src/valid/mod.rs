@@ -156,22 +156,45 @@ impl Function<'_> {
             }
             Some(expr) => Cost::Expr(expr.clone()),
         };
-        let lease = match &args.lease {
-            None => None,
-            Some(expr) => {
-                let tokens = positive_integer(expr, "lease")?;
-                if let QuotaArg::Fixed(fixed) = &quota {
-                    if fixed.algorithm.name() == "leaky_bucket" {
-                        return Err(syn::Error::new_spanned(
-                            expr,
-                            "`leaky_bucket` cannot lease tokens: each admission carries its own \
-                             delay; remove `lease` or choose another algorithm",
-                        ));
+        let lease =
+            match &args.lease {
+                None => None,
+                Some(expr) => {
+                    let tokens = positive_integer(expr, "lease")?;
+                    if let QuotaArg::Fixed(fixed) = &quota {
+                        match fixed.algorithm.name() {
+                            "leaky_bucket" => return Err(syn::Error::new_spanned(
+                                expr,
+                                "`leaky_bucket` cannot lease tokens: each admission carries its \
+                                 own delay; remove `lease` or choose another algorithm",
+                            )),
+                            "sliding_log" => {
+                                return Err(syn::Error::new_spanned(
+                                    expr,
+                                    "`sliding_log` cannot lease tokens: it logs each admission's \
+                                 instant, which a token served later would not be; remove \
+                                 `lease` or choose another algorithm",
+                                ))
+                            }
+                            _ => {}
+                        }
                     }
+                    // A lease is taken only when it is above the call's cost.
+                    if let Cost::Fixed(cost) = cost {
+                        if tokens <= cost {
+                            return Err(syn::Error::new_spanned(
+                                expr,
+                                format!(
+                                "`lease = {tokens}` leases nothing for a call of cost {cost}: a \
+                                 lease takes more tokens than one call needs; raise it above \
+                                 {cost} or remove it"
+                            ),
+                            ));
+                        }
+                    }
+                    Some(tokens)
                 }
-                Some(tokens)
-            }
-        };
+            };
         Ok(Check {
             lease,
             krate: match &args.krate {
