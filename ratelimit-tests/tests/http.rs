@@ -765,6 +765,41 @@ async fn a_local_fallbacks_denial_claims_nothing_of_the_quota() {
     assert!(denied.header("x-ratelimit-remaining").is_none());
 }
 
+/// A request a leaky bucket admits for later gives its turn back when its
+/// client leaves before the turn comes, as a `#[rate_limit]` call does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_leaves_before_its_turn_gives_the_turn_back() {
+    let limiter = Limiter::memory();
+    // A queue of 3, one a minute: the second request waits a minute.
+    let quota = Quota::leaky_bucket(3, Rate::per_minute(1).unwrap()).unwrap();
+    let app = Router::new().route(
+        "/paced",
+        get(ok).route_layer(RateLimitLayer::new(limiter.clone(), quota).name("paced")),
+    );
+    let base = serve(app).await;
+    assert_eq!(fetch(&client(), &format!("{base}/paced")).await.status, 200);
+    let key = "http:paced:ip:127.0.0.1";
+    assert_eq!(left(&limiter, &quota, key).await, 2);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gone = impatient.get(format!("{base}/paced")).send().await;
+    assert!(gone.is_err(), "the second request was served at once");
+    let mut given_back = false;
+    for _ in 0..100 {
+        if left(&limiter, &quota, key).await == 2 {
+            given_back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        given_back,
+        "the turn of a request whose client left stayed taken"
+    );
+}
+
 /// A check naming one key twice is the service's mistake: a 500 that no
 /// retry mends, with no `Retry-After` and no `RateLimit` member.
 #[test]

@@ -297,6 +297,31 @@ impl Shared {
     }
 }
 
+/// A request admitted for later, waiting for its turn: dropped before it
+/// (the client left), it gives the turn back, as a `#[rate_limit]` call
+/// does. A refund needs I/O, so it runs as a task of its own on the
+/// runtime; with none, the turn stays taken, which admits less, never more.
+struct Waiting<'a> {
+    limiter: &'a Limiter,
+    admitted: Option<Admitted<'a>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let Some(admitted) = self.admitted.take() else {
+            return;
+        };
+        let (limiter, admitted) = (self.limiter.clone(), admitted.__into_owned());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = limiter.__refund_owned(admitted).await {
+                    tracing::warn!(%error, "could not give back the turn of a request that left");
+                }
+            });
+        }
+    }
+}
+
 /// The service of [`RateLimitLayer`](super::RateLimitLayer).
 #[derive(Clone)]
 pub struct RateLimitService<S> {
@@ -346,11 +371,23 @@ where
             }
             let mut response = match shared.decide(&asked).await {
                 Verdict::Admitted(admitted) => {
-                    // A leaky bucket admits a request for later: wait for its turn.
+                    // A leaky bucket admits a request for later: wait for its
+                    // turn, which goes back if the request goes first (the
+                    // client left).
                     let delay = admitted.delay();
-                    if !delay.is_zero() {
+                    let admitted = if delay.is_zero() {
+                        admitted
+                    } else {
+                        let mut waiting = Waiting {
+                            limiter: &shared.limiter,
+                            admitted: Some(admitted),
+                        };
                         tokio::time::sleep(delay).await;
-                    }
+                        match waiting.admitted.take() {
+                            Some(admitted) => admitted,
+                            None => return inner.call(Request::from_parts(parts, body)).await,
+                        }
+                    };
                     let mut response = inner.call(Request::from_parts(parts, body)).await?;
                     shared.admitted(&mut response, &asked, admitted.decisions());
                     shared.settle(admitted, response.status()).await;
