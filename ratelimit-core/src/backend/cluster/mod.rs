@@ -45,8 +45,8 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::oneshot;
 
 use super::redis::{
-    await_answer, decode_all, decode_one, Functions, Job, KeySpace, Request, MAX_QUEUED, PING_KEY,
-    PING_QUOTA,
+    await_answer, decode_all, decode_one, Functions, Job, KeySpace, LastFailure, Request,
+    MAX_QUEUED, PING_KEY, PING_QUOTA,
 };
 use crate::algorithm::Refund;
 use crate::breaker::{Breaker, BreakerConfig, CircuitState};
@@ -68,11 +68,8 @@ pub(crate) struct ClusterBackend {
     seed: redis::Client,
     /// Connected on first use; a failed attempt is retried on the next call.
     connection: tokio::sync::OnceCell<ClusterConnection>,
-    /// One attempt to connect at a time, and how the last one failed and
-    /// when it ended: callers that waited for it take its answer, rather
-    /// than each trying again in turn (behind nodes that do not answer, the
-    /// last of them would wait one timeout per caller before it).
-    connecting: tokio::sync::Mutex<Option<(Instant, Error)>>,
+    /// One attempt to connect at a time, and how the last one failed.
+    connecting: tokio::sync::Mutex<LastFailure>,
     /// The slot map and the masters' queues; none until first read.
     routing: RwLock<Option<Arc<Routing>>>,
     /// When the slot map was last asked for; one reader at a time.
@@ -136,7 +133,7 @@ impl ClusterBackend {
             client,
             seed,
             connection: tokio::sync::OnceCell::new(),
-            connecting: tokio::sync::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(LastFailure::default()),
             routing: RwLock::new(None),
             refreshing: tokio::sync::Mutex::new(None),
             stale: Arc::new(AtomicBool::new(false)),
@@ -191,29 +188,20 @@ impl ClusterBackend {
         if let Some(connection) = self.connection.get() {
             return Ok(connection.clone());
         }
-        if let Some((ended, error)) = &*failed {
-            if *ended >= waited_from {
-                return Err(error.clone());
-            }
+        if let Some(error) = failed.since(waited_from) {
+            return Err(error);
         }
         let attempt = tokio::time::timeout(self.timeout, self.client.get_async_connection())
             .await
             .map_err(|_| Error::Timeout(self.timeout))
             .and_then(|connected| connected.map_err(Error::from));
-        match attempt {
-            Ok(connection) => {
-                *failed = None;
-                Ok(self
-                    .connection
-                    .get_or_init(|| async { connection })
-                    .await
-                    .clone())
-            }
-            Err(error) => {
-                *failed = Some((Instant::now(), error.clone()));
-                Err(error)
-            }
-        }
+        failed.record(&attempt);
+        let connection = attempt?;
+        Ok(self
+            .connection
+            .get_or_init(|| async { connection })
+            .await
+            .clone())
     }
 
     fn full_key(&self, key: &str) -> String {

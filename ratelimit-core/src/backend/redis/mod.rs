@@ -97,11 +97,34 @@ pub(crate) struct RedisBackend {
 struct Renewing {
     /// When the Sentinels were last asked.
     last_resolve: Option<std::time::Instant>,
-    /// How the last attempt failed, and when it ended. Callers that waited
-    /// for that attempt take its answer rather than each trying again in
-    /// turn: behind a server that does not answer, the last of them would
-    /// wait one timeout per caller before it.
-    failed: Option<(std::time::Instant, Error)>,
+    /// How the last attempt failed.
+    failed: LastFailure,
+}
+
+/// How the last of a series of attempts made one at a time (to connect)
+/// failed, and when it ended. Callers that waited for that attempt take its
+/// answer rather than each trying again in turn: behind a server that does
+/// not answer, the last of them would wait one timeout per caller before it.
+#[derive(Default)]
+pub(crate) struct LastFailure(Option<(std::time::Instant, Error)>);
+
+impl LastFailure {
+    /// The failure of an attempt that ended after `waited_from`, when the
+    /// caller began to wait for its turn.
+    pub(crate) fn since(&self, waited_from: std::time::Instant) -> Option<Error> {
+        self.0
+            .as_ref()
+            .filter(|(ended, _)| *ended >= waited_from)
+            .map(|(_, error)| error.clone())
+    }
+
+    /// Keeps how an attempt that ends now went.
+    pub(crate) fn record<T>(&mut self, result: &Result<T, Error>) {
+        self.0 = result
+            .as_ref()
+            .err()
+            .map(|error| (std::time::Instant::now(), error.clone()));
+    }
 }
 
 /// The key a ping reads (under the limiter's prefix), and the quota it reads
@@ -165,18 +188,13 @@ impl RedisBackend {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| NO_RUNTIME)?;
         let waited_from = std::time::Instant::now();
         let mut renewing = self.renewing.lock().await;
-        if let Some((ended, error)) = &renewing.failed {
-            if *ended >= waited_from {
-                return Err(error.clone());
-            }
+        if let Some(error) = renewing.failed.since(waited_from) {
+            return Err(error);
         }
         let result = self
             .renew_locked(&runtime, &mut renewing.last_resolve)
             .await;
-        renewing.failed = match &result {
-            Ok(_) => None,
-            Err(error) => Some((std::time::Instant::now(), error.clone())),
-        };
+        renewing.failed.record(&result);
         result
     }
 
