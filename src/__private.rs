@@ -419,13 +419,20 @@ impl Drop for Taking {
     /// holds, never a `Taking` again), the tokens stay taken: that admits
     /// less, never more.
     fn drop(&mut self) {
-        if self.held.is_empty() {
-            return;
-        }
-        let mut held = std::mem::take(&mut self.held);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { give_back(&mut held).await });
-        }
+        give_back_later(std::mem::take(&mut self.held));
+    }
+}
+
+/// Refunds each admission in `held` as a task of its own on the caller's
+/// runtime, for a call (or a request) dropped before its body ran: a
+/// refund needs I/O, and `Drop` cannot wait. With no runtime, or one
+/// shutting down, the tokens stay taken: that admits less, never more.
+pub(crate) fn give_back_later(mut held: Vec<(Limiter, OwnedAdmitted)>) {
+    if held.is_empty() {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { give_back(&mut held).await });
     }
 }
 

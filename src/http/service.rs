@@ -299,8 +299,7 @@ impl Shared {
 
 /// A request admitted for later, waiting for its turn: dropped before it
 /// (the client left), it gives the turn back, as a `#[rate_limit]` call
-/// does. A refund needs I/O, so it runs as a task of its own on the
-/// runtime; with none, the turn stays taken, which admits less, never more.
+/// does (see `give_back_later`).
 struct Waiting<'a> {
     limiter: &'a Limiter,
     admitted: Option<Admitted<'a>>,
@@ -308,16 +307,11 @@ struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let Some(admitted) = self.admitted.take() else {
-            return;
-        };
-        let (limiter, admitted) = (self.limiter.clone(), admitted.__into_owned());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = limiter.__refund_owned(admitted).await {
-                    tracing::warn!(%error, "could not give back the turn of a request that left");
-                }
-            });
+        if let Some(admitted) = self.admitted.take() {
+            crate::__private::give_back_later(vec![(
+                self.limiter.clone(),
+                admitted.__into_owned(),
+            )]);
         }
     }
 }
