@@ -98,6 +98,7 @@ impl ClusterBackend {
 
     #[cold]
     pub(super) async fn refresh(&self, current: Option<Arc<Routing>>) -> Option<Arc<Routing>> {
+        let waited_from = Instant::now();
         // With a map in hand, a decision does not wait for another's read.
         let mut last = match &current {
             Some(_) => match self.refreshing.try_lock() {
@@ -106,7 +107,11 @@ impl ClusterBackend {
             },
             None => self.refreshing.lock().await,
         };
-        if last.is_some_and(|at| at.elapsed() < REFRESH_GAP) {
+        // `last` is when the last read began or ended: a read that ended
+        // while this caller waited answers it too, map or failure, so that
+        // callers queued behind nodes that do not answer each wait one
+        // timeout rather than one per caller ahead of them.
+        if last.is_some_and(|at| at >= waited_from || at.elapsed() < REFRESH_GAP) {
             return self
                 .routing
                 .read()
@@ -116,7 +121,9 @@ impl ClusterBackend {
         *last = Some(Instant::now());
         // Cleared before the read: a redirect met meanwhile asks again.
         self.stale.store(false, Ordering::Release);
-        let masters = match self.read_slots().await {
+        let read = self.read_slots().await;
+        *last = Some(Instant::now());
+        let masters = match read {
             Ok(masters) => masters,
             Err(error) => {
                 tracing::warn!(%error, "could not read the Redis Cluster slot map");
