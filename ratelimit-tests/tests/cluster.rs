@@ -396,6 +396,67 @@ async fn a_batch_over_several_slots_of_one_master_is_one_call(module: bool) {
     served_by(&cluster, module).await;
 }
 
+// Current-thread: the decisions below are queued before the batching task
+// runs, so they go in one batch.
+on_both_paths!(current_thread: a_full_master_answers_the_denials_of_a_batch);
+async fn a_full_master_answers_the_denials_of_a_batch(module: bool) {
+    let cluster = start(3, 0, module);
+    let limiter = uncached(&cluster, Duration::from_millis(500));
+    let quota = Quota::new(1, "1/min".parse().unwrap()).unwrap();
+    let master = cluster.masters()[0];
+    let mut keys = (0..)
+        .map(|i| format!("user:{i}"))
+        .filter(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master);
+    let (spent, fresh): (Vec<String>, Vec<String>) =
+        ((&mut keys).take(3).collect(), keys.take(3).collect());
+    for key in &spent {
+        assert!(limiter.decide(&quota, key, 1).await.unwrap().allowed);
+    }
+    for node in cluster.masters() {
+        let mut connection = cluster.nodes[node].connection().await;
+        for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+        }
+    }
+    let decisions = futures::future::join_all(
+        spent
+            .iter()
+            .chain(&fresh)
+            .map(|key| limiter.decide(&quota, key, 1)),
+    )
+    .await;
+    for node in cluster.masters() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("0")
+            .query_async(&mut cluster.nodes[node].connection().await)
+            .await
+            .unwrap();
+    }
+    let (spent_decisions, fresh_decisions) = decisions.split_at(spent.len());
+    for (key, decision) in spent.iter().zip(spent_decisions) {
+        let decision = decision
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{key}: a denial needs no memory: {e}"));
+        assert!(!decision.allowed, "{key}: {decision:?}");
+    }
+    for (key, decision) in fresh.iter().zip(fresh_decisions) {
+        let error = decision.as_ref().expect_err("an admission needs a write");
+        assert_eq!(
+            fault(error),
+            Some(ratelimit::ErrorKind::Unavailable),
+            "{key}: {error}"
+        );
+    }
+}
+
 on_both_paths!(multi_thread: decisions_stay_exact_while_slots_move_between_masters);
 async fn decisions_stay_exact_while_slots_move_between_masters(module: bool) {
     let cluster = Arc::new(start(3, 0, module));

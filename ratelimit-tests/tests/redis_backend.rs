@@ -460,6 +460,58 @@ async fn a_redis_out_of_memory_still_answers_denials() {
     assert!(!denied.allowed, "{denied:?}");
 }
 
+/// A denial that shares a script call with an admission is still a denial
+/// when Redis is full: the call is refused at the admission's write, before
+/// anything was written, and the failure policy must not answer the denial.
+#[tokio::test]
+async fn a_full_redis_answers_a_denial_batched_with_an_admission() {
+    let server = RedisServer::start();
+    let mut redis = server.connection().await;
+    let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
+    let other = redis_limiter(&server);
+    for _ in 0..2 {
+        assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
+    }
+    let limiter = redis_limiter(&server);
+    assert!(limiter.decide(&quota, "warm", 1).await.unwrap().allowed);
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    let check = [
+        Request::new(&quota, "full"),
+        Request::new(&quota, "full:other"),
+    ];
+    // Queued together on this thread, so one script call carries them all.
+    let (denied, admitted, checked) = tokio::join!(
+        limiter.decide(&quota, "full", 1),
+        limiter.decide(&quota, "full:fresh", 1),
+        limiter.decide_all(&check),
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let denied = denied.expect("a denial needs no memory, whatever shares its call");
+    assert!(!denied.allowed, "{denied:?}");
+    let error = admitted.expect_err("an admission needs a write");
+    assert_eq!(fault(&error), Some(ErrorKind::Unavailable), "{error}");
+    let denied = checked.expect_err("a check denied on one of its keys");
+    assert_eq!(
+        denied.cause,
+        DenialCause::Quota,
+        "the check is denied by its spent key, not failed: {denied}"
+    );
+}
+
 /// Current-thread: the batching task that logs runs on this thread.
 #[tokio::test]
 async fn the_switch_to_evalsha_is_logged_without_the_keys_of_the_call() {

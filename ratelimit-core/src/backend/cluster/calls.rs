@@ -105,7 +105,7 @@ pub(super) async fn call_routed(
 /// node turns out not to serve are decided alone and the rest go again
 /// once as a batch: the script wrote nothing, so nothing is applied twice.
 /// A batch the node refused unrun (the cluster is down, the node is no
-/// longer a master) is decided key by key. A call that may have run is never
+/// longer a master, or out of memory) is decided key by key. A call that may have run is never
 /// sent again: its decisions fail (a `NOPERM` too: a script may meet it at a
 /// write, after others).
 pub(super) async fn send_node_batch(
@@ -132,6 +132,11 @@ pub(super) async fn send_node_batch(
                     stale.store(true, Ordering::Release);
                     break;
                 }
+                // Over `maxmemory`: refused before it ran (the flagged
+                // script is refused whole), and a denial needs no write.
+                // Decided alone, by the script that runs until it writes,
+                // denials are answered, and only admissions fail.
+                Ok(Err(error)) if error.code() == Some("OOM") => break,
                 Ok(Err(error)) => {
                     fail(jobs, &Error::from(error));
                     return false;

@@ -210,7 +210,39 @@ pub(super) async fn send_batch(
     batch: Vec<Work>,
 ) -> bool {
     let invocation = runs_invocation(&batch);
-    let reply = invoke(&invocation, &mut connection, &functions).await;
+    match invoke(&invocation, &mut connection, &functions).await {
+        // Over `maxmemory`, Redis refuses a call before its first write,
+        // so this one wrote nothing, and a denial needs no write: each
+        // decision goes again in a call of its own, so that denials are
+        // answered and only the decisions that must write fail, rather than
+        // every denial of the batch failing with the admission beside it
+        // (and a failure policy that admits then admitting it).
+        Err(error) if error.code() == Some("OOM") && batch.len() > 1 => {
+            let alone: Vec<_> = batch
+                .into_iter()
+                .filter(Waiting::wanted)
+                .map(|work| {
+                    let (mut connection, functions) = (connection.clone(), functions.clone());
+                    tokio::spawn(async move {
+                        let invocation = runs_invocation(std::slice::from_ref(&work));
+                        let reply = invoke(&invocation, &mut connection, &functions).await;
+                        answer(vec![work], reply)
+                    })
+                })
+                .collect();
+            let mut answered = false;
+            for call in alone {
+                answered |= call.await.unwrap_or(false);
+            }
+            answered
+        }
+        reply => answer(batch, reply),
+    }
+}
+
+/// Hands each caller of `batch` its answer in `reply`; whether Redis
+/// answered.
+fn answer(batch: Vec<Work>, reply: redis::RedisResult<Vec<i64>>) -> bool {
     let answered = reply.is_ok();
     let decoded = reply
         .map_err(Error::from)
