@@ -1702,6 +1702,58 @@ async fn responses_the_layer_refunds_do_not_spend_the_quota() {
     assert_eq!(limiter.stats().refunded, 15);
 }
 
+/// A service that fails (an `Err`, which has no status: a server's 500 once
+/// an outer layer or the server answers it) is refunded as a 500.
+#[tokio::test]
+async fn a_service_error_is_refunded_as_a_server_error() {
+    use tower::{Layer as _, ServiceExt as _};
+    let limiter = stopped_limiter();
+    let service = tower::service_fn(
+        |request: axum::http::Request<axum::body::Body>| async move {
+            match request.uri().path() {
+                "/fail" => Err("the database is down"),
+                _ => Ok(StatusCode::OK.into_response()),
+            }
+        },
+    );
+    let call = |layer: &RateLimitLayer, path: &'static str| {
+        let service = layer.layer(service);
+        async move {
+            let request = axum::http::Request::get(path)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            service.oneshot(request).await.map(|r| r.status())
+        }
+    };
+    // Counting successes only: failures give their token back.
+    let successes = RateLimitLayer::all(limiter.clone(), [Limit::global(hourly(2))])
+        .name("ok-only")
+        .refund_on(|status| !status.is_success());
+    for _ in 0..5 {
+        assert_eq!(call(&successes, "/fail").await, Err("the database is down"));
+    }
+    assert_eq!(call(&successes, "/").await, Ok(StatusCode::OK));
+    assert_eq!(call(&successes, "/").await, Ok(StatusCode::OK));
+    assert_eq!(
+        call(&successes, "/").await,
+        Ok(StatusCode::TOO_MANY_REQUESTS)
+    );
+    // Counting server errors only: a failure is one.
+    let failures = RateLimitLayer::all(limiter.clone(), [Limit::global(hourly(2))])
+        .name("errors-only")
+        .refund_on(|status| !status.is_server_error());
+    for _ in 0..5 {
+        assert_eq!(call(&failures, "/").await, Ok(StatusCode::OK));
+    }
+    assert_eq!(call(&failures, "/fail").await, Err("the database is down"));
+    assert_eq!(call(&failures, "/fail").await, Err("the database is down"));
+    assert_eq!(
+        call(&failures, "/").await,
+        Ok(StatusCode::TOO_MANY_REQUESTS)
+    );
+    assert_eq!(limiter.stats().refunded, 10);
+}
+
 /// A per-user lookup where only found users count: a miss gives its token
 /// back (`refund_on = err`).
 #[rate_limit(key = "profile:<user_id>", capacity = 2, rate = "1/h", limiter = limiter, refund_on = err)]

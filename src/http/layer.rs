@@ -231,7 +231,8 @@ impl RateLimitLayer {
     /// responses count: only failures, to limit retries of a failing
     /// operation (`|status| !status.is_server_error()`), or only successes
     /// (`|status| !status.is_success()`), so that rejected requests do not
-    /// spend a client's quota. The response keeps the fields of the
+    /// spend a client's quota. An error of the service, which has no
+    /// status, is taken for a 500. The response keeps the fields of the
     /// admission; the refund is made before it is sent (a backend call
     /// when the limiter is remote). A refund that fails is logged; it is
     /// never sent twice (see [`Limiter::refund`]).

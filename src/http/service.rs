@@ -336,6 +336,7 @@ impl<S, B> Service<Request<B>> for RateLimitService<S>
 where
     S: Service<Request<B>, Response = Response> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
     B: Send + 'static,
 {
     type Response = Response;
@@ -382,7 +383,18 @@ where
                             None => return inner.call(Request::from_parts(parts, body)).await,
                         }
                     };
-                    let mut response = inner.call(Request::from_parts(parts, body)).await?;
+                    let mut response = match inner.call(Request::from_parts(parts, body)).await {
+                        Ok(response) => response,
+                        // No response: the server, or a layer outside this
+                        // one, answers the error, as a server error unless
+                        // told otherwise; the refund takes it for one.
+                        Err(error) => {
+                            shared
+                                .settle(admitted, StatusCode::INTERNAL_SERVER_ERROR)
+                                .await;
+                            return Err(error);
+                        }
+                    };
                     shared.admitted(&mut response, &asked, admitted.decisions());
                     shared.settle(admitted, response.status()).await;
                     response
