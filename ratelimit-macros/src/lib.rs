@@ -123,7 +123,7 @@ use proc_macro::TokenStream;
 /// | `gcra` | `capacity`, `rate` | exactly what the token bucket admits (the same algorithm) | one number |
 /// | `leaky_bucket` | `capacity`, `rate` | a queue of `capacity` drained at `rate`: a call waits its turn, then runs | one number |
 /// | `fixed_window` | `limit`, `window` | `limit` per window aligned to the epoch; up to twice the limit across a boundary | one string |
-/// | `sliding_log` | `limit`, `window` | exactly `limit` in any window of length `window` | a sorted set of up to `limit` members |
+/// | `sliding_log` | `limit`, `window` | exactly `limit` in any window of length `window` | a sorted set of up to `limit` members (`limit` at most 10,000) |
 /// | `sliding_window` | `limit`, `window` | the previous window's count weighted by its overlap, plus the current one's: at most `limit` plus the previous window's count times the share of the current window elapsed | one string |
 ///
 /// ```

@@ -204,7 +204,8 @@ impl LimiterBuilder {
     }
 
     /// The most keys the memory backend keeps (default 1,000,000, about
-    /// 150 MiB at most). Keys whose bucket is full again are dropped first,
+    /// 150 MiB at most, and 8 bytes more for each admission a sliding log
+    /// holds). Keys whose bucket is full again are dropped first,
     /// as Redis expires them, which changes no decision; beyond the bound,
     /// the keys nearest to refilled are forgotten, and a forgotten key is
     /// admitted again as a fresh one. So a flood of distinct keys (one per

@@ -169,7 +169,11 @@ impl Quota {
         Self::windowed(Algorithm::FixedWindow, limit, window)
     }
 
-    /// Exactly `limit` in any window of length `window` (memory grows with `limit`).
+    /// Exactly `limit` in any window of length `window`. The log keeps one
+    /// entry per admitted unit, so its memory, and the work of an admission
+    /// of a large cost, grow with `limit`: at most [`Quota::MAX_LOG_LIMIT`]
+    /// ([`QuotaError::LogTooLong`] above it; `sliding_window` keeps two
+    /// counts for any limit).
     pub fn sliding_log(limit: u64, window: Duration) -> Result<Self, QuotaError> {
         Self::windowed(Algorithm::SlidingLog, limit, window)
     }
@@ -216,9 +220,19 @@ impl Quota {
         }
     }
 
+    /// The largest `limit` of a sliding log. Its log keeps one entry per
+    /// admitted unit (a sorted-set member in Redis, some 70 bytes): a key
+    /// holds at most this many, and one admission writes at most this many,
+    /// which Redis does in a few milliseconds, inside one script that
+    /// nothing else runs beside.
+    pub const MAX_LOG_LIMIT: u64 = 10_000;
+
     fn windowed(algorithm: Algorithm, limit: u64, window: Duration) -> Result<Self, QuotaError> {
         if limit == 0 {
             return Err(QuotaError::ZeroCapacity);
+        }
+        if algorithm == Algorithm::SlidingLog && limit > Self::MAX_LOG_LIMIT {
+            return Err(QuotaError::LogTooLong { limit });
         }
         let window_us = u64::try_from(window.as_micros()).map_err(|_| QuotaError::TooLarge)?;
         if window_us == 0 || !window_us.is_multiple_of(1_000) {
@@ -531,6 +545,16 @@ pub enum QuotaError {
         /// The option missing.
         option: &'static str,
     },
+    /// A sliding log's limit above [`Quota::MAX_LOG_LIMIT`]: the log keeps
+    /// one entry per admitted unit.
+    #[error(
+        "a sliding log's limit is at most 10000 (it keeps one entry per admitted unit), not \
+         {limit}; `sliding_window` limits any number with two counts"
+    )]
+    LogTooLong {
+        /// The limit given.
+        limit: u64,
+    },
     /// The quota cannot be computed exactly in integer microseconds.
     #[error(
         "quota too large to compute exactly: capacity times the rate's period (or limit times the \
@@ -706,5 +730,31 @@ mod tests {
             let rate: Rate = text.parse().unwrap();
             assert_eq!(rate.to_string().parse::<Rate>().unwrap(), rate, "{text}");
         }
+    }
+
+    /// A sliding log keeps an entry per admitted unit: a limit of millions
+    /// would let one key, and one admission, hold and write millions.
+    #[test]
+    fn a_sliding_log_is_refused_a_limit_it_cannot_keep() {
+        let minute = Duration::from_secs(60);
+        let max = Quota::MAX_LOG_LIMIT;
+        assert!(Quota::sliding_log(max, minute).is_ok());
+        let error = Quota::sliding_log(max + 1, minute).unwrap_err();
+        assert_eq!(error, QuotaError::LogTooLong { limit: max + 1 });
+        assert!(
+            error.to_string().contains(&format!("at most {max} ")),
+            "{error}"
+        );
+        // The other windowed algorithms keep counts, of any limit.
+        assert!(Quota::sliding_window(10_000_000, minute).is_ok());
+        assert!(Quota::fixed_window(10_000_000, minute).is_ok());
+        // The same through a rule's text.
+        let rule = "algorithm=sliding_log limit=10000000 window=1m".parse::<Quota>();
+        assert_eq!(
+            rule,
+            Err(crate::RuleError::Quota(QuotaError::LogTooLong {
+                limit: 10_000_000
+            }))
+        );
     }
 }

@@ -479,6 +479,15 @@ mod tests {
         };
         assert_eq!(error(&windowed("100000d"), SUBMIT), TOO_LARGE);
         assert!(check(&windowed("50000d"), SUBMIT).is_ok());
+        let log = |limit: u64| {
+            format!("key = \"k\", algorithm = sliding_log, limit = {limit}, window = \"1m\"")
+        };
+        assert!(check(&log(10_000), SUBMIT).is_ok());
+        assert_eq!(
+            error(&log(10_001), SUBMIT),
+            "a sliding log's limit is at most 10000 (it keeps one entry per admitted unit), not \
+             10001; `sliding_window` limits any number with two counts"
+        );
     }
 
     #[test]

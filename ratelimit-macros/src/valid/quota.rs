@@ -172,12 +172,15 @@ pub(super) fn fixed_quota(args: &Args) -> syn::Result<Fixed> {
         let limit_value = positive_integer(limit, "limit")?;
         let window_us = window_value(window)?;
         // The runtime's own checks: the window is valid by now, so only the
-        // size can be refused.
+        // size can be refused (a sliding log's limit, or the product).
         let quota = Quota::builder(algorithm.runtime())
             .limit(limit_value)
             .window(std::time::Duration::from_micros(window_us))
             .build()
-            .map_err(|_| syn::Error::new_spanned(limit, TOO_LARGE))?;
+            .map_err(|error| match error {
+                QuotaError::LogTooLong { .. } => syn::Error::new_spanned(limit, error),
+                _ => syn::Error::new_spanned(limit, TOO_LARGE),
+            })?;
         Ok(Fixed {
             algorithm,
             capacity: limit_value,
