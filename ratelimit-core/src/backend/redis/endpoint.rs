@@ -33,26 +33,33 @@ impl KeySpace {
 /// URL carries the password of its user (`redis://user:secret@host`), or in
 /// its query (`redis+unix:///tmp/redis.sock?pass=secret`).
 pub(crate) fn redacted(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
     let url = &hidden_in_query(url);
-    let authority_end = url[scheme_end..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| scheme_end + i);
-    match url[scheme_end..authority_end].rfind('@') {
-        Some(at) => {
-            let userinfo = &url[scheme_end..scheme_end + at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let hidden = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                "***".to_owned()
-            };
-            format!("{}{hidden}{}", &url[..scheme_end], &url[scheme_end + at..])
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[scheme_end..];
+    // A URL that parses ends its user part where the URL's syntax says
+    // (before any `/`, `?` or `#`); one that does not may hold a password
+    // with any of those in it, so all up to its last `@` is hidden.
+    let (at, user) = if redis::parse_redis_url(url).is_some() {
+        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        let Some(at) = authority.rfind('@') else {
+            return url.to_owned();
+        };
+        let user = authority[..at]
+            .split_once(':')
+            .map(|(user, _)| format!("{user}:"));
+        (at, user)
+    } else {
+        match rest.rfind('@') {
+            Some(at) => (at, None),
+            None => return url.to_owned(),
         }
-        None => url.to_owned(),
-    }
+    };
+    format!(
+        "{}{}***{}",
+        &url[..scheme_end],
+        user.unwrap_or_default(),
+        &rest[at..]
+    )
 }
 
 /// `url` with the values of its query's `pass` and `password` replaced by
@@ -251,6 +258,13 @@ mod url_tests {
                 "redis://host/0?protocol=resp3",
             ),
             ("not a url", "not a url"),
+            // Unparsable, a password holding a `/`, `#` or `?` would be cut
+            // where a URL's user part ends.
+            ("redis://:ab/cd@host:6379", "redis://***@host:6379"),
+            ("redis://u:p#ss@h", "redis://***@h"),
+            ("redis://:p?ss@h", "redis://***@h"),
+            ("u:s3cret@host:6379", "***@host:6379"),
+            ("redis://host/0?x=a@b", "redis://host/0?x=a@b"),
         ] {
             assert_eq!(redacted(url), shown, "{url}");
         }
