@@ -367,3 +367,153 @@ async fn the_source_follows_redis_through_a_restart() {
     )
     .await;
 }
+
+/// Publishes a marker rule of `capacity` and waits until `instance` applies
+/// it: messages are applied in order, so every earlier one was handled.
+async fn marked(server: &RedisServer, instance: &Instance, capacity: u64, within: Duration) {
+    RedisRuleSource::publish(
+        &server.url(),
+        "marker",
+        &format!("capacity={capacity} rate=1/s"),
+    )
+    .await
+    .unwrap();
+    on_every_instance(
+        std::slice::from_ref(instance),
+        within,
+        "the marker rule",
+        |limiter| {
+            let marker = limiter.rules().get("marker").map(|q| q.capacity());
+            async move { (marker == Some(capacity)).then_some(()).ok_or(marker) }
+        },
+    )
+    .await;
+}
+
+/// Anyone who may publish on the channel can send it messages as fast as
+/// Redis takes them: each instance reads the hash at most ten times a
+/// second, answering the messages that came meanwhile together, not once a
+/// message.
+#[tokio::test]
+async fn a_flood_of_announcements_costs_redis_a_few_reads() {
+    let server = RedisServer::start();
+    let _instance = instance(&server, Duration::from_secs(60)).await;
+    let mut redis = server.connection().await;
+    let before = server.command_calls(&["hgetall", "hget"]).await;
+    let mut flood = redis::pipe();
+    for i in 0..3_000 {
+        let message = match i % 3 {
+            0 => "*",
+            1 => "probe",
+            _ => "not a rule name",
+        };
+        flood.cmd("PUBLISH").arg(CHANNEL).arg(message).ignore();
+    }
+    let _: () = flood.query_async(&mut redis).await.unwrap();
+    // The whole hash is read at the first message, so no marker tells when
+    // the rest are handled: until the reads stop.
+    let (mut reads, deadline) = (0, Instant::now() + Duration::from_secs(120));
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = server.command_calls(&["hgetall", "hget"]).await - before;
+        if now == reads || Instant::now() > deadline {
+            break;
+        }
+        reads = now;
+    }
+    assert!(
+        reads <= 300,
+        "{reads} reads of the rules for 3,000 messages"
+    );
+}
+
+/// `Duration::MAX` says "never" to the periodic read; announced changes
+/// still apply.
+#[tokio::test]
+async fn a_source_that_never_reads_on_a_timer_still_follows_announcements() {
+    let server = RedisServer::start();
+    let instance = instance(&server, Duration::MAX).await;
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+        .await
+        .unwrap();
+    admits(std::slice::from_ref(&instance), 5, ANNOUNCED, "capacity 5").await;
+}
+
+/// An invalid field is logged once while it stays, and forgotten once it
+/// is gone: tools that write fields of their own do not grow the source.
+#[tokio::test]
+async fn an_invalid_field_is_forgotten_once_it_leaves_the_hash() {
+    let server = RedisServer::start();
+    let ((), logs) = support::logged(async {
+        let instance = instance(&server, Duration::from_secs(60)).await;
+        let mut redis = server.connection().await;
+        for (present, capacity) in [(true, 1), (true, 2), (false, 3), (true, 4)] {
+            if present {
+                let _: () = redis
+                    .hset(HASH, "tenant 42", "capacity=9 rate=1/s")
+                    .await
+                    .unwrap();
+            } else {
+                let _: () = redis.hdel(HASH, "tenant 42").await.unwrap();
+            }
+            let _: () = redis.publish(CHANNEL, "*").await.unwrap();
+            marked(&server, &instance, capacity, ANNOUNCED * 5).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        logs.matches("not a valid rule name").count(),
+        2,
+        "logged when it came, and again when it came back: {logs}"
+    );
+}
+
+/// A hash Redis will not read (another type at its key, here) is named as
+/// such, and read again on the timer, not by reconnecting at once; once it
+/// can be read, the source is ready.
+#[tokio::test]
+async fn a_hash_redis_refuses_to_read_is_named_and_read_again_later() {
+    let server = RedisServer::start();
+    let mut redis = server.connection().await;
+    let _: () = redis.set(HASH, "not a hash").await.unwrap();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let (connections, logs) = support::logged(async {
+        let connections = || async {
+            let info: String = redis::cmd("INFO")
+                .arg("stats")
+                .query_async(&mut server.connection().await)
+                .await
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("total_connections_received:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap()
+        };
+        let source = RedisRuleSource::builder(server.url())
+            .reload_every(Duration::from_millis(300))
+            .start(&limiter)
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let first = connections().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let made = connections().await - first;
+        let _: () = redis.del(HASH).await.unwrap();
+        let _: () = redis
+            .hset(HASH, "probe", "capacity=5 rate=1/h")
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), source.ready())
+            .await
+            .expect("ready once the hash can be read");
+        made
+    })
+    .await;
+    // One connection a call to INFO; the source's own stay open.
+    assert!(
+        connections <= 1,
+        "{connections} connections made meanwhile: {logs}"
+    );
+    assert!(logs.contains("WRONGTYPE"), "{logs}");
+    assert!(!logs.contains("cannot reach Redis"), "{logs}");
+    assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
+}

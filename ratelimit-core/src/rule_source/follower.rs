@@ -9,7 +9,7 @@ use std::future::Future;
 use std::hash::BuildHasher as _;
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use redis::RedisError;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -19,6 +19,18 @@ use crate::quota::Quota;
 use crate::rules::{is_valid_name, Rules};
 
 use super::RedisRuleSourceBuilder;
+
+/// The most channel messages answered together: those already received
+/// when the first is taken.
+const MAX_MESSAGES_AT_ONCE: usize = 1_024;
+
+/// Above this many rules named by messages answered together, the whole
+/// hash is read once instead of each rule.
+const MAX_NAMES_READ_ALONE: usize = 8;
+
+/// The least time between two reads of the whole hash asked for by
+/// messages: a flood of `*` costs Redis ten reads a second per instance.
+const MIN_ANNOUNCED_READ_GAP: Duration = Duration::from_millis(100);
 
 /// Why a connection to Redis is given up.
 pub(super) enum Lost {
@@ -86,9 +98,12 @@ pub(super) struct Follower {
     /// The names this source set: a name gone from the hash is removed only
     /// if the source set it, never one the application set on its own.
     pub(super) loaded: HashSet<String>,
-    /// The last rejected text of each rule, so that an invalid rule is
-    /// logged once rather than at every reload.
-    pub(super) rejected: HashMap<String, String>,
+    /// The last rejected text of each field (its name and text as
+    /// stored), so that an invalid rule is logged once rather than at every
+    /// reload; only fields the hash still holds are kept.
+    pub(super) rejected: HashMap<Vec<u8>, Vec<u8>>,
+    /// When the last read of the whole hash asked for by messages was made.
+    pub(super) announced_read_at: Option<Instant>,
     pub(super) ready: watch::Sender<bool>,
 }
 
@@ -148,9 +163,15 @@ impl Follower {
         )
         .await?;
         // Subscribed before reading: a change made in between is in the
-        // read, or in a message, or both; never in neither.
-        self.reload(&mut connection).await?;
-        self.ready.send_replace(true);
+        // read, or in a message, or both; never in neither. A refusal that
+        // a new connection would meet again (`WRONGTYPE`, an ACL without
+        // `HGETALL`) is logged as what it is, and the read is tried again
+        // on the timer, rather than reconnecting at once.
+        match self.reload(&mut connection).await {
+            Err(lost) if lost.is_connection() => return Err(lost),
+            Err(error) => self.unread(&error),
+            Ok(()) => {}
+        }
         *attempt = 0;
         if let Some(since) = outage_since.take() {
             tracing::info!(
@@ -159,13 +180,32 @@ impl Follower {
                 "rule source reached Redis again and read the rules"
             );
         }
-        let every = self.config.reload_every;
+        // A year stands for any longer period ("never"), which would
+        // overflow the clock.
+        let every = self
+            .config
+            .reload_every
+            .min(Duration::from_secs(365 * 86_400));
         let mut reload = tokio::time::interval_at(Instant::now() + every, every);
         reload.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             let result = tokio::select! {
                 message = messages.next() => match message {
-                    Some(message) => self.on_message(&mut connection, message.get_payload_bytes()).await,
+                    Some(message) => {
+                        // Every message already here is answered at once:
+                        // a flood of them costs a few reads, not one each.
+                        let mut payloads = vec![message.get_payload_bytes().to_vec()];
+                        while payloads.len() < MAX_MESSAGES_AT_ONCE {
+                            match messages.next().now_or_never() {
+                                Some(Some(message)) => {
+                                    payloads.push(message.get_payload_bytes().to_vec())
+                                }
+                                Some(None) => return Err(Lost::Closed),
+                                None => break,
+                            }
+                        }
+                        self.on_messages(&mut connection, &payloads).await
+                    }
                     None => return Err(Lost::Closed),
                 },
                 _ = reload.tick() => {
@@ -179,45 +219,75 @@ impl Follower {
             };
             match result {
                 Err(lost) if lost.is_connection() => return Err(lost),
-                Err(error) => tracing::error!(
-                    hash = %self.config.hash,
-                    %error,
-                    "rule source could not read the rules; the rules in force stay as they are"
-                ),
+                Err(error) => self.unread(&error),
                 Ok(()) => {}
             }
         }
     }
 
-    async fn on_message(
+    /// Logs a read Redis refused (not a lost connection).
+    fn unread(&self, error: &Lost) {
+        tracing::error!(
+            hash = %self.config.hash,
+            %error,
+            "rule source could not read the rules; the rules in force stay as they are"
+        );
+    }
+
+    /// Applies what `payloads`, messages of the channel, announce: the
+    /// rules they name, each read once, or the whole hash when one names
+    /// every rule (`*`, empty) or none, or when they name many.
+    async fn on_messages(
         &mut self,
         connection: &mut redis::aio::MultiplexedConnection,
-        payload: &[u8],
+        payloads: &[Vec<u8>],
     ) -> Result<(), Lost> {
-        let name = match std::str::from_utf8(payload) {
-            Ok(name) if is_valid_name(name.trim()) => name.trim(),
-            Ok(all) if all.trim().is_empty() || all.trim() == "*" => {
-                return self.reload(connection).await
+        let mut names: Vec<&str> = Vec::new();
+        let mut whole = false;
+        for payload in payloads {
+            match std::str::from_utf8(payload) {
+                Ok(name) if is_valid_name(name.trim()) => {
+                    if !names.contains(&name.trim()) {
+                        names.push(name.trim());
+                    }
+                }
+                Ok(all) if all.trim().is_empty() || all.trim() == "*" => whole = true,
+                _ => {
+                    // The start of it: a message can be as long as Redis
+                    // allows.
+                    let shown = &payload[..payload.len().min(64)];
+                    tracing::warn!(
+                        channel = %self.config.channel,
+                        message = %String::from_utf8_lossy(shown),
+                        length = payload.len(),
+                        "rule source got a message that names no rule; reading every rule"
+                    );
+                    whole = true;
+                }
             }
-            _ => {
-                tracing::warn!(
-                    channel = %self.config.channel,
-                    message = %String::from_utf8_lossy(payload),
-                    "rule source got a message that names no rule; reading every rule"
-                );
-                return self.reload(connection).await;
+        }
+        if whole || names.len() > MAX_NAMES_READ_ALONE {
+            // However fast they are sent, reads of the whole hash for
+            // messages are spaced: the messages that come meanwhile wait,
+            // and one read answers them all.
+            if let Some(at) = self.announced_read_at {
+                tokio::time::sleep_until(at + MIN_ANNOUNCED_READ_GAP).await;
             }
-        };
-        let text: Option<Vec<u8>> = within(
-            self.config.timeout,
-            redis::cmd("HGET")
-                .arg(&self.config.hash)
-                .arg(name)
-                .query_async(connection),
-        )
-        .await?;
-        let change = self.change(name, text.as_deref());
-        self.rules.apply(change.as_slice());
+            self.announced_read_at = Some(Instant::now());
+            return self.reload(connection).await;
+        }
+        for name in names {
+            let text: Option<Vec<u8>> = within(
+                self.config.timeout,
+                redis::cmd("HGET")
+                    .arg(&self.config.hash)
+                    .arg(name)
+                    .query_async(connection),
+            )
+            .await?;
+            let change = self.change(name, text.as_deref());
+            self.rules.apply(change.as_slice());
+        }
         Ok(())
     }
 
@@ -237,23 +307,23 @@ impl Follower {
         .await?;
         let mut changes = Vec::new();
         let mut present = HashSet::new();
+        let mut fields: HashSet<&[u8]> = HashSet::new();
         for (name, text) in &stored {
+            fields.insert(name);
             match std::str::from_utf8(name) {
                 Ok(name) if is_valid_name(name) => {
                     present.insert(name.to_owned());
                     changes.extend(self.change(name, Some(text)));
                 }
                 _ => {
-                    let name = String::from_utf8_lossy(name).into_owned();
-                    if self.rejected.get(&name).map(String::as_bytes) != Some(text) {
+                    if self.rejected.get(name) != Some(text) {
                         tracing::error!(
                             hash = %self.config.hash,
-                            rule = %name,
+                            rule = %String::from_utf8_lossy(&name[..name.len().min(200)]),
                             "rule source ignores a field that is not a valid rule name; use 1 to \
                              128 letters, digits and `_`, `-`, `.`, `:`, `/`"
                         );
-                        self.rejected
-                            .insert(name, String::from_utf8_lossy(text).into_owned());
+                        self.rejected.insert(name.clone(), text.clone());
                     }
                 }
             }
@@ -268,8 +338,9 @@ impl Follower {
             changes.extend(self.change(&name, None));
         }
         self.rejected
-            .retain(|name, _| present.contains(name) || !is_valid_name(name));
+            .retain(|name, _| fields.contains(name.as_slice()));
         self.rules.apply(&changes);
+        self.ready.send_replace(true);
         Ok(())
     }
 
@@ -277,8 +348,8 @@ impl Follower {
     /// (`None`: not in the hash): nothing, set it, or remove it. Logs what
     /// it does.
     fn change(&mut self, name: &str, text: Option<&[u8]>) -> Option<(String, Option<Quota>)> {
-        let Some(text) = text else {
-            self.rejected.remove(name);
+        let Some(raw) = text else {
+            self.rejected.remove(name.as_bytes());
             if !self.loaded.remove(name) {
                 return None;
             }
@@ -288,10 +359,10 @@ impl Follower {
             );
             return Some((name.to_owned(), None));
         };
-        let text = String::from_utf8_lossy(text);
+        let text = String::from_utf8_lossy(raw);
         match text.parse::<Quota>() {
             Ok(quota) => {
-                self.rejected.remove(name);
+                self.rejected.remove(name.as_bytes());
                 let fresh = self.loaded.insert(name.to_owned());
                 if !fresh && self.rules.get(name) == Some(quota) {
                     return None;
@@ -300,7 +371,7 @@ impl Follower {
                 Some((name.to_owned(), Some(quota)))
             }
             Err(error) => {
-                if self.rejected.get(name).map(String::as_str) != Some(text.as_ref()) {
+                if self.rejected.get(name.as_bytes()).map(Vec::as_slice) != Some(raw) {
                     tracing::error!(
                         rule = name,
                         text = %text,
@@ -308,7 +379,7 @@ impl Follower {
                         kept = ?self.rules.get(name),
                         "invalid rule in Redis rejected; the rule in force stays"
                     );
-                    self.rejected.insert(name.to_owned(), text.into_owned());
+                    self.rejected.insert(name.as_bytes().to_vec(), raw.to_vec());
                 }
                 None
             }
@@ -332,6 +403,7 @@ mod tests {
             rules: Rules::new(),
             loaded: HashSet::new(),
             rejected: HashMap::new(),
+            announced_read_at: None,
             ready: tx,
         };
         for attempt in 0..40 {
@@ -360,6 +432,7 @@ mod tests {
             rules: rules.clone(),
             loaded: HashSet::new(),
             rejected: HashMap::new(),
+            announced_read_at: None,
             ready: tx,
         };
         // Not loaded by the source: not its to remove.
@@ -369,7 +442,7 @@ mod tests {
         assert_eq!(rules.get("r").unwrap().capacity(), 5);
         assert_eq!(follower.change("r", Some(b"capacity=5 rate=1/s")), None);
         assert_eq!(follower.change("r", Some(b"capacity=zero")), None);
-        assert_eq!(follower.rejected["r"], "capacity=zero");
+        assert_eq!(follower.rejected[&b"r"[..]], b"capacity=zero");
         assert_eq!(
             follower.change("r", None),
             Some(("r".to_owned(), None)),

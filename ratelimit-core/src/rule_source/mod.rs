@@ -71,7 +71,13 @@ pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(10);
 /// - when Redis is unreachable the rules in force stay as they are, and the
 ///   source reconnects with a jittered backoff (up to
 ///   [`max_backoff`](RedisRuleSourceBuilder::max_backoff)); it logs the
-///   outage once, and again when it is over. It never panics.
+///   outage once, and again when it is over. A read Redis refuses (another
+///   type at the hash's key, an ACL user without `HGETALL`) is logged as an
+///   error and tried again at the next periodic read; [`ready`](Self::ready)
+///   waits for the first read that succeeds. It never panics;
+/// - messages cost Redis a read of each rule they name, and a flood of them
+///   at most ten reads of the whole hash a second per instance: the
+///   messages that arrive meanwhile are answered together.
 #[must_use = "the source stops when dropped"]
 pub struct RedisRuleSource {
     task: tokio::task::JoinHandle<()>,
@@ -213,7 +219,8 @@ impl RedisRuleSourceBuilder {
     }
 
     /// How often the whole hash is read again, in case a message was missed
-    /// (default [`DEFAULT_RELOAD_EVERY`], 10 s).
+    /// (default [`DEFAULT_RELOAD_EVERY`], 10 s). A period over a year is
+    /// taken for a year.
     pub fn reload_every(mut self, every: Duration) -> Self {
         self.reload_every = every;
         self
@@ -285,6 +292,7 @@ impl RedisRuleSourceBuilder {
             rules: rules.clone(),
             loaded: HashSet::new(),
             rejected: HashMap::new(),
+            announced_read_at: None,
             ready: ready_tx,
         };
         Ok(RedisRuleSource {
