@@ -116,6 +116,10 @@ pub(super) async fn send_node_batch(
     mut jobs: Vec<Job>,
 ) -> bool {
     for _ in 0..2 {
+        // A caller that has gone since (its keys were decided alone first,
+        // in the second pass) is not sent: it would consume tokens nobody
+        // was answered with.
+        jobs.retain(Job::wanted);
         if jobs.len() < 2 {
             break;
         }
