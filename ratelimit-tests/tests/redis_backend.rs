@@ -512,6 +512,68 @@ async fn a_full_redis_answers_a_denial_batched_with_an_admission() {
     );
 }
 
+/// A master demoted to a replica behind the address the limiter was given
+/// (a DNS name or a proxy that now leads to the new master): its
+/// connections stay open, and every call on them is refused `READONLY`, so
+/// the limiter connects to the address again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_demoted_behind_its_address_is_left_for_the_one_it_leads_to() {
+    let (old, new) = (RedisServer::start(), RedisServer::start());
+    let relay = support::Relay::start(old.port()).await;
+    let limiter = Limiter::builder()
+        .redis(relay.url())
+        .timeout(Duration::from_secs(1))
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    // One admission a key, each on a key of its own: no lease answers for
+    // Redis.
+    let quota = Quota::new(1, Rate::per_hour(1).unwrap()).unwrap();
+    // Batches take turns on the limiter's connections: each is made.
+    for i in 0..4 {
+        let key = format!("before:{i}");
+        assert!(limiter.decide(&quota, &key, 1).await.unwrap().allowed);
+    }
+    // The old master follows the new one, and the address leads there.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(new.port())
+        .query_async(&mut old.connection().await)
+        .await
+        .unwrap();
+    relay.lead_to(new.port());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut refused = 0;
+    let key = loop {
+        let key = format!("user:{}", refused + 1);
+        match limiter.decide(&quota, &key, 1).await {
+            Ok(decision) => {
+                assert!(decision.allowed, "{decision:?}");
+                break key;
+            }
+            // Refused by the replica, or by the breaker after that.
+            Err(denied) => {
+                assert!(
+                    matches!(
+                        fault(&denied),
+                        Some(ErrorKind::WrongServer | ErrorKind::CircuitOpen)
+                    ),
+                    "{denied}"
+                );
+                refused += 1;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still on the demoted master after {refused} refusals"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut connection = new.connection().await;
+    let held: bool = connection.exists(format!("rl:{key}")).await.unwrap();
+    assert!(held, "{key} decided on the new master");
+}
+
 /// Current-thread: the batching task that logs runs on this thread.
 #[tokio::test]
 async fn the_switch_to_evalsha_is_logged_without_the_keys_of_the_call() {

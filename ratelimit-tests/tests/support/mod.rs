@@ -1037,3 +1037,59 @@ pub fn native_module() -> PathBuf {
         })
         .clone()
 }
+
+/// A TCP relay on loopback, as a DNS name or a proxy in front of Redis is:
+/// each connection it accepts goes to the port it leads to at that moment;
+/// [`lead_to`](Relay::lead_to) changes that for the connections that come
+/// after, and the ones open stay where they are.
+#[allow(dead_code)]
+pub struct Relay {
+    port: u16,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+#[allow(dead_code)]
+impl Relay {
+    pub async fn start(target: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay on loopback");
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(target));
+        let leads = target.clone();
+        let accepting = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let port = leads.load(std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Relay {
+            port,
+            target,
+            accepting,
+        }
+    }
+
+    /// The relay's URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends the connections accepted from now on to `port`.
+    pub fn lead_to(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}

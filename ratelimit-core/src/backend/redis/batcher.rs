@@ -204,13 +204,21 @@ impl Job {
 }
 
 /// Sends one batch and hands each caller its answer; whether Redis answered.
+/// A `READONLY` refusal sets `demoted`.
 pub(super) async fn send_batch(
     mut connection: ConnectionManager,
     functions: Arc<Functions>,
+    demoted: Arc<AtomicBool>,
     batch: Vec<Work>,
 ) -> bool {
     let invocation = runs_invocation(&batch);
-    match invoke(&invocation, &mut connection, &functions).await {
+    let reply = invoke(&invocation, &mut connection, &functions).await;
+    if reply.as_ref().is_err_and(super::is_read_only) {
+        // A replica now: the lane's connections are made anew (see
+        // `Lane::demoted`).
+        demoted.store(true, Ordering::Release);
+    }
+    match reply {
         // Over `maxmemory`, Redis refuses a call before its first write,
         // so this one wrote nothing, and a denial needs no write: each
         // decision goes again in a call of its own, so that denials are

@@ -48,6 +48,11 @@ mod sentinel;
 mod server;
 mod wire;
 
+/// Whether `error` is a replica's refusal of a write.
+pub(crate) fn is_read_only(error: &redis::RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}
+
 /// The connections and the batching task of one Tokio runtime. They live
 /// as long as that runtime: when it shuts down, its tasks are dropped, the
 /// queue closes, and the next decision makes a new lane on its own runtime.
@@ -60,6 +65,11 @@ struct Lane {
     /// Set when a call failed and the endpoint follows failovers: the next
     /// decision asks the Sentinels where the master is now.
     stale: Arc<AtomicBool>,
+    /// Set when the server answered `READONLY`: it is a replica now (a
+    /// master demoted behind an address that now leads to another, such as
+    /// a DNS name or a proxy), and the connections, which stay open to it,
+    /// are made anew, finding the address again.
+    demoted: Arc<AtomicBool>,
     /// Whether this master runs the script as a function.
     functions: Arc<Functions>,
     /// The Sentinels' announced switches, and how many this lane has seen:
@@ -69,9 +79,17 @@ struct Lane {
 }
 
 impl Lane {
+    /// Marks the lane's server demoted when `error` is its `READONLY`.
+    fn demoted_if(&self, error: &redis::RedisError) {
+        if is_read_only(error) {
+            self.demoted.store(true, Ordering::Release);
+        }
+    }
+
     fn live(&self) -> bool {
         !self.queue.is_closed()
             && !self.stale.load(Ordering::Acquire)
+            && !self.demoted.load(Ordering::Acquire)
             && self.switches.load(Ordering::Acquire) == self.seen.load(Ordering::Acquire)
     }
 }
@@ -258,14 +276,21 @@ impl RedisBackend {
         };
         let address = client.get_connection_info().addr().clone();
         if let Some(lane) = stale {
-            if lane.address == address {
+            if lane.address == address && !lane.demoted.load(Ordering::Acquire) {
                 // The master did not move: its connections reconnect by
                 // themselves.
                 lane.stale.store(false, Ordering::Release);
                 lane.seen.store(switches, Ordering::Release);
                 return Ok(lane);
             }
-            tracing::warn!(master = %address, "the Redis master moved; deciding on the new one");
+            if lane.address == address {
+                tracing::warn!(
+                    server = %address,
+                    "the Redis server answered as a replica; connecting to its address again"
+                );
+            } else {
+                tracing::warn!(master = %address, "the Redis master moved; deciding on the new one");
+            }
         }
         let connections = (0..BATCH_CONNECTIONS)
             .map(|_| self.new_connection(&client))
@@ -283,12 +308,14 @@ impl RedisBackend {
         )?;
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
         let stale = Arc::new(AtomicBool::new(false));
+        let demoted = Arc::new(AtomicBool::new(false));
         let functions = Arc::new(Functions::default());
         let lane = Arc::new(Lane {
             queue,
             connection: connections[0].clone(),
             address,
             stale: stale.clone(),
+            demoted: demoted.clone(),
             functions: functions.clone(),
             switches: self.switches.clone(),
             seen: AtomicU64::new(switches),
@@ -299,7 +326,9 @@ impl RedisBackend {
             connections,
             on_failure,
             MAX_IN_FLIGHT,
-            move |connection, batch| send_batch(connection, functions.clone(), batch),
+            move |connection, batch| {
+                send_batch(connection, functions.clone(), demoted.clone(), batch)
+            },
         ));
         *self.lane.write().unwrap_or_else(PoisonError::into_inner) = Some(lane.clone());
         Ok(lane)
@@ -398,7 +427,12 @@ impl RedisBackend {
         )
         .await
         .map_err(|_| Error::Timeout(self.timeout))
-        .and_then(|reply| reply.map_err(Error::from));
+        .and_then(|reply| {
+            reply.map_err(|error| {
+                lane.demoted_if(&error);
+                Error::from(error)
+            })
+        });
         if reply.is_err() {
             self.failed(lane);
         }
@@ -471,7 +505,8 @@ impl RedisBackend {
         del.arg(self.full_key(key));
         tokio::time::timeout(self.timeout, del.query_async::<i64>(&mut connection))
             .await
-            .map_err(|_| Error::Timeout(self.timeout))??;
+            .map_err(|_| Error::Timeout(self.timeout))?
+            .inspect_err(|error| lane.demoted_if(error))?;
         Ok(())
     }
 }
