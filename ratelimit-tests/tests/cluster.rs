@@ -1205,3 +1205,44 @@ async fn callers_queued_behind_a_slot_map_read_of_frozen_nodes_wait_one_timeout(
         "30 callers took {took:?} to be answered, with a timeout of {timeout:?}"
     );
 }
+
+/// The cluster connection runs on the runtime of the first call that needs
+/// it: once that runtime has shut down, the next call connects again on its
+/// own. Outside any runtime, a call is an error saying so, never a panic.
+#[test]
+fn a_cluster_limiter_outlives_the_runtime_of_its_first_decision() {
+    let cluster = start(3, 0, false);
+    let limiter = uncached(&cluster, Duration::from_secs(2));
+    let quota = Quota::per_hour(100).unwrap();
+    let outside = futures::executor::block_on(limiter.inspect(&quota, "outside", 1));
+    match outside {
+        Err(error @ ratelimit::Error::NoRuntime { .. }) => {
+            assert!(error.to_string().contains("Tokio runtime"), "{error}")
+        }
+        other => panic!("a decision outside a runtime: {other:?}"),
+    }
+    for round in 0..3 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let decisions = runtime.block_on(async {
+            let mut decisions = Vec::new();
+            // Keys over every master: each master's batching lane too.
+            for user in 0..10 {
+                let key = format!("user:{user}");
+                decisions.push(limiter.decide(&quota, &key, 1).await);
+            }
+            decisions
+        });
+        for (user, decision) in decisions.into_iter().enumerate() {
+            let decision = decision.unwrap_or_else(|e| panic!("runtime {round}, user {user}: {e}"));
+            assert_eq!(
+                decision.remaining,
+                99 - round,
+                "runtime {round}, user {user}"
+            );
+        }
+        drop(runtime);
+    }
+}

@@ -66,8 +66,10 @@ pub(crate) struct ClusterBackend {
     /// The first node given, on a connection of its own: a ping asks it
     /// whether it is a cluster node at all.
     seed: redis::Client,
-    /// Connected on first use; a failed attempt is retried on the next call.
-    connection: tokio::sync::OnceCell<ClusterConnection>,
+    /// Connected on first use, on the caller's runtime, which runs the
+    /// connection's task; made anew once that runtime has shut down. A
+    /// failed attempt is retried on the next call.
+    connection: RwLock<Option<Connected>>,
     /// One attempt to connect at a time, and how the last one failed.
     connecting: tokio::sync::Mutex<LastFailure>,
     /// The slot map and the masters' queues; none until first read.
@@ -86,6 +88,34 @@ pub(crate) struct ClusterBackend {
     /// calls made before the slot map is known.
     breakers: std::sync::Mutex<HashMap<String, Arc<Breaker>>>,
     breaker_config: BreakerConfig,
+}
+
+/// The cluster connection, and whether the runtime it was made on still
+/// runs: a task spawned there holds the other end of `runtime`, and is
+/// dropped with that runtime, as the connection's own task is.
+struct Connected {
+    connection: ClusterConnection,
+    runtime: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Connected {
+    /// The connection, while its runtime runs.
+    fn live(&self) -> Option<ClusterConnection> {
+        (!self.runtime.is_closed()).then(|| self.connection.clone())
+    }
+}
+
+/// Said of a call made outside any Tokio runtime, or on one shutting down.
+const NO_RUNTIME: Error = Error::NoRuntime {
+    what: "a Redis Cluster limiter (its connection and batching)",
+};
+
+/// Whether the caller runs on a Tokio runtime, which every cluster call
+/// needs (its timeouts, the connection's task).
+fn on_a_runtime() -> Result<(), Error> {
+    tokio::runtime::Handle::try_current()
+        .map(|_| ())
+        .map_err(|_| NO_RUNTIME)
 }
 
 impl ClusterBackend {
@@ -132,7 +162,7 @@ impl ClusterBackend {
         Ok(Self {
             client,
             seed,
-            connection: tokio::sync::OnceCell::new(),
+            connection: RwLock::new(None),
             connecting: tokio::sync::Mutex::new(LastFailure::default()),
             routing: RwLock::new(None),
             refreshing: tokio::sync::Mutex::new(None),
@@ -179,14 +209,23 @@ impl ClusterBackend {
         breaker.guard("cluster", Some(node), call).await
     }
 
+    fn live_connection(&self) -> Option<ClusterConnection> {
+        self.connection
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(Connected::live)
+    }
+
     async fn connection(&self) -> Result<ClusterConnection, Error> {
-        if let Some(connection) = self.connection.get() {
-            return Ok(connection.clone());
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
         }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NO_RUNTIME)?;
         let waited_from = Instant::now();
         let mut failed = self.connecting.lock().await;
-        if let Some(connection) = self.connection.get() {
-            return Ok(connection.clone());
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
         }
         if let Some(error) = failed.since(waited_from) {
             return Err(error);
@@ -197,11 +236,16 @@ impl ClusterBackend {
             .and_then(|connected| connected.map_err(Error::from));
         failed.record(&attempt);
         let connection = attempt?;
-        Ok(self
+        let (runtime_alive, mut held) = tokio::sync::mpsc::channel(1);
+        runtime.spawn(async move { held.recv().await });
+        *self
             .connection
-            .get_or_init(|| async { connection })
-            .await
-            .clone())
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Connected {
+            connection: connection.clone(),
+            runtime: runtime_alive,
+        });
+        Ok(connection)
     }
 
     fn full_key(&self, key: &str) -> String {
@@ -216,6 +260,7 @@ impl ClusterBackend {
     /// node is a cluster node, and on every master the connection, the
     /// credentials, TLS, the script and the keys under the prefix work.
     pub(crate) async fn ping(&self) -> Result<(), Error> {
+        on_a_runtime()?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout));
@@ -249,6 +294,7 @@ impl ClusterBackend {
         key: &str,
         cost: u64,
     ) -> Result<Decision, Error> {
+        on_a_runtime()?;
         let key = self.full_key(key);
         let request = Request::new(quota, cost, self.now());
         self.decide_request(quota, key, request).await
@@ -312,6 +358,7 @@ impl ClusterBackend {
         key: &str,
         cost: u64,
     ) -> Result<Decision, Error> {
+        on_a_runtime()?;
         let key = self.full_key(key);
         let request = Request::new(quota, cost, self.now());
         let reply = self
@@ -322,6 +369,7 @@ impl ClusterBackend {
 
     /// Deletes `key`'s state: its quota is whole again.
     pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+        on_a_runtime()?;
         let work = async {
             let mut connection = self.connection().await?;
             redis::cmd("DEL")
@@ -339,6 +387,7 @@ impl ClusterBackend {
     /// Gives back what admissions took: one call per key, as the keys may
     /// live on different slots.
     pub(crate) async fn refund(&self, refunds: &[(&Quota, &str, Refund)]) -> Result<(), Error> {
+        on_a_runtime()?;
         let now = self.now();
         let mut result = Ok(());
         for (quota, key, refund) in refunds {
@@ -367,6 +416,7 @@ impl ClusterBackend {
         &self,
         requests: &[(&Quota, &str, u64)],
     ) -> Result<Vec<Decision>, Error> {
+        on_a_runtime()?;
         let now = self.now();
         let keys: Vec<String> = requests
             .iter()
