@@ -1246,3 +1246,73 @@ fn a_cluster_limiter_outlives_the_runtime_of_its_first_decision() {
         drop(runtime);
     }
 }
+
+/// A master whose breaker opened and which then stopped being a master (it
+/// died, and its replica took over) leaves no open circuit in the metrics:
+/// the limiter no longer calls it, and an alert on the gauge would fire
+/// while nothing is wrong.
+// Current-thread: the metrics recorder below is this thread's.
+#[tokio::test]
+async fn a_master_gone_from_the_slot_map_leaves_no_open_circuit_in_the_metrics() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let exposition = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let mut cluster = start(3, 1, false);
+    // No probe until the test is over: the breaker is open when the slot
+    // map next read leaves its master out.
+    let mut breaker = ratelimit::BreakerConfig::default();
+    breaker.initial_backoff = Duration::from_secs(120);
+    breaker.max_backoff = Duration::from_secs(120);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_millis(500))
+        .deny_cache_max_keys(0)
+        .breaker(breaker)
+        .build()
+        .unwrap();
+    let quota = Quota::per_hour(100).unwrap();
+    let victim = cluster.masters()[0];
+    let key = (0..)
+        .map(|i| format!("user:{i}"))
+        .find(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), victim) == victim)
+        .unwrap();
+    let gauge = format!(
+        "ratelimit_circuit_state{{backend=\"cluster\",node=\"127.0.0.1:{}\"}}",
+        cluster.nodes[victim].port()
+    );
+    let other = (0..)
+        .map(|i| format!("other:{i}"))
+        .find(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), victim) != victim)
+        .unwrap();
+    assert!(limiter.decide(&quota, &key, 1).await.unwrap().allowed);
+    cluster.nodes[victim].kill();
+    let started = Instant::now();
+    loop {
+        let outcome = limiter.decide(&quota, &key, 1).await;
+        if matches!(&outcome, Err(d) if fault(d) == Some(ratelimit::ErrorKind::CircuitOpen)) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{outcome:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shown = |exposition: &str| {
+        exposition
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{gauge} ")).map(str::to_owned))
+    };
+    assert_eq!(shown(&exposition.render()).as_deref(), Some("1"), "open");
+    cluster.wait_until_ok(Duration::from_secs(30));
+    // The slot map is read again at its age (10 s), at the next decision.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(limiter.decide(&quota, &other, 1).await.unwrap().allowed);
+    assert!(
+        limiter.decide(&quota, &key, 1).await.unwrap().allowed,
+        "the replica that took over decides"
+    );
+    assert_eq!(
+        shown(&exposition.render()).as_deref(),
+        Some("0"),
+        "the gone master's circuit, in:\n{}",
+        exposition.render()
+    );
+}

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use super::calls::{send_node_batch, NODE_IN_FLIGHT};
 use super::ClusterBackend;
 use crate::backend::redis::{run_batches, Job, MAX_QUEUED};
+use crate::breaker::CircuitState;
 use crate::error::Error;
 
 /// How often the slot map is read again when no redirect asked for it: a
@@ -161,7 +162,15 @@ impl ClusterBackend {
         self.breakers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|node, _| lanes.iter().any(|(address, _)| address == node));
+            .retain(|node, breaker| {
+                let kept = lanes.iter().any(|(address, _)| address == node);
+                if !kept && breaker.state() != CircuitState::Closed {
+                    // Its gauge would keep the state it was left in, and an
+                    // alert on it would fire while nothing is wrong.
+                    crate::metrics::circuit_state("cluster", Some(node), CircuitState::Closed);
+                }
+                kept
+            });
         let routing = Arc::new(Routing {
             owner,
             lanes,
