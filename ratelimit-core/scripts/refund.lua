@@ -46,7 +46,9 @@ REFUNDS[FIXED_WINDOW] = function(key, now, cost, limit, window, until_end)
   local current = now - now % window
   if not s_start or s_start < current then return end
   local ends = window_end(s_start, current, window)
-  if ends ~= admission_end(now, until_end, window) then return end
+  -- Only the count begun in the admission's window: one begun later under
+  -- another window (the rule changed since) never held it.
+  if ends ~= admission_end(now, until_end, window) or s_start ~= ends - window then return end
   if cost == 0 then return end
   local count = s_count - cost
   if count <= 0 then
@@ -78,7 +80,8 @@ REFUNDS[SLIDING_WINDOW] = function(key, now, cost, limit, window, until_end)
   local s_start, s_current, s_previous = load(key, '^(%d+):(%d+):(%d+)$')
   if not s_start then return end
   local stored = s_start - s_start % window
-  if stored + 2 * window <= now then return end
+  -- A count begun off this quota's windows was begun under another window.
+  if stored ~= s_start or stored + 2 * window <= now then return end
   local admitted = admission_end(now, until_end, window) - window
   local current, previous = s_current, s_previous
   if stored == admitted then

@@ -7,9 +7,9 @@
 /// version refuses the call, and the limiter uses the function instead.
 /// Changed with every change of the scripts' arguments, replies or values
 /// (a test holds the scripts' hash to [`WIRE_SCRIPTS_SHA1`]).
-pub const WIRE_VERSION: u64 = 4;
+pub const WIRE_VERSION: u64 = 5;
 
 /// The SHA-1 of the scripts this version's format is that of; see
 /// [`WIRE_VERSION`].
 #[cfg(all(test, feature = "redis"))]
-pub(crate) const WIRE_SCRIPTS_SHA1: &str = "a81ecd7f52d9c83a563a1a86cd2440b2c75adcf1";
+pub(crate) const WIRE_SCRIPTS_SHA1: &str = "7eda4a4d64e080e3584c4c7e9813375f795cde1f";

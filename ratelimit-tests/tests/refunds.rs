@@ -780,3 +780,69 @@ async fn only_the_limiter_that_admitted_takes_the_refund() {
         "a clone is the same limiter"
     );
 }
+
+/// A rule changed to a shorter window while an admission of the old one is
+/// out: its refund leaves the new window's count, which never held it, so
+/// the new window admits no more than its limit. On Redis (the function and
+/// the native module) and in memory alike.
+#[test]
+fn a_refund_leaves_a_window_begun_under_another_rule() {
+    let runtime = runtime();
+    let (plain, module) = (
+        RedisServer::start(),
+        RedisServer::start_with(&["--loadmodule", support::native_module().to_str().unwrap()]),
+    );
+    let minute = 60_000_000;
+    let start = 30_000_000 * minute;
+    let clock = ManualClock::new(start + 5_000_000);
+    let on = |server: &RedisServer| {
+        Limiter::builder()
+            .redis(server.url())
+            .clock(clock.clone())
+            .deny_cache_max_keys(0)
+            .build()
+            .unwrap()
+    };
+    let limiters = [
+        ("the function", on(&plain)),
+        ("the module", on(&module)),
+        (
+            "memory",
+            Limiter::builder()
+                .memory()
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        ),
+    ];
+    for (algorithm, limit) in [(Algorithm::FixedWindow, 10), (Algorithm::SlidingWindow, 9)] {
+        let old = window(algorithm, 100, "1m");
+        let new = window(algorithm, 10, "10s");
+        for (name, limiter) in &limiters {
+            clock.set(start + 5_000_000);
+            let key = format!("rule-changed:{algorithm}");
+            runtime.block_on(async {
+                let first = limiter.check(Request::new(&old, &key)).await.unwrap();
+                clock.set(start + 12_000_000);
+                let mut admitted = 0;
+                while limiter.check(Request::new(&new, &key)).await.is_ok() {
+                    admitted += 1;
+                }
+                assert_eq!(admitted, limit, "{new:?} on {name}");
+                limiter.refund(first).await.unwrap();
+                let again = limiter.check(Request::new(&new, &key)).await;
+                assert!(
+                    again.is_err(),
+                    "{new:?} on {name}: admitted past its limit after the old rule's refund"
+                );
+            });
+        }
+    }
+    runtime.block_on(async {
+        assert!(
+            module.command_calls(&["ratelimit.decide"]).await > 0,
+            "the module decided"
+        );
+        assert_eq!(module.script_calls().await, 0, "the module decided alone");
+    });
+}

@@ -14,6 +14,9 @@
 //! - the sliding window counter: the count of the admission's window falls
 //!   by the cost while it is the current or the previous window (it still
 //!   weighs on the estimate);
+//! - in both, only a count begun in the admission's window, as its own
+//!   quota cuts windows: one begun under another window (the rule changed
+//!   since) is left as it is;
 //! - the sliding log: the admission's entries leave the log, by their tag,
 //!   so a refund applied twice removes nothing more.
 
@@ -134,9 +137,14 @@ pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund:
         }
         Some(State::Window { start, count }) if quota.algorithm() == Algorithm::FixedWindow => {
             let current = now - now % window;
+            let end = admission_end(now, refund.until_end, window);
+            // The count must be the one begun in the admission's window:
+            // one begun later under another window (the rule changed since)
+            // never held the admission, and giving it back there would
+            // admit more than that window's limit.
             if *start < current
-                || i128::from(fixed_window::window_end(*start, current, window))
-                    != admission_end(now, refund.until_end, window)
+                || i128::from(*start) != end - i128::from(window)
+                || i128::from(fixed_window::window_end(*start, current, window)) != end
                 || cost == 0
             {
                 return;
@@ -152,7 +160,10 @@ pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund:
             previous,
         }) if quota.algorithm() == Algorithm::SlidingWindow => {
             let stored = *start - *start % window;
-            if stored.saturating_add(2 * window) <= now {
+            // A count begun off this quota's windows was begun under
+            // another window (the rule changed since), and holds the
+            // admission in another place than this quota's, if at all.
+            if stored != *start || stored.saturating_add(2 * window) <= now {
                 return;
             }
             let admitted = admission_end(now, refund.until_end, window) - i128::from(window);
@@ -243,6 +254,42 @@ mod tests {
             let mut held = Some(state.clone());
             refund(&quota, &mut held, now, &given);
             assert_eq!(held, Some(state), "{quota:?} {given:?}");
+        }
+    }
+
+    /// A rule changed to a shorter window while an admission of the old
+    /// one is out: the new window's count, begun after the admission, never
+    /// held it, and its refund leaves that count alone (else the new window
+    /// admits past its limit).
+    #[test]
+    fn a_refund_leaves_a_count_begun_under_another_window() {
+        let minute = 60_000_000;
+        let m = 30_000_000 * minute;
+        for (old, new) in [
+            (
+                Quota::fixed_window(100, Duration::from_secs(60)).unwrap(),
+                Quota::fixed_window(10, Duration::from_secs(10)).unwrap(),
+            ),
+            (
+                Quota::sliding_window(100, Duration::from_secs(60)).unwrap(),
+                Quota::sliding_window(10, Duration::from_secs(10)).unwrap(),
+            ),
+        ] {
+            let mut state = None;
+            let (admission, _) = decide(&old, &mut state, m + 5_000_000, 1);
+            assert!(admission.allowed);
+            let at = m + 12_000_000;
+            let mut admitted = 0;
+            while decide(&new, &mut state, at, 1).0.allowed {
+                admitted += 1;
+            }
+            let given = Refund::of(&old, &admission, 1, at - (m + 5_000_000)).unwrap();
+            refund(&old, &mut state, at, &given);
+            let (after, _) = decide(&new, &mut state, at, 1);
+            assert!(
+                !after.allowed,
+                "{new:?}: {admitted} admitted, then one more after the old refund"
+            );
         }
     }
 
