@@ -395,16 +395,34 @@ async fn frozen_sentinels_leave_decisions_on_the_master_as_last_known() {
     assert!(!on_redis(&failed), "a frozen master decided");
     master.thaw();
     let started = Instant::now();
-    loop {
-        let admitted = limiter.check(Request::new(&quota, "k")).await.unwrap();
-        if on_redis(&admitted) {
-            break;
+    let (fallbacks, logs) = support::logged(async {
+        loop {
+            let admitted = limiter.check(Request::new(&quota, "k")).await.unwrap();
+            if on_redis(&admitted) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "decisions did not go back to the master while its Sentinels were frozen"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "decisions did not go back to the master while its Sentinels were frozen"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        // Back on the master, which answers: the frozen Sentinels are not
+        // asked again, and decisions do not wait for them.
+        let mut fallbacks = 0;
+        for _ in 0..50 {
+            let admitted = limiter.check(Request::new(&quota, "k")).await.unwrap();
+            fallbacks += u32::from(!on_redis(&admitted));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        fallbacks
+    })
+    .await;
     sentinels.iter().for_each(RedisServer::thaw);
+    assert_eq!(fallbacks, 0, "decisions went to the failure policy");
+    let asked = logs.matches("did not say where the master is").count();
+    assert!(
+        asked <= 2,
+        "the frozen Sentinels were asked {asked} times while the master answered:\n{logs}"
+    );
 }

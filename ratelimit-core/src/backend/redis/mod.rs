@@ -263,6 +263,12 @@ impl RedisBackend {
             // policy to answer, if it is not).
             Err(error) => match stale {
                 Some(lane) => {
+                    // The switches announced so far were asked about: the
+                    // master as last known stands until a call fails or
+                    // the Sentinels announce more (the watcher counts one
+                    // when it reaches them again), rather than every call
+                    // asking the Sentinels that did not answer.
+                    lane.seen.store(switches, Ordering::Release);
                     tracing::warn!(
                         %error,
                         master = %lane.address,
@@ -321,13 +327,25 @@ impl RedisBackend {
             seen: AtomicU64::new(switches),
         });
         let on_failure = self.endpoint.follows_failovers().then_some(stale);
+        // A batch the master as last known answered says it still is the
+        // master (a replica refuses the call): the Sentinels need not be
+        // asked, which a failed batch had called for.
+        let on_success = on_failure.clone();
         runtime.spawn(run_batches(
             receiver,
             connections,
             on_failure,
             MAX_IN_FLIGHT,
             move |connection, batch| {
-                send_batch(connection, functions.clone(), demoted.clone(), batch)
+                let answered = send_batch(connection, functions.clone(), demoted.clone(), batch);
+                let stale = on_success.clone();
+                async move {
+                    let answered = answered.await;
+                    if let (true, Some(stale)) = (answered, stale) {
+                        stale.store(false, Ordering::Release);
+                    }
+                    answered
+                }
             },
         ));
         *self.lane.write().unwrap_or_else(PoisonError::into_inner) = Some(lane.clone());
