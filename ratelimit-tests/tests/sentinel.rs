@@ -426,3 +426,42 @@ async fn frozen_sentinels_leave_decisions_on_the_master_as_last_known() {
         "the frozen Sentinels were asked {asked} times while the master answered:\n{logs}"
     );
 }
+
+/// Sentinels that cannot be reached are tried again less and less often
+/// while the master answers, not ten times a second for as long as they are
+/// away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_sentinels_are_tried_again_less_and_less_often() {
+    let (_master, _replica, sentinels) = sentinel_set();
+    let relay = support::Relay::start(sentinels[0].port()).await;
+    let limiter = Limiter::builder()
+        .sentinel(MASTER, [relay.url()])
+        .timeout(Duration::from_millis(500))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let quota = Quota::new(1_000_000_000, "1000000000/s".parse().unwrap()).unwrap();
+    limiter.check(Request::new(&quota, "k")).await.unwrap();
+    // The watcher's subscription, made on the first decision.
+    wait_for(
+        "a subscription through the relay",
+        Duration::from_secs(5),
+        || relay.accepted() >= 2,
+    );
+    // Nothing listens where the relay leads now.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    relay.lead_to(nowhere.local_addr().unwrap().port());
+    drop(nowhere);
+    relay.cut();
+    let before = relay.accepted();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        limiter.check(Request::new(&quota, "k")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tries = relay.accepted() - before;
+    assert!(
+        tries <= 8,
+        "{tries} connections to an unreachable Sentinel in 3 s"
+    );
+}

@@ -1041,31 +1041,42 @@ pub fn native_module() -> PathBuf {
 /// A TCP relay on loopback, as a DNS name or a proxy in front of Redis is:
 /// each connection it accepts goes to the port it leads to at that moment;
 /// [`lead_to`](Relay::lead_to) changes that for the connections that come
-/// after, and the ones open stay where they are.
+/// after, and the ones open stay where they are until [`cut`](Relay::cut).
 #[allow(dead_code)]
 pub struct Relay {
     port: u16,
     target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    cuts: tokio::sync::watch::Sender<u64>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
 #[allow(dead_code)]
 impl Relay {
     pub async fn start(target: u16) -> Self {
+        use std::sync::atomic::Ordering::SeqCst;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the relay on loopback");
         let port = listener.local_addr().unwrap().port();
         let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(target));
-        let leads = target.clone();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (cuts, cut) = tokio::sync::watch::channel(0);
+        let (leads, counted) = (target.clone(), accepted.clone());
         let accepting = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                let port = leads.load(std::sync::atomic::Ordering::SeqCst);
+                counted.fetch_add(1, SeqCst);
+                let port = leads.load(SeqCst);
+                let mut cut = cut.clone();
+                cut.borrow_and_update();
                 tokio::spawn(async move {
                     if let Ok(mut outbound) =
                         tokio::net::TcpStream::connect(("127.0.0.1", port)).await
                     {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = cut.changed() => {}
+                        }
                     }
                 });
             }
@@ -1073,6 +1084,8 @@ impl Relay {
         Relay {
             port,
             target,
+            accepted,
+            cuts,
             accepting,
         }
     }
@@ -1086,10 +1099,21 @@ impl Relay {
     pub fn lead_to(&self, port: u16) {
         self.target.store(port, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// Closes every connection open through the relay.
+    pub fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// The connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
         self.accepting.abort();
+        self.cut();
     }
 }

@@ -12,6 +12,10 @@ use super::RESOLVE_EVERY;
 /// announcement, and each new subscription (a switch may have been missed
 /// while none was held), bumps `switches`; lanes made before then ask the
 /// Sentinels again. Ends once the backend is gone.
+/// The longest wait between two rounds of the Sentinels while none of them
+/// can be subscribed to.
+const MAX_WATCH_WAIT: Duration = Duration::from_secs(5);
+
 pub(super) async fn watch_switches(
     sentinels: Vec<redis::ConnectionInfo>,
     master: String,
@@ -26,7 +30,9 @@ pub(super) async fn watch_switches(
         }
         None => false,
     };
+    let mut wait = RESOLVE_EVERY;
     loop {
+        let mut reached = false;
         for sentinel in &sentinels {
             let Ok(client) = redis::Client::open(sentinel.clone()) else {
                 continue;
@@ -40,6 +46,7 @@ pub(super) async fn watch_switches(
             if !matches!(subscribed, Ok(Ok(()))) {
                 continue;
             }
+            reached = true;
             if !bump(&switches) {
                 return;
             }
@@ -75,6 +82,14 @@ pub(super) async fn watch_switches(
         if switches.strong_count() == 0 {
             return;
         }
-        tokio::time::sleep(RESOLVE_EVERY).await;
+        // Sentinels that cannot be reached are tried again less and less
+        // often, up to every few seconds, rather than ten times a second
+        // each for as long as they are away.
+        wait = if reached {
+            RESOLVE_EVERY
+        } else {
+            (wait * 2).min(MAX_WATCH_WAIT)
+        };
+        tokio::time::sleep(wait).await;
     }
 }
