@@ -121,8 +121,10 @@ impl Rules {
         self.shared.load().is_empty()
     }
 
-    /// Applies several changes at once (`None` removes): a call sees all of
-    /// them or none.
+    /// Applies several changes at once (`None` removes): each look-up sees
+    /// all of them or none. A check of several named rules looks each up
+    /// on its own, so one made while changes land may see some rules old
+    /// and some new.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn apply(&self, changes: &[(String, Option<Quota>)]) {
         if changes.is_empty() {
