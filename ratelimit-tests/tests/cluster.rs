@@ -1316,3 +1316,42 @@ async fn a_master_gone_from_the_slot_map_leaves_no_open_circuit_in_the_metrics()
         exposition.render()
     );
 }
+
+/// A check across slots consumes its dimensions one after another: one
+/// dropped between two (its caller gave up while a master did not answer)
+/// gives back what the earlier ones took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_across_slots_dropped_midway_gives_back_what_it_took() {
+    let cluster = start(3, 0, false);
+    let limiter = uncached(&cluster, Duration::from_millis(500));
+    let quota = Quota::per_hour(1).unwrap();
+    let masters = cluster.masters();
+    let on = |master: usize, prefix: &str| {
+        (0..)
+            .map(|i| format!("{prefix}:{i}"))
+            .find(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master)
+            .unwrap()
+    };
+    let (first, second) = (on(masters[0], "first"), on(masters[1], "second"));
+    // Both masters known, and their lanes running.
+    for key in ["warm:a", "warm:b", "warm:c"] {
+        limiter.decide(&quota, key, 1).await.unwrap();
+    }
+    cluster.nodes[masters[1]].freeze();
+    let check = [Request::new(&quota, &first), Request::new(&quota, &second)];
+    let dropped = tokio::time::timeout(Duration::from_millis(200), limiter.check(&check[..])).await;
+    cluster.nodes[masters[1]].thaw();
+    assert!(dropped.is_err(), "the check ended before it was dropped");
+    let started = Instant::now();
+    loop {
+        let left = limiter.inspect(&quota, &first, 0).await.unwrap().remaining;
+        if left == 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{first} kept the token a dropped check took"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -105,6 +105,40 @@ impl Connected {
     }
 }
 
+/// The dimensions a check across slots has admitted so far, each as the
+/// refund that gives it back: given back by a task of their own if the
+/// check is dropped before it settles them (its caller gave up between two
+/// dimensions), so that a check cut short consumes nothing.
+struct Taken<'a> {
+    backend: &'a ClusterBackend,
+    refunds: Vec<(String, Request)>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if self.refunds.is_empty() {
+            return;
+        }
+        let (Some(connection), Ok(runtime)) = (
+            self.backend.live_connection(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let (timeout, functions) = (self.backend.timeout, self.backend.functions.clone());
+        let refunds = std::mem::take(&mut self.refunds);
+        runtime.spawn(async move {
+            for (key, call) in refunds {
+                let invocation = super::redis::invocation("refund", [(&key, call)]);
+                let given = calls::call_routed(connection.clone(), timeout, &functions, &invocation);
+                if let Err(error) = given.await {
+                    tracing::warn!(%key, %error, "could not give back a dropped multi-dimension check's tokens");
+                }
+            }
+        });
+    }
+}
+
 /// Said of a call made outside any Tokio runtime, or on one shutting down.
 const NO_RUNTIME: Error = Error::NoRuntime {
     what: "a Redis Cluster limiter (its connection and batching)",
@@ -437,28 +471,41 @@ impl ClusterBackend {
             return decode_all(&reply, requests, &calls, &keys);
         }
         // Across slots: consume in order; on a denial (or a failure), give
-        // back what the earlier dimensions took.
+        // back what the earlier dimensions took. They are held by `taken`
+        // meanwhile, which gives them back if the check is dropped before
+        // it ends (its caller gave up).
+        let mut taken = Taken {
+            backend: self,
+            refunds: Vec::new(),
+        };
         let mut decisions = Vec::with_capacity(requests.len());
-        for (i, ((quota, _, _), key)) in requests.iter().zip(&keys).enumerate() {
+        for (i, ((quota, _, cost), key)) in requests.iter().zip(&keys).enumerate() {
             // In the master's next batch, as a decision alone would be.
             let outcome = self.decide_request(quota, key.clone(), calls[i]).await;
             let admitted = matches!(&outcome, Ok(d) if d.allowed);
             if !admitted {
-                for (j, decision) in decisions.iter().enumerate() {
-                    let (quota, _, cost) = requests[j];
-                    // Given back at once, in its window.
-                    let Some(refund) = Refund::of(quota, decision, cost, 0) else {
-                        continue;
-                    };
-                    let call = Request::refund(quota, &refund, now);
+                // Taken off before each is sent: a refund cut short by a
+                // drop is lost (which under-admits), never sent twice.
+                while let Some((key, call)) = taken.refunds.pop() {
                     // A refund that fails leaves the dimension consumed:
                     // it under-admits, never over-admits.
-                    if let Err(error) = self.call("refund", &keys[j..=j], &[call]).await {
-                        tracing::warn!(key = %keys[j], %error, "could not give back a multi-dimension check's tokens");
+                    if let Err(error) = self
+                        .call("refund", std::slice::from_ref(&key), &[call])
+                        .await
+                    {
+                        tracing::warn!(%key, %error, "could not give back a multi-dimension check's tokens");
                     }
                 }
             }
             let decision = outcome?;
+            if admitted {
+                // Given back at once, in its window, if a later one denies.
+                if let Some(refund) = Refund::of(quota, &decision, *cost, 0) {
+                    taken
+                        .refunds
+                        .push((key.clone(), Request::refund(quota, &refund, now)));
+                }
+            }
             decisions.push(decision);
             if !admitted {
                 // The later dimensions were not asked; report them as not admitted.
@@ -468,6 +515,8 @@ impl ClusterBackend {
                 return Ok(decisions);
             }
         }
+        // Every dimension admitted: the check stands.
+        taken.refunds.clear();
         Ok(decisions)
     }
 }
