@@ -574,6 +574,62 @@ async fn a_master_demoted_behind_its_address_is_left_for_the_one_it_leads_to() {
     assert!(held, "{key} decided on the new master");
 }
 
+/// A library load refused for a while (here too few replicas to write) is
+/// tried again once the server takes writes: calls go back to the function
+/// rather than by EVALSHA for the rest of the process.
+#[tokio::test]
+async fn a_library_load_refused_for_a_while_is_tried_again() {
+    let server = RedisServer::start_with(&["--min-replicas-to-write", "1"]);
+    let limiter = redis_limiter(&server);
+    let quota = Quota::new(1, Rate::per_hour(1).unwrap()).unwrap();
+    // Spent beforehand, so that the call below only denies, which a server
+    // short of replicas still answers by EVALSHA.
+    let mut redis = server.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        redis_limiter(&server)
+            .decide(&quota, "spent", 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("1")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let denied = limiter.decide(&quota, "spent", 1).await.unwrap();
+    assert!(!denied.allowed, "{denied:?}");
+    let by_evalsha = server.command_calls(&["evalsha"]).await;
+    assert!(by_evalsha > 0, "answered by EVALSHA");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(limiter.decide(&quota, "fresh", 1).await.unwrap().allowed);
+    assert_eq!(
+        server.command_calls(&["evalsha"]).await,
+        by_evalsha,
+        "once the server takes writes, the function is loaded and called again"
+    );
+}
+
 /// Current-thread: the batching task that logs runs on this thread.
 #[tokio::test]
 async fn the_switch_to_evalsha_is_logged_without_the_keys_of_the_call() {

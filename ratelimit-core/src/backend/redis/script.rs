@@ -406,6 +406,15 @@ fn not_called(error: &redis::RedisError) -> bool {
         })
 }
 
+/// Whether `error` refuses a write for a while only: the server is out of
+/// memory, short of replicas, running a script, a replica, or loading.
+fn refused_for_now(error: &redis::RedisError) -> bool {
+    matches!(
+        error.code(),
+        Some("OOM" | "NOREPLICAS" | "BUSY" | "READONLY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN")
+    )
+}
+
 fn is_no_perm(error: &redis::RedisError) -> bool {
     error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
 }
@@ -439,9 +448,11 @@ async fn invoke_function<C: Connection>(
                 match load.query_async::<redis::Value>(connection).await {
                     Ok(_) => {}
                     Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
-                    // Over `maxmemory`: this call goes by EVALSHA, which
-                    // needs no load, and the next tries again.
-                    Err(error) if error.code() == Some("OOM") => break,
+                    // Refused for now (over `maxmemory`, too few
+                    // replicas to write, a script running, a replica or a
+                    // server still loading): this call goes by EVALSHA,
+                    // which needs no load, and the next tries again.
+                    Err(error) if refused_for_now(&error) => break,
                     // No FUNCTION command, not allowed, or a Lua that
                     // rejects the library.
                     Err(error) => functions.refuse(&error),
