@@ -1355,3 +1355,51 @@ async fn a_check_across_slots_dropped_midway_gives_back_what_it_took() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A reset follows its key where the slot went: moved to another master
+/// since the client last read the slot map, or moving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_follows_its_key_to_where_its_slot_moved() {
+    let cluster = start(3, 0, false);
+    let limiter = uncached(&cluster, Duration::from_secs(2));
+    let quota = Quota::per_hour(1).unwrap();
+    let masters = cluster.masters();
+    let (moved, moving) = ("{moved}:k", "{moving}:k");
+    for key in [moved, moving] {
+        assert!(limiter.decide(&quota, key, 1).await.unwrap().allowed);
+        assert!(!limiter.decide(&quota, key, 1).await.unwrap().allowed);
+    }
+    let slot_of = |key: &str| cluster.keyslot(&format!("rl:{key}"));
+    let owner = |key: &str| cluster.slot_owner(slot_of(key), masters[0]);
+    let elsewhere = |from: usize| *masters.iter().find(|&&m| m != from).unwrap();
+    let (from, to) = (owner(moved), elsewhere(owner(moved)));
+    tokio::task::block_in_place(|| cluster.move_slot(slot_of(moved), from, to, Duration::ZERO));
+    limiter.reset(moved).await.unwrap();
+    assert!(
+        limiter.decide(&quota, moved, 1).await.unwrap().allowed,
+        "{moved} whole again"
+    );
+    // Half moved: the key already on the master the slot goes to.
+    let (from, to) = (owner(moving), elsewhere(owner(moving)));
+    cluster.start_moving_slot(slot_of(moving), from, to);
+    let _: redis::Value = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(cluster.nodes[to].port())
+        .arg(format!("rl:{moving}"))
+        .arg(0)
+        .arg(5000)
+        .query_async(&mut cluster.nodes[from].connection().await)
+        .await
+        .unwrap();
+    limiter.reset(moving).await.unwrap();
+    let mut connection = cluster.nodes[to].connection().await;
+    let (held,): (bool,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("EXISTS")
+        .arg(format!("rl:{moving}"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(!held, "{moving} deleted where it moved");
+}

@@ -139,6 +139,30 @@ impl Drop for Taken<'_> {
     }
 }
 
+/// Sends `del` after `ASKING` to the node the `ASK` redirect `asked` names.
+async fn delete_where_asked(
+    connection: &mut ClusterConnection,
+    del: redis::Cmd,
+    asked: &redis::RedisError,
+) -> Result<(), Error> {
+    use redis::cluster_routing::SingleNodeRoutingInfo;
+    let unexpected = || Error::UnexpectedReply(format!("{asked}"));
+    let (address, _) = asked.redirect_node().ok_or_else(unexpected)?;
+    let (host, port) = address.rsplit_once(':').ok_or_else(unexpected)?;
+    let port = port.parse().map_err(|_| unexpected())?;
+    // One pipeline, so that nothing else on the connection takes the
+    // `ASKING`, which holds for the next command alone.
+    let mut asking = redis::pipe();
+    asking.cmd("ASKING").add_command(del);
+    let to = SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    };
+    let reply = connection.route_pipeline(asking, 1, 1, to).await?.pop();
+    reply.unwrap_or(redis::Value::Nil).extract_error()?;
+    Ok(())
+}
+
 /// Said of a call made outside any Tokio runtime, or on one shutting down.
 const NO_RUNTIME: Error = Error::NoRuntime {
     what: "a Redis Cluster limiter (its connection and batching)",
@@ -404,18 +428,45 @@ impl ClusterBackend {
     /// Deletes `key`'s state: its quota is whole again.
     pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
         on_a_runtime()?;
+        let key = self.full_key(key);
+        let routing = self.routing().await;
+        let node = routing
+            .as_ref()
+            .and_then(|r| r.node(&key))
+            .map_or("", |(node, _)| node);
+        // Sent again where a node refused it unrun (the slot moved, or is
+        // moving): a `DEL` applied twice deletes nothing more.
         let work = async {
             let mut connection = self.connection().await?;
-            redis::cmd("DEL")
-                .arg(self.full_key(key))
-                .query_async::<i64>(&mut connection)
-                .await
-                .map_err(Error::from)
+            let mut wait = Duration::from_millis(2);
+            loop {
+                let mut del = redis::cmd("DEL");
+                del.arg(&key);
+                match del.query_async::<i64>(&mut connection).await {
+                    // The slot is moving and the key is not on its old
+                    // master: deleted where it may be now.
+                    Err(error)
+                        if error.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) =>
+                    {
+                        return delete_where_asked(&mut connection, del, &error).await;
+                    }
+                    Err(error) if calls::refused_unrun(&error) => {
+                        // The client reads the slot map again on a redirect.
+                        self.stale.store(true, std::sync::atomic::Ordering::Release);
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_millis(50));
+                    }
+                    result => return result.map(|_| ()).map_err(Error::from),
+                }
+            }
         };
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .map_err(|_| Error::Timeout(self.timeout))??;
-        Ok(())
+        let call = async {
+            tokio::time::timeout(self.timeout, work)
+                .await
+                .map_err(|_| Error::Timeout(self.timeout))?
+        };
+        self.guarded(node, call).await
     }
 
     /// Gives back what admissions took: one call per key, as the keys may
