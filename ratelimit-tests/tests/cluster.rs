@@ -1403,3 +1403,54 @@ async fn a_reset_follows_its_key_to_where_its_slot_moved() {
         .unwrap();
     assert!(!held, "{moving} deleted where it moved");
 }
+
+// A scale-out: a master added with no slot, and the first slot moving to
+// it. The cluster client keeps no connection to a master that serves no
+// slot, which `ASK` names for the keys already there (or absent).
+on_both_paths!(multi_thread: a_slot_moving_to_a_master_added_since_is_decided_there);
+async fn a_slot_moving_to_a_master_added_since_is_decided_there(module: bool) {
+    let mut cluster = start(3, 0, module);
+    let limiter = uncached(&cluster, Duration::from_millis(500));
+    let quota = Quota::new(1, "1/h".parse().unwrap()).unwrap();
+    let (absent, spent) = ("{moving}:absent", "{moving}:spent");
+    assert!(limiter.decide(&quota, spent, 1).await.unwrap().allowed);
+    let module_path = native_module();
+    let extra: Vec<&str> = if module {
+        vec![
+            "--loadmodule",
+            module_path.to_str().unwrap(),
+            "--enable-module-command",
+            "yes",
+        ]
+    } else {
+        Vec::new()
+    };
+    let added = tokio::task::block_in_place(|| cluster.add_empty_master(&extra));
+    let slot = cluster.keyslot(&format!("rl:{spent}"));
+    let from = cluster.slot_owner(slot, cluster.masters()[0]);
+    cluster.start_moving_slot(slot, from, added);
+    let (first, second) = tokio::join!(
+        limiter.decide(&quota, absent, 1),
+        limiter.decide(&quota, spent, 1)
+    );
+    let first = first.unwrap_or_else(|e| panic!("{absent}: {e}"));
+    assert!(
+        first.allowed,
+        "{absent}, new, is admitted where its slot goes"
+    );
+    let second = second.unwrap_or_else(|e| panic!("{spent}: {e}"));
+    assert!(
+        !second.allowed,
+        "{spent}, spent on its master, is admitted anew"
+    );
+    let mut connection = cluster.nodes[added].connection().await;
+    let (held,): (bool,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("EXISTS")
+        .arg(format!("rl:{absent}"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(held, "{absent} written on the master its slot moves to");
+}

@@ -581,6 +581,50 @@ impl RedisCluster {
         cluster
     }
 
+    /// Adds a master that serves no slot yet (as a scale-out does before
+    /// slots are moved to it), started with `extra` arguments besides the
+    /// cluster's own; its index. Plain (not TLS) clusters.
+    #[allow(dead_code)]
+    pub fn add_empty_master(&mut self, extra: &[&str]) -> usize {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-require-full-coverage",
+            "no",
+        ];
+        args.extend_from_slice(extra);
+        let node = RedisServer::start_with(&args);
+        let (host, port) = ("127.0.0.1", node.port());
+        let _: () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg(host)
+            .arg(port)
+            .query(&mut self.node_connection(self.masters()[0]))
+            .expect("CLUSTER MEET");
+        self.nodes.push(node);
+        let index = self.nodes.len() - 1;
+        let id = self.node_id(index);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .all(|n| self.info(n, "NODES").contains(&id))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the new master did not join the cluster"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.wait_until_ok(Duration::from_secs(30));
+        index
+    }
+
     /// `redis://127.0.0.1:<port>` of every node still running.
     pub fn urls(&self) -> Vec<String> {
         self.nodes

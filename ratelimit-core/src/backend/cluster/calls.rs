@@ -2,11 +2,13 @@
 //! sent again only when a node refused a call unrun, and given back (a
 //! refund) when an all-or-nothing check across slots is denied.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use once_cell::sync::Lazy;
+use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 
 use super::ClusterBackend;
@@ -28,6 +30,124 @@ pub(super) static CROSS_SLOT_SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
     ))
 });
 
+/// Connections of this limiter's own to masters the cluster client keeps
+/// none to: a master that serves no slot yet, which an `ASK` names while
+/// the first slot moves to it. Each made with the seed node's user,
+/// password and TLS; at most a few.
+pub(super) struct Direct {
+    seed: redis::ConnectionInfo,
+    connections: std::sync::Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+}
+
+/// The most such connections kept: masters being added at one time.
+const MAX_DIRECT: usize = 8;
+
+impl Direct {
+    pub(super) fn new(seed: redis::ConnectionInfo) -> Self {
+        Self {
+            seed,
+            connections: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A connection to `host:port` that sends each command after `ASKING`;
+    /// `None` when none can be made within `timeout`.
+    async fn connection(&self, host: &str, port: u16, timeout: Duration) -> Option<Asking> {
+        let address = (host.to_owned(), port);
+        let kept = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&address)
+            .cloned();
+        if let Some(connection) = kept {
+            return Some(Asking(connection));
+        }
+        let addr = match self.seed.addr().clone() {
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure,
+                tls_params,
+            },
+            _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let client = redis::Client::open(self.seed.clone().set_addr(addr)).ok()?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let connection = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .ok()?;
+        let mut connections = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if connections.len() >= MAX_DIRECT {
+            connections.clear();
+        }
+        connections.insert(address, connection.clone());
+        Some(Asking(connection))
+    }
+
+    /// Drops the connection to `host:port`, after a call on it failed.
+    fn forget(&self, host: &str, port: u16) {
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(host.to_owned(), port));
+    }
+}
+
+/// A connection whose script calls go after `ASKING`, in one pipeline so
+/// that nothing else on it takes the `ASKING`, which holds for the next
+/// command alone.
+struct Asking(MultiplexedConnection);
+
+impl redis::aio::ConnectionLike for Asking {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.0.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
+impl crate::backend::redis::Connection for Asking {
+    async fn send(
+        &mut self,
+        command: redis::Cmd,
+        _call: &ScriptCall,
+    ) -> redis::RedisResult<Vec<i64>> {
+        let mut asking = redis::pipe();
+        asking.cmd("ASKING").ignore().add_command(command);
+        // The command's own error, as a server sent it (a pipeline's error
+        // would wrap it, and hide its code).
+        let mut replies: Vec<redis::RedisResult<redis::Value>> =
+            asking.ignore_errors().query_async(&mut self.0).await?;
+        let reply = replies.pop().unwrap_or(Ok(redis::Value::Nil))?;
+        Ok(redis::from_redis_value(reply)?)
+    }
+}
+
 /// Batch calls in flight at once to one master. Fewer than one Redis gets
 /// (`MAX_IN_FLIGHT`): a master answers a third of the decisions, and with as
 /// many calls outstanding its batches would carry a third as many decisions
@@ -45,7 +165,14 @@ impl ClusterBackend {
     ) -> Result<Vec<i64>, Error> {
         let connection = self.connection().await?;
         let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
-        call_routed(connection, self.timeout, &self.functions, &invocation).await
+        call_routed(
+            connection,
+            self.timeout,
+            &self.functions,
+            &self.direct,
+            &invocation,
+        )
+        .await
     }
 }
 
@@ -55,6 +182,7 @@ pub(super) async fn call_routed(
     mut connection: ClusterConnection,
     timeout: Duration,
     functions: &Functions,
+    direct: &Direct,
     invocation: &ScriptCall,
 ) -> Result<Vec<i64>, Error> {
     let work = async {
@@ -66,12 +194,24 @@ pub(super) async fn call_routed(
             let call = asked.as_ref().unwrap_or(invocation);
             match invoke(call, &mut connection, functions).await {
                 // Nothing was sent: the client keeps no connection to the
-                // node the `ASK` named (a master that serves no slot yet).
-                // The call goes by the slot map again, after a moment.
+                // node the `ASK` named (a master that serves no slot yet,
+                // added to the cluster as the slot moves to it). The call
+                // goes there on a connection of this limiter's own; failing
+                // that, by the slot map again, after a moment.
                 Err(error)
                     if asked.is_some()
                         && error.kind() == redis::ErrorKind::ClusterConnectionNotFound =>
                 {
+                    let to = asked.as_ref().and_then(ScriptCall::asked_node);
+                    if let Some((host, port)) = to {
+                        if let Some(mut node) = direct.connection(&host, port, timeout).await {
+                            let result = invoke(call, &mut node, functions).await;
+                            if result.is_err() {
+                                direct.forget(&host, port);
+                            }
+                            return Ok(result?);
+                        }
+                    }
                     asked = None;
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_millis(50));
@@ -112,6 +252,7 @@ pub(super) async fn send_node_batch(
     connection: ClusterConnection,
     timeout: Duration,
     functions: Arc<Functions>,
+    direct: Arc<Direct>,
     stale: Arc<AtomicBool>,
     mut jobs: Vec<Job>,
 ) -> bool {
@@ -188,6 +329,7 @@ pub(super) async fn send_node_batch(
                     connection.clone(),
                     timeout,
                     functions.clone(),
+                    direct.clone(),
                     moved.into_iter().map(|(job, _)| job).collect(),
                 )
                 .await;
@@ -199,7 +341,7 @@ pub(super) async fn send_node_batch(
             }
         }
     }
-    decide_alone(connection, timeout, functions, jobs).await;
+    decide_alone(connection, timeout, functions, direct, jobs).await;
     true
 }
 
@@ -209,16 +351,18 @@ pub(super) async fn decide_alone(
     connection: ClusterConnection,
     timeout: Duration,
     functions: Arc<Functions>,
+    direct: Arc<Direct>,
     jobs: Vec<Job>,
 ) {
     let calls: Vec<_> = jobs
         .into_iter()
         .filter(Job::wanted)
         .map(|job| {
-            let (connection, functions) = (connection.clone(), functions.clone());
+            let (connection, functions, direct) =
+                (connection.clone(), functions.clone(), direct.clone());
             tokio::spawn(async move {
                 let invocation = invocation("each", [(&job.key, job.request)]);
-                let result = call_routed(connection, timeout, &functions, &invocation)
+                let result = call_routed(connection, timeout, &functions, &direct, &invocation)
                     .await
                     .and_then(|reply| decode_one(&reply, &job.quota, &job.request, &job.key));
                 let _ = job.reply.send(result);

@@ -81,6 +81,8 @@ pub(crate) struct ClusterBackend {
     stale: Arc<AtomicBool>,
     /// Whether the masters run the script as a function.
     functions: Arc<Functions>,
+    /// Connections to masters the cluster client keeps none to.
+    direct: Arc<calls::Direct>,
     keys: KeySpace,
     timeout: Duration,
     /// A circuit breaker per master, by address, so a dead master sends its
@@ -125,12 +127,22 @@ impl Drop for Taken<'_> {
         ) else {
             return;
         };
-        let (timeout, functions) = (self.backend.timeout, self.backend.functions.clone());
+        let (timeout, functions, direct) = (
+            self.backend.timeout,
+            self.backend.functions.clone(),
+            self.backend.direct.clone(),
+        );
         let refunds = std::mem::take(&mut self.refunds);
         runtime.spawn(async move {
             for (key, call) in refunds {
                 let invocation = super::redis::invocation("refund", [(&key, call)]);
-                let given = calls::call_routed(connection.clone(), timeout, &functions, &invocation);
+                let given = calls::call_routed(
+                    connection.clone(),
+                    timeout,
+                    &functions,
+                    &direct,
+                    &invocation,
+                );
                 if let Err(error) = given.await {
                     tracing::warn!(%key, %error, "could not give back a dropped multi-dimension check's tokens");
                 }
@@ -217,6 +229,7 @@ impl ClusterBackend {
             source,
         })?;
         let seed = super::redis::open_client(&urls[0], tls)?;
+        let direct = Arc::new(calls::Direct::new(seed.get_connection_info().clone()));
         Ok(Self {
             client,
             seed,
@@ -226,6 +239,7 @@ impl ClusterBackend {
             refreshing: tokio::sync::Mutex::new(None),
             stale: Arc::new(AtomicBool::new(false)),
             functions: Arc::new(Functions::default()),
+            direct,
             keys: KeySpace { prefix, clock },
             timeout,
             breakers: std::sync::Mutex::new(HashMap::new()),

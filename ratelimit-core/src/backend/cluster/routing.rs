@@ -188,8 +188,12 @@ impl ClusterBackend {
         address: &str,
     ) -> mpsc::Sender<Job> {
         let (queue, receiver) = mpsc::channel(MAX_QUEUED);
-        let (timeout, stale, functions) =
-            (self.timeout, self.stale.clone(), self.functions.clone());
+        let (timeout, stale, functions, direct) = (
+            self.timeout,
+            self.stale.clone(),
+            self.functions.clone(),
+            self.direct.clone(),
+        );
         tracing::debug!(master = %address, "batching decisions for a Redis Cluster master");
         // One connection: the cluster client's clones share its one
         // multiplexed connection to each node.
@@ -199,7 +203,14 @@ impl ClusterBackend {
             Some(self.stale.clone()),
             NODE_IN_FLIGHT,
             move |connection, jobs| {
-                send_node_batch(connection, timeout, functions.clone(), stale.clone(), jobs)
+                send_node_batch(
+                    connection,
+                    timeout,
+                    functions.clone(),
+                    direct.clone(),
+                    stale.clone(),
+                    jobs,
+                )
             },
         ));
         queue

@@ -235,6 +235,12 @@ impl ScriptCall {
         })
     }
 
+    /// The node (host and port) an `ASK` redirect sent this call to.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn asked_node(&self) -> Option<(String, u16)> {
+        self.asking.clone()
+    }
+
     fn fcall(&self) -> redis::Cmd {
         let mut fcall = redis::cmd("FCALL");
         fcall
