@@ -18,9 +18,10 @@ ALGORITHMS[FIXED_WINDOW] = each_key(function(key, stored, now, cost, commit, lim
   local start, count = current, 0
   local s_start, s_count = parse(stored, '^(%d+):(%d+)$')
   if s_start == false then return corrupt() end
-  -- Counted in a window that began in ours, or later (the clock went back).
+  -- Counted in a window that began in ours, or later (the clock went back),
+  -- from the start of its window as this quota cuts windows (see the twin).
   if s_start and s_start >= current then
-    start, count = s_start, s_count
+    start, count = s_start - s_start % window, s_count
   end
   local until_end = window_end(start, current, window) - now
   if until_end < 0 then until_end = 0 end

@@ -12,4 +12,4 @@ pub const WIRE_VERSION: u64 = 5;
 /// The SHA-1 of the scripts this version's format is that of; see
 /// [`WIRE_VERSION`].
 #[cfg(all(test, feature = "redis"))]
-pub(crate) const WIRE_SCRIPTS_SHA1: &str = "7eda4a4d64e080e3584c4c7e9813375f795cde1f";
+pub(crate) const WIRE_SCRIPTS_SHA1: &str = "9657c0bdbaa8a1fdb68d53dbb3eaab5b515a4fbe";

@@ -783,8 +783,9 @@ async fn only_the_limiter_that_admitted_takes_the_refund() {
 
 /// A rule changed to a shorter window while an admission of the old one is
 /// out: its refund leaves the new window's count, which never held it, so
-/// the new window admits no more than its limit. On Redis (the function and
-/// the native module) and in memory alike.
+/// the new window admits no more than its limit; changed to a longer one, a
+/// refund of the new rule's admission gives it back. On Redis (the function
+/// and the native module) and in memory alike.
 #[test]
 fn a_refund_leaves_a_window_begun_under_another_rule() {
     let runtime = runtime();
@@ -834,6 +835,26 @@ fn a_refund_leaves_a_window_begun_under_another_rule() {
                 assert!(
                     again.is_err(),
                     "{new:?} on {name}: admitted past its limit after the old rule's refund"
+                );
+            });
+        }
+        // Lengthened: the short window's count is carried, and a refund of
+        // an admission under the long one gives it back.
+        let (short, long) = (window(algorithm, 10, "10s"), window(algorithm, 3, "1m"));
+        for (name, limiter) in &limiters {
+            clock.set(start + 22_000_000);
+            let key = format!("rule-lengthened:{algorithm}");
+            runtime.block_on(async {
+                limiter.check(Request::new(&short, &key)).await.unwrap();
+                clock.set(start + 25_000_000);
+                let admitted = limiter.check(Request::new(&long, &key)).await.unwrap();
+                limiter.check(Request::new(&long, &key)).await.unwrap();
+                assert!(limiter.check(Request::new(&long, &key)).await.is_err());
+                limiter.refund(admitted).await.unwrap();
+                let again = limiter.check(Request::new(&long, &key)).await;
+                assert!(
+                    again.is_ok(),
+                    "{long:?} on {name}: its own admission's refund gave nothing back"
                 );
             });
         }

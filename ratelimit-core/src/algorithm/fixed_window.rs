@@ -24,8 +24,10 @@ pub(super) fn decide(
     let current = now - now % window;
     let (start, count) = match *state {
         // Counted in a window that began in ours, or later (the clock went
-        // back): it still counts.
-        Some(State::Window { start, count }) if start >= current => (start, count),
+        // back): it still counts, from the start of its window as this
+        // quota cuts windows, which a refund of an admission counted here
+        // names (a count carried from a shorter window began inside it).
+        Some(State::Window { start, count }) if start >= current => (start - start % window, count),
         _ => (current, 0),
     };
     let until_end = window_end(start, current, window).saturating_sub(now);

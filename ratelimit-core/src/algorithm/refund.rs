@@ -257,6 +257,42 @@ mod tests {
         }
     }
 
+    /// A rule changed to a longer window carries the count of the shorter
+    /// one: an admission under the new rule is counted there, and its
+    /// refund gives it back.
+    #[test]
+    fn a_refund_under_a_lengthened_window_gives_back() {
+        let minute = 60_000_000;
+        let m = 30_000_000 * minute;
+        for (short, long) in [
+            (
+                Quota::fixed_window(10, Duration::from_secs(10)).unwrap(),
+                Quota::fixed_window(3, Duration::from_secs(60)).unwrap(),
+            ),
+            (
+                Quota::sliding_window(10, Duration::from_secs(10)).unwrap(),
+                Quota::sliding_window(3, Duration::from_secs(60)).unwrap(),
+            ),
+        ] {
+            let mut state = None;
+            assert!(decide(&short, &mut state, m + 22_000_000, 1).0.allowed);
+            let at = m + 25_000_000;
+            let (admission, _) = decide(&long, &mut state, at, 1);
+            assert!(admission.allowed);
+            assert!(decide(&long, &mut state, at, 1).0.allowed);
+            assert!(
+                !decide(&long, &mut state, at, 1).0.allowed,
+                "{long:?} spent"
+            );
+            let given = Refund::of(&long, &admission, 1, 0).unwrap();
+            refund(&long, &mut state, at, &given);
+            assert!(
+                decide(&long, &mut state, at, 1).0.allowed,
+                "{long:?}: the refund of its own admission gave nothing back"
+            );
+        }
+    }
+
     /// A rule changed to a shorter window while an admission of the old
     /// one is out: the new window's count, begun after the admission, never
     /// held it, and its refund leaves that count alone (else the new window
