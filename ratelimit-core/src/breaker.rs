@@ -99,6 +99,11 @@ impl Drop for Permit<'_> {
 pub(crate) fn failed(result: &Result<impl Sized, Error>) -> Option<bool> {
     match result {
         Ok(_) | Err(Error::ForeignValue { .. }) => Some(false),
+        // Over `maxmemory`, Redis refuses the writes and still answers the
+        // rest: opened, the breaker would send its denials to the failure
+        // policy too.
+        #[cfg(feature = "redis")]
+        Err(Error::Redis(error)) if error.code() == Some("OOM") => Some(false),
         Err(error) if error.is_backend_failure() => Some(true),
         Err(_) => None,
     }

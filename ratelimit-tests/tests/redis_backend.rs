@@ -437,6 +437,14 @@ async fn a_redis_out_of_memory_still_answers_denials() {
     // must write, and its refusal is an error for the failure policy.
     let denied = limiter.decide(&quota, "full", 1).await;
     let (admitted, log) = logged(limiter.decide(&quota, "full:fresh", 1)).await;
+    // Admissions refused one after another do not open the breaker: Redis
+    // answers, and its denials go on being its own.
+    for i in 0..5 {
+        let refused = limiter.decide(&quota, &format!("full:fresh:{i}"), 1).await;
+        let error = refused.expect_err("an admission needs a write");
+        assert_eq!(fault(&error), Some(ErrorKind::Unavailable), "{error}");
+    }
+    let denied_after = limiter.decide(&quota, "full", 1).await;
     // The same with the library gone, which a full Redis will not load.
     let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
@@ -453,6 +461,8 @@ async fn a_redis_out_of_memory_still_answers_denials() {
         .unwrap();
     let denied = denied.expect("a denial needs no memory");
     assert!(!denied.allowed, "{denied:?}");
+    let denied_after = denied_after.expect("a denial after refused admissions");
+    assert!(!denied_after.allowed, "{denied_after:?}");
     let error = admitted.expect_err("an admission needs a write");
     assert_eq!(fault(&error), Some(ErrorKind::Unavailable), "{error}");
     assert!(log.contains("OOM"), "the log names Redis's refusal: {log}");
