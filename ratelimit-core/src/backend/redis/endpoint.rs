@@ -36,10 +36,14 @@ pub(crate) fn redacted(url: &str) -> String {
     let url = &hidden_in_query(url);
     let scheme_end = url.find("://").map_or(0, |i| i + 3);
     let rest = &url[scheme_end..];
-    // A URL that parses ends its user part where the URL's syntax says
-    // (before any `/`, `?` or `#`); one that does not may hold a password
-    // with any of those in it, so all up to its last `@` is hidden.
-    let (at, user) = if redis::parse_redis_url(url).is_some() {
+    // A URL that parses with a user part ends it where the URL's syntax
+    // says (before any `/`, `?` or `#`). One that does not parse, or parses
+    // with none though it holds an `@` (a password beginning with digits
+    // and a `/` reads as a port and a path), may hold a password with any
+    // of those in it: all up to its last `@` is hidden.
+    let parsed = redis::parse_redis_url(url)
+        .filter(|parsed| !parsed.username().is_empty() || parsed.password().is_some());
+    let (at, user) = if parsed.is_some() {
         let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
         let Some(at) = authority.rfind('@') else {
             return url.to_owned();
@@ -264,7 +268,13 @@ mod url_tests {
             ("redis://u:p#ss@h", "redis://***@h"),
             ("redis://:p?ss@h", "redis://***@h"),
             ("u:s3cret@host:6379", "***@host:6379"),
-            ("redis://host/0?x=a@b", "redis://host/0?x=a@b"),
+            // Parsed as a host and a port, the password as a path.
+            ("redis://default:/s3cret@host:6379", "redis://***@host:6379"),
+            ("redis://u:12#s3cret@h", "redis://***@h"),
+            ("redis://:/s3cret@h", "redis://***@h"),
+            ("redis://u:#s3cret@h", "redis://***@h"),
+            // An `@` anywhere hides what comes before it, in case.
+            ("redis://host/0?x=a@b", "redis://***@b"),
         ] {
             assert_eq!(redacted(url), shown, "{url}");
         }
