@@ -517,3 +517,48 @@ async fn a_hash_redis_refuses_to_read_is_named_and_read_again_later() {
     assert!(!logs.contains("cannot reach Redis"), "{logs}");
     assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
 }
+
+/// A read Redis refuses for a while only (here a replica whose master is
+/// away, which will not serve stale data) is tried again on the reconnect
+/// backoff, not left for the periodic read, here a minute away.
+#[tokio::test]
+async fn a_read_refused_for_a_while_is_tried_again_soon() {
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = nowhere.local_addr().unwrap().port().to_string();
+    drop(nowhere);
+    let server = RedisServer::start();
+    let mut redis = server.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("replica-serve-stale-data")
+        .arg("no")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(&port)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let source = RedisRuleSource::builder(server.url())
+        .reload_every(Duration::from_secs(60))
+        .start(&limiter)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: () = redis
+        .hset(HASH, "probe", "capacity=5 rate=1/h")
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), source.ready())
+        .await
+        .expect("ready soon after the server serves reads");
+    assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
+}

@@ -51,6 +51,19 @@ impl Lost {
         }
     }
 
+    /// Whether Redis refused the read for good, until someone changes its
+    /// data or its users: another type at the hash's key, or a user not
+    /// allowed the read.
+    fn lasts(&self) -> bool {
+        match self {
+            Lost::Redis(error) => {
+                error.code() == Some("WRONGTYPE")
+                    || error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the connection must be replaced, rather than the command
     /// tried again later (a server error such as `WRONGTYPE` does not
     /// improve by reconnecting).
@@ -164,11 +177,12 @@ impl Follower {
         .await?;
         // Subscribed before reading: a change made in between is in the
         // read, or in a message, or both; never in neither. A refusal that
-        // a new connection would meet again (`WRONGTYPE`, an ACL without
-        // `HGETALL`) is logged as what it is, and the read is tried again
-        // on the timer, rather than reconnecting at once.
+        // lasts (`WRONGTYPE`, an ACL without `HGETALL`) is logged as what
+        // it is, and the read is tried again on the timer, rather than by
+        // reconnecting twice a second; one that passes (a server still
+        // loading, a script running) is tried again on the backoff.
         match self.reload(&mut connection).await {
-            Err(lost) if lost.is_connection() => return Err(lost),
+            Err(lost) if lost.is_connection() || !lost.lasts() => return Err(lost),
             Err(error) => self.unread(&error),
             Ok(()) => {}
         }

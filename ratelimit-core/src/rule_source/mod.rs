@@ -71,9 +71,10 @@ pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(10);
 /// - when Redis is unreachable the rules in force stay as they are, and the
 ///   source reconnects with a jittered backoff (up to
 ///   [`max_backoff`](RedisRuleSourceBuilder::max_backoff)); it logs the
-///   outage once, and again when it is over. A read Redis refuses (another
-///   type at the hash's key, an ACL user without `HGETALL`) is logged as an
-///   error and tried again at the next periodic read; [`ready`](Self::ready)
+///   outage once, and again when it is over. A read Redis refuses for good
+///   (another type at the hash's key, an ACL user without `HGETALL`) is
+///   logged as an error and tried again at the next periodic read, one it
+///   refuses for a while (still loading) on the backoff; [`ready`](Self::ready)
 ///   waits for the first read that succeeds. It never panics;
 /// - messages cost Redis a read of each rule they name, and a flood of them
 ///   at most ten reads of the whole hash a second per instance: the
