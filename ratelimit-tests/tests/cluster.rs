@@ -1453,4 +1453,15 @@ async fn a_slot_moving_to_a_master_added_since_is_decided_there(module: bool) {
         .await
         .unwrap();
     assert!(held, "{absent} written on the master its slot moves to");
+    // A reset finds it there too.
+    limiter.reset(absent).await.unwrap();
+    let (held,): (bool,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("EXISTS")
+        .arg(format!("rl:{absent}"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(!held, "{absent} deleted on the master its slot moves to");
 }

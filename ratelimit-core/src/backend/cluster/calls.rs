@@ -10,6 +10,7 @@ use std::time::Duration;
 use once_cell::sync::Lazy;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
+use tokio::sync::mpsc::Sender;
 
 use super::ClusterBackend;
 use crate::backend::redis::{
@@ -36,7 +37,10 @@ pub(super) static CROSS_SLOT_SCRIPT: Lazy<redis::Script> = Lazy::new(|| {
 /// password and TLS; at most a few.
 pub(super) struct Direct {
     seed: redis::ConnectionInfo,
-    connections: std::sync::Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+    /// Each with the sending half of a channel whose other half a task on
+    /// the connection's runtime holds: closed once that runtime, which runs
+    /// the connection, has shut down.
+    connections: std::sync::Mutex<HashMap<(String, u16), (MultiplexedConnection, Sender<()>)>>,
 }
 
 /// The most such connections kept: masters being added at one time.
@@ -52,17 +56,24 @@ impl Direct {
 
     /// A connection to `host:port` that sends each command after `ASKING`;
     /// `None` when none can be made within `timeout`.
-    async fn connection(&self, host: &str, port: u16, timeout: Duration) -> Option<Asking> {
+    pub(super) async fn connection(
+        &self,
+        host: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Option<Asking> {
         let address = (host.to_owned(), port);
         let kept = self
             .connections
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&address)
-            .cloned();
+            .filter(|(_, runtime)| !runtime.is_closed())
+            .map(|(connection, _)| connection.clone());
         if let Some(connection) = kept {
             return Some(Asking(connection));
         }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
         let addr = match self.seed.addr().clone() {
             redis::ConnectionAddr::TcpTls {
                 insecure,
@@ -84,6 +95,8 @@ impl Direct {
             .get_multiplexed_async_connection_with_config(&config)
             .await
             .ok()?;
+        let (alive, mut held) = tokio::sync::mpsc::channel(1);
+        runtime.spawn(async move { held.recv().await });
         let mut connections = self
             .connections
             .lock()
@@ -91,12 +104,12 @@ impl Direct {
         if connections.len() >= MAX_DIRECT {
             connections.clear();
         }
-        connections.insert(address, connection.clone());
+        connections.insert(address, (connection.clone(), alive));
         Some(Asking(connection))
     }
 
     /// Drops the connection to `host:port`, after a call on it failed.
-    fn forget(&self, host: &str, port: u16) {
+    pub(super) fn forget(&self, host: &str, port: u16) {
         self.connections
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -107,7 +120,24 @@ impl Direct {
 /// A connection whose script calls go after `ASKING`, in one pipeline so
 /// that nothing else on it takes the `ASKING`, which holds for the next
 /// command alone.
-struct Asking(MultiplexedConnection);
+pub(super) struct Asking(MultiplexedConnection);
+
+impl Asking {
+    /// Sends `command` after `ASKING`, in one pipeline so that nothing else
+    /// on the connection takes the `ASKING`; the command's own error, as the
+    /// server sent it (a pipeline's error would wrap it, and hide its code).
+    pub(super) async fn asked<T: redis::FromRedisValue>(
+        &mut self,
+        command: redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        let mut asking = redis::pipe();
+        asking.cmd("ASKING").ignore().add_command(command);
+        let mut replies: Vec<redis::RedisResult<redis::Value>> =
+            asking.ignore_errors().query_async(&mut self.0).await?;
+        let reply = replies.pop().unwrap_or(Ok(redis::Value::Nil))?;
+        Ok(redis::from_redis_value(reply)?)
+    }
+}
 
 impl redis::aio::ConnectionLike for Asking {
     fn req_packed_command<'a>(
@@ -137,14 +167,7 @@ impl crate::backend::redis::Connection for Asking {
         command: redis::Cmd,
         _call: &ScriptCall,
     ) -> redis::RedisResult<Vec<i64>> {
-        let mut asking = redis::pipe();
-        asking.cmd("ASKING").ignore().add_command(command);
-        // The command's own error, as a server sent it (a pipeline's error
-        // would wrap it, and hide its code).
-        let mut replies: Vec<redis::RedisResult<redis::Value>> =
-            asking.ignore_errors().query_async(&mut self.0).await?;
-        let reply = replies.pop().unwrap_or(Ok(redis::Value::Nil))?;
-        Ok(redis::from_redis_value(reply)?)
+        self.asked(command).await
     }
 }
 
@@ -205,11 +228,16 @@ pub(super) async fn call_routed(
                     let to = asked.as_ref().and_then(ScriptCall::asked_node);
                     if let Some((host, port)) = to {
                         if let Some(mut node) = direct.connection(&host, port, timeout).await {
-                            let result = invoke(call, &mut node, functions).await;
-                            if result.is_err() {
-                                direct.forget(&host, port);
+                            match invoke(call, &mut node, functions).await {
+                                // Refused unrun there too (the move was
+                                // called off, say): by the slot map again.
+                                Err(error) if refused_unrun(&error) => {}
+                                Err(error) => {
+                                    direct.forget(&host, port);
+                                    return Err(error.into());
+                                }
+                                Ok(reply) => return Ok(reply),
                             }
-                            return Ok(result?);
                         }
                     }
                     asked = None;
