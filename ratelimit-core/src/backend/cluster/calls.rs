@@ -40,8 +40,11 @@ pub(super) struct Direct {
     /// Each with the sending half of a channel whose other half a task on
     /// the connection's runtime holds: closed once that runtime, which runs
     /// the connection, has shut down.
-    connections: std::sync::Mutex<HashMap<(String, u16), (MultiplexedConnection, Sender<()>)>>,
+    connections: std::sync::Mutex<HashMap<(String, u16), Kept>>,
 }
+
+/// A connection of [`Direct`]'s, and whether its runtime still runs.
+type Kept = (MultiplexedConnection, Sender<()>);
 
 /// The most such connections kept: masters being added at one time.
 const MAX_DIRECT: usize = 8;
