@@ -54,6 +54,10 @@ pub(crate) struct Breaker {
     probe_at: AtomicU64,
     backoff_us: AtomicU64,
     probing: AtomicBool,
+    /// Set when the limiter no longer calls through this breaker (a
+    /// cluster node that is no longer a master): a call still in flight
+    /// through it then reports no state, which nothing would ever clear.
+    retired: AtomicBool,
 }
 
 /// Leave to call the backend, handed out by [`Breaker::permit`]. Whoever
@@ -142,7 +146,16 @@ impl Breaker {
         };
         let refused = matches!(&result, Err(error) if error.is_refusal());
         if let Some(state) = permit.record(failed, refused) {
+            if self.retired.load(Ordering::Acquire) {
+                return result;
+            }
             crate::metrics::circuit_state(backend, node, state);
+            // Retired meanwhile: its last report must be the one that
+            // closes it (see `retire`).
+            if self.retired.load(Ordering::Acquire) {
+                crate::metrics::circuit_state(backend, node, CircuitState::Closed);
+                return result;
+            }
             let node = node.unwrap_or("");
             match state {
                 CircuitState::Open => tracing::warn!(
@@ -165,6 +178,19 @@ impl Breaker {
             probe_at: AtomicU64::new(0),
             backoff_us: AtomicU64::new(micros(config.initial_backoff)),
             probing: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// The limiter no longer calls through this breaker (the cluster node
+    /// of `node` is no longer a master): its state is reported closed, and
+    /// a call still in flight through it reports nothing more, so that its
+    /// gauge does not keep a state nothing would ever clear.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn retire(&self, backend: &'static str, node: &str) {
+        self.retired.store(true, Ordering::Release);
+        if self.state() != CircuitState::Closed {
+            crate::metrics::circuit_state(backend, Some(node), CircuitState::Closed);
         }
     }
 
@@ -425,6 +451,109 @@ mod tests {
             kind(&breaker.permit()),
             "skip",
             "a timeout doubles the backoff"
+        );
+    }
+
+    /// A call in flight through a breaker the limiter has retired (a
+    /// cluster node no longer a master) reports no state when it ends:
+    /// nothing would ever clear it.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_retired_breaker_reports_no_state_from_a_call_still_in_flight() {
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex};
+
+        type Seen = Arc<Mutex<HashMap<String, f64>>>;
+        struct Gauges(Seen);
+        struct One(String, Seen);
+        impl metrics::GaugeFn for One {
+            fn increment(&self, _: f64) {}
+            fn decrement(&self, _: f64) {}
+            fn set(&self, value: f64) {
+                self.1.lock().unwrap().insert(self.0.clone(), value);
+            }
+        }
+        impl metrics::Recorder for Gauges {
+            fn describe_counter(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn describe_gauge(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn describe_histogram(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn register_counter(
+                &self,
+                _: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Counter {
+                metrics::Counter::noop()
+            }
+            fn register_gauge(
+                &self,
+                key: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Gauge {
+                let node = key
+                    .labels()
+                    .find(|label| label.key() == "node")
+                    .map(|label| label.value().to_owned())
+                    .unwrap_or_default();
+                metrics::Gauge::from_arc(Arc::new(One(node, self.0.clone())))
+            }
+            fn register_histogram(
+                &self,
+                _: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Histogram {
+                metrics::Histogram::noop()
+            }
+        }
+
+        let seen: Seen = Arc::default();
+        let recorder = Gauges(seen.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let node = "10.0.0.1:7000";
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                let breaker = Breaker::new(BreakerConfig {
+                    failures_to_open: 1,
+                    ..BreakerConfig::default()
+                });
+                let (ended, end) = tokio::sync::oneshot::channel::<()>();
+                let call = breaker.guard("cluster", Some(node), async {
+                    let _ = end.await;
+                    Err::<(), _>(Error::Timeout(Duration::from_millis(1)))
+                });
+                let retire = async {
+                    breaker.retire("cluster", node);
+                    let _ = ended.send(());
+                };
+                let (result, ()) = tokio::join!(call, retire);
+                assert!(result.is_err());
+                assert_eq!(breaker.state(), CircuitState::Open, "the call failed");
+            })
+        });
+        assert_ne!(
+            seen.lock().unwrap().get(node),
+            Some(&1.0),
+            "a retired breaker's call left its circuit shown open"
         );
     }
 }

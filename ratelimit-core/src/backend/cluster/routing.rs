@@ -12,7 +12,6 @@ use tokio::sync::mpsc;
 use super::calls::{send_node_batch, NODE_IN_FLIGHT};
 use super::ClusterBackend;
 use crate::backend::redis::{run_batches, Job, MAX_QUEUED};
-use crate::breaker::CircuitState;
 use crate::error::Error;
 
 /// How often the slot map is read again when no redirect asked for it: a
@@ -164,10 +163,10 @@ impl ClusterBackend {
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|node, breaker| {
                 let kept = lanes.iter().any(|(address, _)| address == node);
-                if !kept && breaker.state() != CircuitState::Closed {
+                if !kept {
                     // Its gauge would keep the state it was left in, and an
                     // alert on it would fire while nothing is wrong.
-                    crate::metrics::circuit_state("cluster", Some(node), CircuitState::Closed);
+                    breaker.retire("cluster", node);
                 }
                 kept
             });
