@@ -28,7 +28,9 @@ use crate::quota::Quota;
 
 pub(crate) use batcher::{await_answer, run_batches, Job, MAX_QUEUED};
 pub(crate) use endpoint::{open_client, redacted, Endpoint, KeySpace};
-pub(crate) use script::{invoke, Connection, Functions, ScriptCall};
+#[cfg(feature = "cluster")]
+pub(crate) use script::Connection;
+pub(crate) use script::{invoke, Functions, ScriptCall};
 pub(crate) use server::{check_server, hello};
 pub(crate) use wire::{decode_one, invocation, Request};
 // What the cluster backend shares with this one beyond the above.
