@@ -549,6 +549,8 @@ mod tests {
     }
 
     #[test]
+    // Without the `redis` feature, the memory backend is the only one.
+    #[allow(irrefutable_let_patterns)]
     fn the_default_memory_limiter_is_bounded() {
         let limiter = Limiter::memory();
         let Backend::Memory(memory) = &limiter.inner.backend else {
