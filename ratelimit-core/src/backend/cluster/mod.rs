@@ -110,7 +110,9 @@ impl Connected {
 /// The dimensions a check across slots has admitted so far, each as the
 /// refund that gives it back: given back by a task of their own if the
 /// check is dropped before it settles them (its caller gave up between two
-/// dimensions), so that a check cut short consumes nothing.
+/// dimensions). The dimension being decided when the check was dropped
+/// may still be applied by its master, as any call already sent is: a
+/// check cut short takes at most that one dimension's cost.
 struct Taken<'a> {
     backend: &'a ClusterBackend,
     refunds: Vec<(String, Request)>,

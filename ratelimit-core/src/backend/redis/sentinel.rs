@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use super::RESOLVE_EVERY;
 
+/// The longest wait between two rounds of the Sentinels while none of them
+/// can be subscribed to.
+const MAX_WATCH_WAIT: Duration = Duration::from_secs(5);
+
 /// Follows the Sentinels' `+switch-master` announcements of `master`, as
 /// Redis's guidelines for Sentinel clients ask, so a switchover moves the
 /// decisions to the new master at once, without waiting for a failure on
@@ -12,10 +16,6 @@ use super::RESOLVE_EVERY;
 /// announcement, and each new subscription (a switch may have been missed
 /// while none was held), bumps `switches`; lanes made before then ask the
 /// Sentinels again. Ends once the backend is gone.
-/// The longest wait between two rounds of the Sentinels while none of them
-/// can be subscribed to.
-const MAX_WATCH_WAIT: Duration = Duration::from_secs(5);
-
 pub(super) async fn watch_switches(
     sentinels: Vec<redis::ConnectionInfo>,
     master: String,
