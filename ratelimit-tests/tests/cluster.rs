@@ -37,6 +37,19 @@ macro_rules! on_both_paths {
     };
 }
 
+/// Keys `<prefix>:<n>` whose slot master `master` serves, in order.
+fn keys_on<'a>(
+    cluster: &'a RedisCluster,
+    master: usize,
+    prefix: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    (0..)
+        .map(move |i| format!("{prefix}:{i}"))
+        .filter(move |key| {
+            cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master
+        })
+}
+
 /// A limiter on `cluster` without the deny cache: every decision reaches
 /// Redis.
 fn uncached(cluster: &RedisCluster, timeout: Duration) -> Limiter {
@@ -350,9 +363,7 @@ async fn a_batch_over_several_slots_of_one_master_is_one_call(module: bool) {
     let limiter = uncached(&cluster, Duration::from_millis(500));
     let quota = Quota::new(1, "1/min".parse().unwrap()).unwrap();
     let master = cluster.masters()[0];
-    let mut keys = (0..)
-        .map(|i| format!("user:{i}"))
-        .filter(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master);
+    let mut keys = keys_on(&cluster, master, "user");
     let (warm, keys): (Vec<String>, Vec<String>) =
         ((&mut keys).take(2).collect(), keys.take(20).collect());
     let slots: std::collections::HashSet<u16> = keys
@@ -404,9 +415,7 @@ async fn a_full_master_answers_the_denials_of_a_batch(module: bool) {
     let limiter = uncached(&cluster, Duration::from_millis(500));
     let quota = Quota::new(1, "1/min".parse().unwrap()).unwrap();
     let master = cluster.masters()[0];
-    let mut keys = (0..)
-        .map(|i| format!("user:{i}"))
-        .filter(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master);
+    let mut keys = keys_on(&cluster, master, "user");
     let (spent, fresh): (Vec<String>, Vec<String>) =
         ((&mut keys).take(3).collect(), keys.take(3).collect());
     for key in &spent {
@@ -415,13 +424,7 @@ async fn a_full_master_answers_the_denials_of_a_batch(module: bool) {
     for node in cluster.masters() {
         let mut connection = cluster.nodes[node].connection().await;
         for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg(name)
-                .arg(value)
-                .query_async(&mut connection)
-                .await
-                .unwrap();
+            support::config_set(&mut connection, name, value).await;
         }
     }
     let decisions = futures::future::join_all(
@@ -432,13 +435,12 @@ async fn a_full_master_answers_the_denials_of_a_batch(module: bool) {
     )
     .await;
     for node in cluster.masters() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory")
-            .arg("0")
-            .query_async(&mut cluster.nodes[node].connection().await)
-            .await
-            .unwrap();
+        support::config_set(
+            &mut cluster.nodes[node].connection().await,
+            "maxmemory",
+            "0",
+        )
+        .await;
     }
     let (spent_decisions, fresh_decisions) = decisions.split_at(spent.len());
     for (key, decision) in spent.iter().zip(spent_decisions) {
@@ -1272,10 +1274,7 @@ async fn a_master_gone_from_the_slot_map_leaves_no_open_circuit_in_the_metrics()
         .unwrap();
     let quota = Quota::per_hour(100).unwrap();
     let victim = cluster.masters()[0];
-    let key = (0..)
-        .map(|i| format!("user:{i}"))
-        .find(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), victim) == victim)
-        .unwrap();
+    let key = keys_on(&cluster, victim, "user").next().unwrap();
     let gauge = format!(
         "ratelimit_circuit_state{{backend=\"cluster\",node=\"127.0.0.1:{}\"}}",
         cluster.nodes[victim].port()
@@ -1326,12 +1325,7 @@ async fn a_check_across_slots_dropped_midway_gives_back_what_it_took() {
     let limiter = uncached(&cluster, Duration::from_millis(500));
     let quota = Quota::per_hour(1).unwrap();
     let masters = cluster.masters();
-    let on = |master: usize, prefix: &str| {
-        (0..)
-            .map(|i| format!("{prefix}:{i}"))
-            .find(|key| cluster.slot_owner(cluster.keyslot(&format!("rl:{key}")), master) == master)
-            .unwrap()
-    };
+    let on = |master: usize, prefix: &str| keys_on(&cluster, master, prefix).next().unwrap();
     let (first, second) = (on(masters[0], "first"), on(masters[1], "second"));
     // Both masters known, and their lanes running.
     for key in ["warm:a", "warm:b", "warm:c"] {

@@ -425,13 +425,7 @@ async fn a_redis_out_of_memory_still_answers_denials() {
     }
     let limiter = redis_limiter(&server);
     for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(name)
-            .arg(value)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
+        support::config_set(&mut redis, name, value).await;
     }
     // A denial writes nothing, so a full Redis still gives it; an admission
     // must write, and its refusal is an error for the failure policy.
@@ -452,13 +446,7 @@ async fn a_redis_out_of_memory_still_answers_denials() {
         .await
         .unwrap();
     let denied_unloaded = redis_limiter(&server).decide(&quota, "full", 1).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    support::config_set(&mut redis, "maxmemory", "0").await;
     let denied = denied.expect("a denial needs no memory");
     assert!(!denied.allowed, "{denied:?}");
     let denied_after = denied_after.expect("a denial after refused admissions");
@@ -485,13 +473,7 @@ async fn a_full_redis_answers_a_denial_batched_with_an_admission() {
     let limiter = redis_limiter(&server);
     assert!(limiter.decide(&quota, "warm", 1).await.unwrap().allowed);
     for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(name)
-            .arg(value)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
+        support::config_set(&mut redis, name, value).await;
     }
     let check = [
         Request::new(&quota, "full"),
@@ -503,13 +485,7 @@ async fn a_full_redis_answers_a_denial_batched_with_an_admission() {
         limiter.decide(&quota, "full:fresh", 1),
         limiter.decide_all(&check),
     );
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    support::config_set(&mut redis, "maxmemory", "0").await;
     let denied = denied.expect("a denial needs no memory, whatever shares its call");
     assert!(!denied.allowed, "{denied:?}");
     let error = admitted.expect_err("an admission needs a write");
@@ -595,13 +571,7 @@ async fn a_library_load_refused_for_a_while_is_tried_again() {
     // Spent beforehand, so that the call below only denies, which a server
     // short of replicas still answers by EVALSHA.
     let mut redis = server.connection().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg("0")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    support::config_set(&mut redis, "min-replicas-to-write", "0").await;
     assert!(
         redis_limiter(&server)
             .decide(&quota, "spent", 1)
@@ -614,24 +584,12 @@ async fn a_library_load_refused_for_a_while_is_tried_again() {
         .query_async(&mut redis)
         .await
         .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg("1")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    support::config_set(&mut redis, "min-replicas-to-write", "1").await;
     let denied = limiter.decide(&quota, "spent", 1).await.unwrap();
     assert!(!denied.allowed, "{denied:?}");
     let by_evalsha = server.command_calls(&["evalsha"]).await;
     assert!(by_evalsha > 0, "answered by EVALSHA");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg("0")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    support::config_set(&mut redis, "min-replicas-to-write", "0").await;
     assert!(limiter.decide(&quota, "fresh", 1).await.unwrap().allowed);
     assert_eq!(
         server.command_calls(&["evalsha"]).await,

@@ -528,13 +528,7 @@ async fn a_read_refused_for_a_while_is_tried_again_soon() {
     drop(nowhere);
     let server = RedisServer::start();
     let mut redis = server.connection().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("replica-serve-stale-data")
-        .arg("no")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    support::config_set(&mut redis, "replica-serve-stale-data", "no").await;
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
         .arg(&port)

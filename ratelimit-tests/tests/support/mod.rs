@@ -485,6 +485,26 @@ fn free_port() -> u16 {
         .expect("find a free loopback port")
 }
 
+/// The arguments of every node of a test cluster.
+const CLUSTER_NODE_ARGS: &[&str] = &[
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "1000",
+    // A replica of a fresh cluster may have synced long ago by this
+    // measure; let it take over regardless.
+    "--cluster-replica-validity-factor",
+    "0",
+    // While a master is down, the others keep serving their own slots
+    // (Redis's default refuses every key until a replica has taken over),
+    // as a deployment that wants a dead master to cost only its own keys
+    // configures it.
+    "--cluster-require-full-coverage",
+    "no",
+];
+
 /// A private Redis Cluster on loopback: `masters` masters with `replicas`
 /// replicas each, every node its own `redis-server --cluster-enabled yes`,
 /// joined with `redis-cli --cluster create`. Killed on drop.
@@ -525,24 +545,7 @@ impl RedisCluster {
                 cli.display()
             );
         }
-        let mut cluster_args = vec![
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "1000",
-            // A replica of a fresh cluster may have synced long ago
-            // by this measure; let it take over regardless.
-            "--cluster-replica-validity-factor",
-            "0",
-            // While a master is down, the others keep serving their own
-            // slots (Redis's default refuses every key until a replica has
-            // taken over), as a deployment that wants a dead master to cost
-            // only its own keys configures it.
-            "--cluster-require-full-coverage",
-            "no",
-        ];
+        let mut cluster_args = CLUSTER_NODE_ARGS.to_vec();
         cluster_args.extend_from_slice(extra);
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| match tls {
@@ -586,16 +589,7 @@ impl RedisCluster {
     /// cluster's own; its index. Plain (not TLS) clusters.
     #[allow(dead_code)]
     pub fn add_empty_master(&mut self, extra: &[&str]) -> usize {
-        let mut args = vec![
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "1000",
-            "--cluster-require-full-coverage",
-            "no",
-        ];
+        let mut args = CLUSTER_NODE_ARGS.to_vec();
         args.extend_from_slice(extra);
         let node = RedisServer::start_with(&args);
         let (host, port) = ("127.0.0.1", node.port());
@@ -1160,4 +1154,20 @@ impl Drop for Relay {
         self.accepting.abort();
         self.cut();
     }
+}
+
+/// `CONFIG SET name value` on `connection`.
+#[allow(dead_code)]
+pub async fn config_set(
+    connection: &mut impl redis::aio::ConnectionLike,
+    name: impl redis::ToRedisArgs,
+    value: impl redis::ToRedisArgs,
+) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(connection)
+        .await
+        .expect("CONFIG SET");
 }
