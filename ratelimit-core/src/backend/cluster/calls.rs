@@ -285,7 +285,29 @@ pub(super) async fn send_node_batch(
     functions: Arc<Functions>,
     direct: Arc<Direct>,
     stale: Arc<AtomicBool>,
+    jobs: Vec<Job>,
+) -> bool {
+    let mut aside = Vec::new();
+    let answered = send_node_batch_with(
+        connection, timeout, functions, direct, stale, jobs, &mut aside,
+    )
+    .await;
+    for decided in aside {
+        let _ = decided.await;
+    }
+    answered
+}
+
+/// [`send_node_batch`], with the keys found to live elsewhere decided
+/// alone in the tasks it adds to `aside`.
+async fn send_node_batch_with(
+    connection: ClusterConnection,
+    timeout: Duration,
+    functions: Arc<Functions>,
+    direct: Arc<Direct>,
+    stale: Arc<AtomicBool>,
     mut jobs: Vec<Job>,
+    aside: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> bool {
     for _ in 0..2 {
         // A caller that has gone since (its keys were decided alone first,
@@ -354,16 +376,17 @@ pub(super) async fn send_node_batch(
                     .into_iter()
                     .zip(elsewhere)
                     .partition(|(_, elsewhere)| *elsewhere);
-                // Decided alone first, then the rest go again: this batch
-                // holds its place in the in-flight window meanwhile.
-                decide_alone(
+                // Decided alone, beside the rest, which go again at once: a
+                // master that does not answer for the moved keys holds up
+                // no others. This batch holds its place in the in-flight
+                // window until they are decided too.
+                aside.push(tokio::spawn(decide_alone(
                     connection.clone(),
                     timeout,
                     functions.clone(),
                     direct.clone(),
                     moved.into_iter().map(|(job, _)| job).collect(),
-                )
-                .await;
+                )));
                 jobs = here.into_iter().map(|(job, _)| job).collect();
             }
             _ => {
