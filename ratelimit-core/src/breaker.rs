@@ -108,6 +108,10 @@ pub(crate) fn failed(result: &Result<impl Sized, Error>) -> Option<bool> {
         // policy too.
         #[cfg(feature = "redis")]
         Err(Error::Redis(error)) if error.code() == Some("OOM") => Some(false),
+        // A key or command the user may not touch is that call's fault, and
+        // Redis answered: opened, the breaker would send every other key of
+        // the server to the failure policy.
+        Err(error) if error.kind() == crate::error::ErrorKind::Permission => Some(false),
         Err(error) if error.is_backend_failure() => Some(true),
         Err(_) => None,
     }

@@ -266,3 +266,49 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
         assert!(!error.to_string().contains(wrong), "{error}");
     }
 }
+
+/// Keys the user may not touch are each call's own fault: Redis answers
+/// them, and the breaker stays closed for the keys the user may touch.
+#[tokio::test]
+async fn refused_keys_do_not_open_the_breaker_for_the_others() {
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "limited",
+                "on",
+                ">pw-limited",
+                "~rl:user:*",
+                "+@all",
+            ][..],
+        )
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let limiter = Limiter::builder()
+        .redis(format!(
+            "redis://limited:pw-limited@127.0.0.1:{}",
+            server.port()
+        ))
+        .timeout(Duration::from_secs(2))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let quota = Quota::new(10, Rate::per_minute(10).unwrap()).unwrap();
+    for i in 0..6 {
+        let key = format!("other:{i}");
+        let denied = limiter.check(Request::new(&quota, &key)).await.unwrap_err();
+        assert_eq!(
+            denied.cause,
+            DenialCause::BackendUnavailable {
+                kind: ErrorKind::Permission
+            },
+            "{denied:?}"
+        );
+    }
+    let admitted = limiter.check(Request::new(&quota, "user:1")).await;
+    let admitted = admitted.unwrap_or_else(|denied| panic!("{denied:?}"));
+    assert!(!admitted.decisions()[0].fallback);
+}
