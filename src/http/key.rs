@@ -220,12 +220,26 @@ where
             let range = range.as_ref().trim();
             IpNet::from_str(range)
                 .or_else(|_| IpAddr::from_str(range).map(IpNet::from))
+                .map(canonical_net)
                 .map_err(|_| InvalidAddressRange {
                     what,
                     range: range.to_owned(),
                 })
         })
         .collect()
+}
+
+/// A range of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.5`, as a
+/// dual-stack server logs an IPv4 peer) as the IPv4 range it maps: peers
+/// are compared in their canonical form, where such an address is IPv4.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net,
+        },
+        _ => net,
+    }
 }
 
 /// Whether `ip` (an IPv4-mapped IPv6 address as IPv4) is in one of `nets`.
@@ -270,6 +284,11 @@ fn forwarded_for(headers: &HeaderMap) -> Vec<Hop> {
 
 /// Splits at `separator` outside quoted strings. Quotes, backslashes and
 /// separators are ASCII, so bytes of other characters never match them.
+///
+/// A text whose last quoted string is never closed is split at every
+/// separator: a client that sends `for="x` would otherwise, once a proxy
+/// appends `, for=<the client's address>` to its line, have the proxy's
+/// element read as part of its own, and choose its key.
 fn split_unquoted(text: &[u8], separator: u8) -> Vec<&[u8]> {
     let mut parts = Vec::new();
     let (mut start, mut quoted, mut escaped) = (0, false, false);
@@ -284,6 +303,9 @@ fn split_unquoted(text: &[u8], separator: u8) -> Vec<&[u8]> {
             }
             _ => {}
         }
+    }
+    if quoted {
+        return text.split(|&b| b == separator).collect();
     }
     parts.push(&text[start..]);
     parts
@@ -687,6 +709,55 @@ mod tests {
             ClientAddr::Unreadable(b"\xff\xff".to_vec()),
             "the value inside the quotes, as it came"
         );
+    }
+
+    #[test]
+    fn an_unclosed_quote_never_takes_in_the_element_a_proxy_appends() {
+        let proxies = TrustedProxies::new(["10.0.0.0/8"])
+            .unwrap()
+            .header(ForwardedHeader::Forwarded);
+        // The client sent `for="...` with no closing quote; the proxy
+        // appended what it saw to the same line.
+        for sent in [
+            &b"for=\"\x80nonce-1"[..],
+            b"for=\"x",
+            b"for=\"1.1.1.1\\\"",
+            b"for=1.1.1.1;host=\"a",
+        ] {
+            let mut line = sent.to_vec();
+            line.extend_from_slice(b", for=203.0.113.5");
+            let h = raw_headers("forwarded", &[&line]);
+            assert_eq!(
+                proxies.client(ip("10.0.0.1"), &h),
+                ClientAddr::Ip(ip("203.0.113.5")),
+                "{:?}",
+                String::from_utf8_lossy(&line)
+            );
+            let mut line = sent.to_vec();
+            line.extend_from_slice(b", for=\"[2001:db8::5]:80\"");
+            let h = raw_headers("forwarded", &[&line]);
+            assert_eq!(
+                proxies.client(ip("10.0.0.1"), &h),
+                ClientAddr::Ip(ip("2001:db8::5")),
+                "{:?}",
+                String::from_utf8_lossy(&line)
+            );
+        }
+    }
+
+    #[test]
+    fn ranges_written_as_ipv4_mapped_addresses_hold_ipv4_peers() {
+        let proxies = TrustedProxies::new(["::ffff:10.0.0.5", "::ffff:192.0.2.0/120"]).unwrap();
+        for peer in ["10.0.0.5", "::ffff:10.0.0.5", "192.0.2.77"] {
+            assert!(proxies.is_trusted(ip(peer)), "{peer}");
+        }
+        assert!(!proxies.is_trusted(ip("10.0.0.6")));
+        assert!(!proxies.is_trusted(ip("192.0.3.1")));
+        let h = headers("x-forwarded-for", &["203.0.113.8"]);
+        assert_eq!(client_ip(&proxies, ip("10.0.0.5"), &h), ip("203.0.113.8"));
+        // A range wider than the mapped addresses stays as written.
+        let proxies = TrustedProxies::new(["::/0"]).unwrap();
+        assert!(proxies.is_trusted(ip("2001:db8::1")));
     }
 
     fn raw_key(raw: &[u8]) -> String {
