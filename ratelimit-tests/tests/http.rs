@@ -581,6 +581,61 @@ async fn the_attributes_denial_becomes_a_429() {
     );
 }
 
+/// What a compression layer does to a response: a new body, marked with its
+/// encoding, and the parts (so the extensions) kept. Here the encoding
+/// reverses the bytes.
+async fn encoded(response: axum::response::Response) -> axum::response::Response {
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .expect("read the body");
+    let reversed: Vec<u8> = bytes.iter().rev().copied().collect();
+    parts
+        .headers
+        .insert("content-encoding", HeaderValue::from_static("x-reversed"));
+    parts.headers.remove("content-length");
+    axum::response::Response::from_parts(parts, axum::body::Body::from(reversed))
+}
+
+#[tokio::test]
+async fn a_body_encoded_inside_the_layers_is_left_as_it_was_encoded() {
+    let limited = Router::new()
+        .route("/users/{user_id}/report", get(report))
+        .layer(axum::middleware::map_response(encoded))
+        .with_state(stopped_limiter());
+    // The two apps share the handler's limiter: a user each.
+    for (user, name, app) in [
+        (
+            7,
+            "ProblemRequestIdLayer",
+            limited.clone().layer(ProblemRequestIdLayer::new()),
+        ),
+        (
+            8,
+            "RateLimitLayer",
+            limited.layer(RateLimitLayer::new(stopped_limiter(), hourly(100)).name("outer")),
+        ),
+    ] {
+        let base = serve(app).await;
+        let client = client();
+        let url = format!("{base}/users/{user}/report");
+        for _ in 0..2 {
+            assert_eq!(fetch(&client, &url).await.status, 200, "{name}");
+        }
+        let denied = fetch_with(&client, &url, &[("x-request-id", "abc-123")]).await;
+        assert_eq!(denied.status, 429, "{name}");
+        assert_eq!(denied.header("content-encoding"), Some("x-reversed"));
+        let decoded: String = denied.body.chars().rev().collect();
+        let body: Value = serde_json::from_str(&decoded).unwrap_or_else(|e| {
+            panic!(
+                "{name}: the body is no longer what was encoded ({e}): {}",
+                denied.body
+            )
+        });
+        assert_eq!(body["code"], "rate_limited", "{name}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn a_cost_above_the_capacity_is_never_worth_retrying() {
     let base = serve(attribute_app()).await;

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
@@ -367,10 +367,18 @@ pub(crate) fn request_id(headers: &HeaderMap, name: &HeaderName) -> Option<Strin
 }
 
 /// Adds `requestId` to the body of a [`TooManyRequests`] response that has
-/// none yet. Other responses are left alone, as is one whose status was
-/// changed after it was built.
+/// none yet. Other responses are left alone, as is one changed after it was
+/// built: another status, another content type, or a body encoded (by a
+/// compression layer, which keeps the parts and so the marker), which the
+/// document put back would contradict.
 pub(crate) fn attach_request_id(response: &mut Response, id: &str) {
     let status = response.status();
+    let headers = response.headers();
+    if headers.contains_key(CONTENT_ENCODING)
+        || headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes) != Some(PROBLEM_JSON.as_bytes())
+    {
+        return;
+    }
     let Some(Problem { body, .. }) = response
         .extensions_mut()
         .get_mut::<Problem>()
