@@ -44,15 +44,11 @@ ALGORITHMS[GCRA] = function(first, last, values, now, cost, commit, tokens, peri
     if s_full_at and s_full_at >= now then
       full_at, rem = s_full_at, s_rem
     end
-    local debt = (full_at - now) * tokens + rem
     -- A debt deeper than this bucket (run up under another quota, or on a
-    -- clock that went back) is an empty bucket: never a longer wait than
-    -- this quota's own time to refill.
-    if debt > depth then
-      debt = depth
-      local whole = floor(depth / tokens)
-      full_at, rem = now + whole, depth - whole * tokens
-    end
+    -- clock that went back) is waited out as it is, and read as at most
+    -- 2^53 - 1, which a double holds exactly (gcra::MAX_DEBT).
+    local debt = (full_at - now) * tokens + rem
+    if debt > 9007199254740991 then debt = 9007199254740991 end
     local new_debt = debt + inc
 
     n = n + 1
@@ -61,8 +57,10 @@ ALGORITHMS[GCRA] = function(first, last, values, now, cost, commit, tokens, peri
       denied = true
     else
       -- The debt alone answers: the caller derives the rest of the decision.
+      -- A request of no cost is admitted however deep the debt, and writes
+      -- nothing.
       out[n] = debt
-      if new_debt > depth then
+      if inc > 0 and new_debt > depth then
         denied = true
       elseif inc > 0 then
         local reset = floor(new_debt / tokens)

@@ -996,7 +996,8 @@ async fn leased_tokens_keep_the_global_bound_with_a_tenth_of_the_calls() {
 
 /// A rule reload, a tier change or a redeploy changes the quota of keys that
 /// hold state: the new quota decides, from what was consumed, never waiting
-/// longer than its own longest wait, and a lower limit is a denial.
+/// longer than its own longest wait (a bucket's debt: the old quota's), and
+/// a lower limit is a denial.
 #[tokio::test]
 async fn a_changed_quota_decides_keys_that_hold_state_without_errors_or_endless_waits() {
     let server = RedisServer::start();
@@ -1051,14 +1052,113 @@ async fn a_changed_quota_decides_keys_that_hold_state_without_errors_or_endless_
                 .decide(after, &key, 1)
                 .await
                 .unwrap_or_else(|e| panic!("{name}: {before} then {after}: {e}"));
+            // A bucket's old debt is waited out as it is: up to the old
+            // quota's longest wait.
+            let longest = if before.algorithm().is_windowed() {
+                after.longest_wait()
+            } else {
+                after.longest_wait().max(before.longest_wait())
+            };
             assert!(
-                d.retry_after <= after.longest_wait(),
+                d.retry_after <= longest,
                 "{name}: {before} then {after}: wait {:?}",
                 d.retry_after
             );
             if after.capacity() < *calls {
                 assert!(!d.allowed, "{name}: {before} then {after}: {d:?}");
                 assert_eq!(d.remaining, 0, "{name}: {before} then {after}");
+            }
+        }
+    }
+}
+
+/// A bucket drained under a slow quota, then decided under a faster one
+/// whose bucket its debt overflows (a tier change): the debt is waited out
+/// as it is, and every denial names the wait that holds, so a caller that
+/// waits it is admitted, never denied again with a shorter wait. Also when
+/// the denial was an all-or-nothing check's, on the native module, with
+/// the deny cache, and in memory. A reset gives the key the new quota at
+/// once.
+#[tokio::test]
+async fn a_debt_deeper_than_a_new_bucket_is_waited_out_and_the_wait_named() {
+    use Algorithm::{Gcra, LeakyBucket, TokenBucket};
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let plain = RedisServer::start();
+    let module = support::native_module();
+    let native = RedisServer::start_with(&["--loadmodule", module.to_str().unwrap()]);
+    let (function, memory) = limiters_with_clock(&plain, &clock);
+    let (on_module, _) = limiters_with_clock(&native, &clock);
+    let cached = Limiter::builder()
+        .redis(plain.url())
+        .prefix("cached:")
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let ample = Quota::per_second(1_000).unwrap();
+    for (limiter, name) in [
+        (&function, "function"),
+        (&on_module, "module"),
+        (&cached, "deny cache"),
+        (&memory, "memory"),
+    ] {
+        for algorithm in [TokenBucket, Gcra, LeakyBucket] {
+            for by_check in [false, true] {
+                let context = format!("{name}, {algorithm:?}, by a check: {by_check}");
+                let key = format!("tier:{algorithm:?}:{by_check}");
+                let free = support::bucket(algorithm, 100, "1/min");
+                let paid = support::bucket(algorithm, 10, "10/s");
+                let check_on = |key: String| {
+                    let (paid, ample) = (&paid, &ample);
+                    async move {
+                        if by_check {
+                            let both = [Request::new(paid, &key), Request::new(ample, "other")];
+                            limiter.check(both).await.map(|_| ())
+                        } else {
+                            limiter.check(Request::new(paid, &key)).await.map(|_| ())
+                        }
+                    }
+                };
+                let check = || check_on(key.clone());
+                assert!(limiter.decide(&free, &key, 100).await.unwrap().allowed);
+                // 100 minutes owed, less the second gone, less the one
+                // second of debt the new bucket holds, plus its token.
+                clock.advance(Duration::from_secs(1));
+                let denied = check().await.unwrap_err();
+                assert_eq!(denied.key, key, "{context}");
+                assert_eq!(denied.remaining, 0, "{context}");
+                assert_eq!(
+                    denied.retry_after,
+                    Duration::from_millis(5_998_100),
+                    "{context}"
+                );
+                assert!(denied.retry_after <= free.longest_wait(), "{context}");
+                let mut waited = Duration::ZERO;
+                for _ in 0..3 {
+                    clock.advance(Duration::from_secs(600));
+                    waited += Duration::from_secs(600);
+                    let again = check().await.unwrap_err();
+                    assert_eq!(
+                        again.retry_after + waited,
+                        denied.retry_after,
+                        "{context}: each denial names what is left of the wait"
+                    );
+                }
+                clock.advance(denied.retry_after - waited);
+                assert!(
+                    check().await.is_ok(),
+                    "{context}: denied after the wait it named"
+                );
+                // An upgrade at once: reset, then the whole new bucket.
+                let upgraded = format!("{key}:upgraded");
+                assert!(limiter.decide(&free, &upgraded, 100).await.unwrap().allowed);
+                assert!(check_on(upgraded.clone()).await.is_err(), "{context}");
+                limiter.reset(&upgraded).await.unwrap();
+                for n in 0..10 {
+                    assert!(
+                        check_on(upgraded.clone()).await.is_ok(),
+                        "{context}: token {n} after a reset"
+                    );
+                }
             }
         }
     }

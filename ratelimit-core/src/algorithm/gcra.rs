@@ -15,8 +15,10 @@
 //! `"<full_at>:<rem>"` otherwise.
 //!
 //! The state is an instant, so it keeps its meaning when the quota changes:
-//! the tokens owed carry over as time, and a debt deeper than the new
-//! bucket is an empty bucket ("as is, capped at the new capacity").
+//! the tokens owed carry over as time. A debt deeper than the new bucket (a
+//! slower rate or a larger capacity before) is waited out as it is: the key
+//! is denied until the debt has shrunk to fit, and each denial names that
+//! wait.
 //!
 //! The leaky bucket reads `full_at` as the instant its queue has drained: a
 //! request is admitted while the queue has room, and waits `delay`, the time
@@ -39,20 +41,20 @@ pub(super) fn decide(
 
     // A full_at in the past means a full bucket. A clock that went backwards
     // finds full_at further away, so it sees fewer tokens, never more.
-    let (mut full_at, mut rem) = match *state {
+    let (full_at, rem) = match *state {
         Some(State::Tat { full_at, rem }) if full_at >= now => (full_at, rem),
         _ => (now, 0),
     };
-    let mut debt = (full_at - now).saturating_mul(tokens).saturating_add(rem);
     // A debt deeper than this quota's bucket was run up under another quota
-    // (a slower rate, a larger capacity) or on a clock that went back: it
-    // counts as an empty bucket, so the wait is never longer than this
-    // quota's own time to refill.
-    let depth = quota.depth();
-    if debt > depth {
-        debt = depth;
-        (full_at, rem) = (now + depth / tokens, depth % tokens);
-    }
+    // (a slower rate, a larger capacity) or on a clock that went back. It is
+    // waited out as it is, and no denial writes: counted as an empty bucket
+    // of this quota, it would have to be stored as one (or every later
+    // request would find it again), and a clock behind the one that wrote
+    // it (another instance's, a failover's) would so mint tokens each time.
+    let debt = (full_at - now)
+        .saturating_mul(tokens)
+        .saturating_add(rem)
+        .min(MAX_DEBT);
     let d = decide_debt(quota, debt, cost, leaky);
     // A denial writes nothing, nor does a request of no cost.
     if !d.allowed || inc == 0 {
@@ -66,15 +68,21 @@ pub(super) fn decide(
     (d, true)
 }
 
+/// The deepest debt a decision reads, in units: deeper ones (run up under a
+/// quota whose rate has a far smaller numerator) are read as this, a wait of
+/// at least 2^53 / tokens µs, below which Lua's doubles hold the debt
+/// exactly.
+pub(crate) const MAX_DEBT: u64 = (1 << 53) - 1;
+
 /// The decision on a request of `cost` when the bucket owes `debt` units
-/// before it. The Redis script answers with the debt alone and this turns it
+/// before it (possibly more than the bucket holds, after a quota change). The Redis script answers with the debt alone and this turns it
 /// into the decision, for both backends.
 #[inline(always)]
 pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> Decision {
     let tokens = quota.rate().tokens();
     let period = quota.rate().period_us();
     let depth = quota.depth();
-    let new_debt = debt + cost * period;
+    let new_debt = debt.saturating_add(cost * period);
     if !fits(quota, debt, cost) {
         // The request fits once the debt has shrunk by the excess.
         let denial = decision(
@@ -94,7 +102,7 @@ pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> D
     let admission = decision(
         quota,
         true,
-        (depth - new_debt) / period,
+        depth.saturating_sub(new_debt) / period,
         0,
         new_debt.div_ceil(tokens),
         delay,
@@ -106,9 +114,10 @@ pub(crate) fn decide_debt(quota: &Quota, debt: u64, cost: u64, leaky: bool) -> D
 }
 
 /// Whether a request of `cost` fits in the bucket when it owes `debt` units
-/// (at most its depth; the cost at most its capacity, so nothing overflows).
+/// (the cost at most its capacity). A request of no cost always does: it
+/// only reads the bucket, however deep its debt.
 pub(crate) fn fits(quota: &Quota, debt: u64, cost: u64) -> bool {
-    debt + cost * quota.rate().period_us() <= quota.depth()
+    cost == 0 || debt.saturating_add(cost * quota.rate().period_us()) <= quota.depth()
 }
 
 #[cfg(test)]

@@ -344,13 +344,13 @@ impl DenyCache {
         };
         let kind = kind(quota);
         let learned = match kind {
-            // A denial at the bucket's whole depth may stand for a deeper
-            // debt (run up under another quota, or on a clock that went
-            // back), which the algorithm counts as this depth until it has
-            // shrunk below it: not known exactly. An admission writes its debt.
+            // A debt deeper than the bucket (run up under another quota, or
+            // on a clock that went back) is not kept: what is kept of a
+            // bucket is read at most as deep as it. An admission writes its
+            // debt; a denial's is the key's.
             Kind::Bucket { .. } => answer
                 .debt
-                .filter(|&debt| answer.allowed || debt < quota.depth())
+                .filter(|&debt| debt <= quota.depth())
                 .map(|debt| {
                     let at = |us: u64| u128::from(us) * u128::from(quota.rate().tokens());
                     State::Bucket {

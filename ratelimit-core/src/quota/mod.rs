@@ -337,9 +337,13 @@ impl Quota {
 
     /// The longest `retry_after` this quota gives, on a clock that does not
     /// go back, whatever state a key holds (state left by another quota
-    /// included): the time to refill an empty bucket; the window for the
-    /// fixed window and the sliding log; twice the window for the sliding
-    /// window counter, whose previous window fades over the next one.
+    /// included, but for a bucket's debt, below): the time to refill an
+    /// empty bucket; the window for the fixed window and the sliding log;
+    /// twice the window for the sliding window counter, whose previous
+    /// window fades over the next one.
+    ///
+    /// A bucket's debt run up under another quota (a slower rate, a larger
+    /// capacity) is waited out as it is: up to that quota's longest wait.
     ///
     /// ```
     /// use std::time::Duration;
