@@ -103,11 +103,11 @@ impl Drop for Permit<'_> {
 pub(crate) fn failed(result: &Result<impl Sized, Error>) -> Option<bool> {
     match result {
         Ok(_) | Err(Error::ForeignValue { .. }) => Some(false),
-        // Over `maxmemory`, Redis refuses the writes and still answers the
-        // rest: opened, the breaker would send its denials to the failure
-        // policy too.
+        // Taking no writes for now (over `maxmemory`, too few replicas, a
+        // failed save), Redis still answers the rest: opened, the breaker
+        // would send its denials to the failure policy too.
         #[cfg(feature = "redis")]
-        Err(Error::Redis(error)) if error.code() == Some("OOM") => Some(false),
+        Err(Error::Redis(error)) if crate::error::refuses_writes(error) => Some(false),
         // A key or command the user may not touch is that call's fault, and
         // Redis answered: opened, the breaker would send every other key of
         // the server to the failure policy.

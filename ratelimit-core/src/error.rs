@@ -274,6 +274,18 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// Whether Redis refused `error`'s call because it takes no writes now,
+/// while it still runs reads: over `maxmemory` (`OOM`), too few replicas to
+/// write to (`NOREPLICAS`, `min-replicas-to-write`), or a failed save
+/// (`MISCONF`, `stop-writes-on-bgsave-error`). Redis refuses a function or a
+/// module command that may write before it runs, and a plain script at its
+/// first write: such a call wrote nothing, and a denial, which writes
+/// nothing, is still answered by the plain script.
+#[cfg(feature = "redis")]
+pub(crate) fn refuses_writes(error: &redis::RedisError) -> bool {
+    matches!(error.code(), Some("OOM" | "NOREPLICAS" | "MISCONF"))
+}
+
 /// The kind of a Redis error, from redis-rs's kind and the server's code.
 #[cfg(feature = "redis")]
 fn redis_kind(error: &redis::RedisError) -> ErrorKind {
@@ -291,8 +303,9 @@ fn redis_kind(error: &redis::RedisError) -> ErrorKind {
         {
             return ErrorKind::Permission
         }
-        // Over `maxmemory`: writes are refused until memory is freed.
-        Some("OOM") => return ErrorKind::Unavailable,
+        // Writes refused until memory is freed, replicas are back or a
+        // save succeeds.
+        _ if refuses_writes(error) => return ErrorKind::Unavailable,
         _ => {}
     }
     match error.kind() {

@@ -413,89 +413,211 @@ async fn script_and_function_flushes_between_calls_are_invisible_to_the_caller()
     );
 }
 
+/// The ways Redis takes no writes while it still runs reads, each set and
+/// cleared with `CONFIG SET` on a server started with [`NoWrites::ARGS`].
+#[derive(Clone, Copy, Debug)]
+enum NoWrites {
+    /// Over `maxmemory` (`OOM`).
+    OutOfMemory,
+    /// Fewer replicas than `min-replicas-to-write` (`NOREPLICAS`).
+    TooFewReplicas,
+    /// A save that failed, with `stop-writes-on-bgsave-error` (`MISCONF`).
+    FailedSave,
+}
+
+impl NoWrites {
+    const ALL: [NoWrites; 3] = [
+        NoWrites::OutOfMemory,
+        NoWrites::TooFewReplicas,
+        NoWrites::FailedSave,
+    ];
+    /// Saves configured (so that a failed one stops writes), and `dir`
+    /// settable.
+    const ARGS: [&'static str; 4] = ["--save", "3600 1", "--enable-protected-configs", "yes"];
+
+    /// The error code Redis refuses writes with.
+    fn code(self) -> &'static str {
+        match self {
+            NoWrites::OutOfMemory => "OOM",
+            NoWrites::TooFewReplicas => "NOREPLICAS",
+            NoWrites::FailedSave => "MISCONF",
+        }
+    }
+
+    /// Servers that refuse writes this way, without and with the module.
+    fn servers() -> [(RedisServer, &'static str); 2] {
+        let module = support::native_module();
+        let mut with_module = NoWrites::ARGS.to_vec();
+        with_module.extend(["--loadmodule", module.to_str().unwrap()]);
+        [
+            (RedisServer::start_with(&NoWrites::ARGS), "function"),
+            (RedisServer::start_with(&with_module), "module"),
+        ]
+    }
+
+    async fn set(self, redis: &mut redis::aio::MultiplexedConnection) {
+        match self {
+            NoWrites::OutOfMemory => {
+                support::config_set(redis, "maxmemory-policy", "noeviction").await;
+                support::config_set(redis, "maxmemory", "1").await;
+            }
+            NoWrites::TooFewReplicas => {
+                support::config_set(redis, "min-replicas-to-write", "1").await;
+            }
+            NoWrites::FailedSave => {
+                support::config_set(redis, "stop-writes-on-bgsave-error", "yes").await;
+                // No file can be made there, even by root.
+                support::config_set(redis, "dir", "/proc").await;
+                let _: String = redis::cmd("BGSAVE").query_async(redis).await.unwrap();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let info: String = redis::cmd("INFO")
+                        .arg("persistence")
+                        .query_async(redis)
+                        .await
+                        .unwrap();
+                    if info.contains("rdb_last_bgsave_status:err") {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "the save did not fail: {info}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    async fn clear(self, redis: &mut redis::aio::MultiplexedConnection) {
+        match self {
+            NoWrites::OutOfMemory => support::config_set(redis, "maxmemory", "0").await,
+            NoWrites::TooFewReplicas => {
+                support::config_set(redis, "min-replicas-to-write", "0").await;
+            }
+            NoWrites::FailedSave => {
+                support::config_set(redis, "stop-writes-on-bgsave-error", "no").await;
+            }
+        }
+    }
+}
+
+/// A Redis that takes no writes for now (out of memory, short of replicas,
+/// after a failed save) still runs reads: a denial, which writes nothing,
+/// is still answered, on the function and on the module, with the library
+/// loaded or not, and admissions refused one after another never open the
+/// breaker over those denials.
 #[tokio::test]
-async fn a_redis_out_of_memory_still_answers_denials() {
-    let server = RedisServer::start();
-    let mut redis = server.connection().await;
-    let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
-    // Spent by another instance, so that no deny cache here answers for Redis.
-    let other = redis_limiter(&server);
-    for _ in 0..2 {
-        assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
+async fn a_redis_that_takes_no_writes_still_answers_denials() {
+    for no_writes in NoWrites::ALL {
+        for (server, path) in NoWrites::servers() {
+            let context = format!("{no_writes:?}, {path}");
+            let mut redis = server.connection().await;
+            let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
+            // Spent by another instance, so that no deny cache here answers
+            // for Redis.
+            let other = redis_limiter(&server);
+            for _ in 0..2 {
+                assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
+            }
+            let limiter = redis_limiter(&server);
+            no_writes.set(&mut redis).await;
+            // A denial writes nothing, so such a Redis still gives it; an
+            // admission must write, and its refusal is an error for the
+            // failure policy.
+            let denied = limiter.decide(&quota, "full", 1).await;
+            let (admitted, log) = logged(limiter.decide(&quota, "full:fresh", 1)).await;
+            // Admissions refused one after another do not open the breaker:
+            // Redis answers, and its denials go on being its own.
+            for i in 0..5 {
+                let refused = limiter.decide(&quota, &format!("full:fresh:{i}"), 1).await;
+                let error = refused.expect_err("an admission needs a write");
+                assert_eq!(
+                    fault(&error),
+                    Some(ErrorKind::Unavailable),
+                    "{context}: {error}"
+                );
+            }
+            let denied_after = limiter.decide(&quota, "full", 1).await;
+            // The same with the library gone (a flush is a write), which
+            // such a Redis will not load.
+            no_writes.clear(&mut redis).await;
+            let _: () = redis::cmd("FUNCTION")
+                .arg("FLUSH")
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            no_writes.set(&mut redis).await;
+            let denied_unloaded = redis_limiter(&server).decide(&quota, "full", 1).await;
+            no_writes.clear(&mut redis).await;
+            let denied =
+                denied.unwrap_or_else(|e| panic!("{context}: a denial needs no write: {e}"));
+            assert!(!denied.allowed, "{context}: {denied:?}");
+            let denied_after = denied_after
+                .unwrap_or_else(|e| panic!("{context}: a denial after refused admissions: {e}"));
+            assert!(!denied_after.allowed, "{context}: {denied_after:?}");
+            let error = admitted.expect_err("an admission needs a write");
+            assert_eq!(
+                fault(&error),
+                Some(ErrorKind::Unavailable),
+                "{context}: {error}"
+            );
+            assert!(
+                log.contains(no_writes.code()),
+                "{context}: the log names Redis's refusal: {log}"
+            );
+            let denied = denied_unloaded
+                .unwrap_or_else(|e| panic!("{context}: no library loaded either: {e}"));
+            assert!(!denied.allowed, "{context}: {denied:?}");
+        }
     }
-    let limiter = redis_limiter(&server);
-    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-        support::config_set(&mut redis, name, value).await;
-    }
-    // A denial writes nothing, so a full Redis still gives it; an admission
-    // must write, and its refusal is an error for the failure policy.
-    let denied = limiter.decide(&quota, "full", 1).await;
-    let (admitted, log) = logged(limiter.decide(&quota, "full:fresh", 1)).await;
-    // Admissions refused one after another do not open the breaker: Redis
-    // answers, and its denials go on being its own.
-    for i in 0..5 {
-        let refused = limiter.decide(&quota, &format!("full:fresh:{i}"), 1).await;
-        let error = refused.expect_err("an admission needs a write");
-        assert_eq!(fault(&error), Some(ErrorKind::Unavailable), "{error}");
-    }
-    let denied_after = limiter.decide(&quota, "full", 1).await;
-    // The same with the library gone, which a full Redis will not load.
-    let _: () = redis::cmd("FUNCTION")
-        .arg("FLUSH")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let denied_unloaded = redis_limiter(&server).decide(&quota, "full", 1).await;
-    support::config_set(&mut redis, "maxmemory", "0").await;
-    let denied = denied.expect("a denial needs no memory");
-    assert!(!denied.allowed, "{denied:?}");
-    let denied_after = denied_after.expect("a denial after refused admissions");
-    assert!(!denied_after.allowed, "{denied_after:?}");
-    let error = admitted.expect_err("an admission needs a write");
-    assert_eq!(fault(&error), Some(ErrorKind::Unavailable), "{error}");
-    assert!(log.contains("OOM"), "the log names Redis's refusal: {log}");
-    let denied = denied_unloaded.expect("a denial needs no library loaded either");
-    assert!(!denied.allowed, "{denied:?}");
 }
 
 /// A denial that shares a script call with an admission is still a denial
-/// when Redis is full: the call is refused at the admission's write, before
-/// anything was written, and the failure policy must not answer the denial.
+/// when Redis takes no writes: the call is refused at the admission's
+/// write, before anything was written, and the failure policy must not
+/// answer the denial.
 #[tokio::test]
-async fn a_full_redis_answers_a_denial_batched_with_an_admission() {
-    let server = RedisServer::start();
-    let mut redis = server.connection().await;
-    let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
-    let other = redis_limiter(&server);
-    for _ in 0..2 {
-        assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
+async fn a_redis_that_takes_no_writes_answers_a_denial_batched_with_an_admission() {
+    for no_writes in NoWrites::ALL {
+        for (server, path) in NoWrites::servers() {
+            let context = format!("{no_writes:?}, {path}");
+            let mut redis = server.connection().await;
+            let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
+            let other = redis_limiter(&server);
+            for _ in 0..2 {
+                assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
+            }
+            let limiter = redis_limiter(&server);
+            assert!(limiter.decide(&quota, "warm", 1).await.unwrap().allowed);
+            no_writes.set(&mut redis).await;
+            let check = [
+                Request::new(&quota, "full"),
+                Request::new(&quota, "full:other"),
+            ];
+            // Queued together on this thread, so one script call carries
+            // them all.
+            let (denied, admitted, checked) = tokio::join!(
+                limiter.decide(&quota, "full", 1),
+                limiter.decide(&quota, "full:fresh", 1),
+                limiter.decide_all(&check),
+            );
+            no_writes.clear(&mut redis).await;
+            let denied = denied.unwrap_or_else(|e| {
+                panic!("{context}: a denial needs no write, whatever shares its call: {e}")
+            });
+            assert!(!denied.allowed, "{context}: {denied:?}");
+            let error = admitted.expect_err("an admission needs a write");
+            assert_eq!(
+                fault(&error),
+                Some(ErrorKind::Unavailable),
+                "{context}: {error}"
+            );
+            let denied = checked.expect_err("a check denied on one of its keys");
+            assert_eq!(
+                denied.cause,
+                DenialCause::Quota,
+                "{context}: the check is denied by its spent key, not failed: {denied}"
+            );
+        }
     }
-    let limiter = redis_limiter(&server);
-    assert!(limiter.decide(&quota, "warm", 1).await.unwrap().allowed);
-    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-        support::config_set(&mut redis, name, value).await;
-    }
-    let check = [
-        Request::new(&quota, "full"),
-        Request::new(&quota, "full:other"),
-    ];
-    // Queued together on this thread, so one script call carries them all.
-    let (denied, admitted, checked) = tokio::join!(
-        limiter.decide(&quota, "full", 1),
-        limiter.decide(&quota, "full:fresh", 1),
-        limiter.decide_all(&check),
-    );
-    support::config_set(&mut redis, "maxmemory", "0").await;
-    let denied = denied.expect("a denial needs no memory, whatever shares its call");
-    assert!(!denied.allowed, "{denied:?}");
-    let error = admitted.expect_err("an admission needs a write");
-    assert_eq!(fault(&error), Some(ErrorKind::Unavailable), "{error}");
-    let denied = checked.expect_err("a check denied on one of its keys");
-    assert_eq!(
-        denied.cause,
-        DenialCause::Quota,
-        "the check is denied by its spent key, not failed: {denied}"
-    );
 }
 
 /// A master demoted to a replica behind the address the limiter was given

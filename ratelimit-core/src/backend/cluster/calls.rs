@@ -330,11 +330,12 @@ async fn send_node_batch_with(
                     stale.store(true, Ordering::Release);
                     break;
                 }
-                // Over `maxmemory`: refused before it ran (the flagged
-                // script is refused whole), and a denial needs no write.
-                // Decided alone, by the script that runs until it writes,
-                // denials are answered, and only admissions fail.
-                Ok(Err(error)) if error.code() == Some("OOM") => break,
+                // Taking no writes (over `maxmemory`, too few replicas, a
+                // failed save): refused before it ran (the flagged script
+                // is refused whole), and a denial needs no write. Decided
+                // alone, by the script that runs until it writes, denials
+                // are answered, and only admissions fail.
+                Ok(Err(error)) if crate::error::refuses_writes(&error) => break,
                 Ok(Err(error)) => {
                     fail(jobs, &Error::from(error));
                     return false;

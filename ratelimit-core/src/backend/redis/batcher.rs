@@ -219,13 +219,14 @@ pub(super) async fn send_batch(
         demoted.store(true, Ordering::Release);
     }
     match reply {
-        // Over `maxmemory`, Redis refuses a call before its first write,
-        // so this one wrote nothing, and a denial needs no write: each
+        // While Redis takes no writes (over `maxmemory`, too few replicas,
+        // a failed save), it refuses a call before its first write, so
+        // this one wrote nothing, and a denial needs no write: each
         // decision goes again in a call of its own, so that denials are
         // answered and only the decisions that must write fail, rather than
         // every denial of the batch failing with the admission beside it
         // (and a failure policy that admits then admitting it).
-        Err(error) if error.code() == Some("OOM") && batch.len() > 1 => {
+        Err(error) if crate::error::refuses_writes(&error) && batch.len() > 1 => {
             let alone: Vec<_> = batch
                 .into_iter()
                 .filter(Waiting::wanted)

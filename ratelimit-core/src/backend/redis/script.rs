@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use once_cell::sync::Lazy;
 
 use crate::clock::Clock as _;
+use crate::error::refuses_writes;
 
 /// The script for EVALSHA, built once per process: its definitions, then the
 /// call. Loaded on NOSCRIPT (after a restart or `SCRIPT FLUSH`; see
@@ -391,9 +392,10 @@ pub(super) async fn invoke_once<C: Connection>(
             // Arguments the module refused before deciding anything: this
             // call goes to the function, which says what it makes of them.
             Err(error) if error.code() == Some("RLARGS") => {}
-            // Over `maxmemory`, refused before it ran, as the function
-            // is: the script decides, as it does for a function.
-            Err(error) if error.code() == Some("OOM") => {
+            // Refused before it ran, as the function is, while Redis takes
+            // no writes (see `refuses_writes`): the script decides, as it
+            // does for a function.
+            Err(error) if refuses_writes(&error) => {
                 return evalsha(call, connection).await;
             }
             Err(error) => return Err(error),
@@ -412,13 +414,15 @@ fn not_called(error: &redis::RedisError) -> bool {
         })
 }
 
-/// Whether `error` refuses a write for a while only: the server is out of
-/// memory, short of replicas, running a script, a replica, or loading.
+/// Whether `error` refuses a write for a while only: the server takes no
+/// writes for now (out of memory, short of replicas, a failed save), or is
+/// running a script, a replica, or loading.
 fn refused_for_now(error: &redis::RedisError) -> bool {
-    matches!(
-        error.code(),
-        Some("OOM" | "NOREPLICAS" | "BUSY" | "READONLY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN")
-    )
+    refuses_writes(error)
+        || matches!(
+            error.code(),
+            Some("BUSY" | "READONLY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN")
+        )
 }
 
 fn is_no_perm(error: &redis::RedisError) -> bool {
@@ -474,10 +478,10 @@ async fn invoke_function<C: Connection>(
                 }
                 return result;
             }
-            // Over `maxmemory`, Redis refuses a function that may write
-            // before it runs, while the plain script runs until it writes:
-            // a call that only denies is still answered that way.
-            Err(error) if error.code() == Some("OOM") => break,
+            // While Redis takes no writes, it refuses a function that may
+            // write before it runs, while the plain script runs until it
+            // writes: a call that only denies is still answered that way.
+            Err(error) if refuses_writes(&error) => break,
             result => return result,
         }
     }
