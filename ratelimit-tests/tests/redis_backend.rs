@@ -682,6 +682,31 @@ async fn a_master_demoted_behind_its_address_is_left_for_the_one_it_leads_to() {
     assert!(held, "{key} decided on the new master");
 }
 
+/// A command the library uses, renamed away (as hardening guides advise):
+/// a call that fails on it inside the function, after it wrote, is that
+/// call's error, sent once. It is never taken for a missing function,
+/// reloaded and run again, which would apply its writes again (Valkey says
+/// "Unknown command called from script", which reads like FCALL's own
+/// "unknown command").
+#[tokio::test]
+async fn a_command_renamed_away_fails_its_call_once() {
+    let server = RedisServer::start_with(&["--rename-command", "PEXPIRE", ""]);
+    let limiter = redis_limiter(&server);
+    let log = Quota::sliding_log(10, Duration::from_secs(60)).unwrap();
+    let error = limiter
+        .decide(&log, "renamed", 1)
+        .await
+        .expect_err("the log's expiry cannot be set");
+    let mut redis = server.connection().await;
+    let members: u64 = redis.zcard("rl:renamed").await.unwrap();
+    assert_eq!(members, 1, "the call ran once: {error}");
+    assert_eq!(
+        server.command_calls(&["function|load"]).await,
+        1,
+        "loaded once, when it was missing"
+    );
+}
+
 /// A library load refused for a while (here too few replicas to write) is
 /// tried again once the server takes writes: calls go back to the function
 /// rather than by EVALSHA for the rest of the process.

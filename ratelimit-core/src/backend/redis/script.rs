@@ -405,12 +405,16 @@ pub(super) async fn invoke_once<C: Connection>(
 }
 
 /// Whether FCALL's `error` says the function was not called: no such
-/// function, or no FCALL command.
+/// function, or no FCALL command. Not a command the function called that
+/// the server does not know (renamed away), which Valkey reports as
+/// "Unknown command called from script": the function ran, and may have
+/// written before it.
 fn not_called(error: &redis::RedisError) -> bool {
     error.code() == Some("ERR")
         && error.detail().is_some_and(|detail| {
             let detail = detail.trim_start().to_ascii_lowercase();
-            detail.starts_with("function not found") || detail.starts_with("unknown command")
+            detail.starts_with("function not found")
+                || detail.starts_with("unknown command 'fcall'")
         })
 }
 
