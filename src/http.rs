@@ -61,7 +61,7 @@
 //! |---|---|---|
 //! | [`per_peer_ip`](Limit::per_peer_ip) (the default of [`RateLimitLayer::new`]) | the peer's address from axum's `ConnectInfo<SocketAddr>` | `http:<name>:ip:` |
 //! | [`per_client_ip`](Limit::per_client_ip) | the client's address from `X-Forwarded-For` or `Forwarded`, read only when the peer is a [trusted proxy](TrustedProxies) | `http:<name>:ip:` |
-//! | [`per_header`](Limit::per_header) | a request header's value, as raw bytes | `http:<name>:header:<header>:` |
+//! | [`per_header`](Limit::per_header) | a SHA-256 digest of a request header's raw bytes (never the value) | `http:<name>:header:<header>:` |
 //! | [`per_bearer_token`](Limit::per_bearer_token) | a SHA-256 digest of the `Authorization: Bearer` token (never the token) | `http:<name>:token:` |
 //! | [`per_key`](Limit::per_key) | what a closure returns for the request | `http:<name>:key:` |
 //! | [`per_key_async`](Limit::per_key_async) | what a closure's future gives for the request | `http:<name>:key:` |

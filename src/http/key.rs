@@ -472,7 +472,9 @@ impl KeySource {
                 if value.is_empty() {
                     return false;
                 }
-                push_raw_value(key, value);
+                // A header keyed on is most often a credential (an API
+                // key, `Authorization`): keys end up in Redis and in logs.
+                key.push_value(hex_digest(value).as_str());
             }
             KeySource::BearerToken => match bearer_token(&parts.headers) {
                 Some(token) => key.push_value(token_digest(token).as_str()),

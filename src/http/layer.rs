@@ -363,14 +363,20 @@ impl RateLimitLayer {
     /// use ratelimit::http::RateLimitLayer;
     /// use ratelimit::{Limiter, Quota};
     ///
-    /// // Per tenant, from a path such as /tenants/acme/reports:
+    /// // Per tenant, from a path such as /tenants/acme/reports. The path is
+    /// // as the client sent it, still percent-encoded, while the router
+    /// // decodes it: `/tenants/%61cme` would reach acme's handler with a
+    /// // bucket of its own. A segment with an escape is no key (the
+    /// // requests without one share a bucket, see `MissingKey`).
     /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_minute(600)?)
     ///     .name("per-tenant")
     ///     .by_key(|request| {
     ///         let mut segments = request.uri.path().split('/');
     ///         (segments.nth(1) == Some("tenants"))
-    ///             .then(|| segments.next().map(str::to_owned))
+    ///             .then(|| segments.next())
     ///             .flatten()
+    ///             .filter(|tenant| !tenant.contains('%'))
+    ///             .map(str::to_owned)
     ///     });
     /// # Ok::<(), ratelimit::QuotaError>(())
     /// ```

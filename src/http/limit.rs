@@ -272,9 +272,10 @@ impl Limit {
         Self::new(KeySource::ClientIp(proxies), quota.into())
     }
 
-    /// Per value of `header`, such as an API key: its raw bytes, escaped
-    /// (or digested when long), so two different values never share a
-    /// bucket, whatever bytes they hold.
+    /// Per value of `header`, such as an API key. The key holds 128 bits of
+    /// the value's SHA-256 (of its raw bytes, which need not be UTF-8),
+    /// never the value: a header keyed on is most often a credential, and
+    /// keys end up in Redis and in logs.
     pub fn per_header(header: HeaderName, quota: impl Into<QuotaSource>) -> Self {
         Self::new(KeySource::Header(header), quota.into())
     }
