@@ -413,6 +413,46 @@ async fn script_and_function_flushes_between_calls_are_invisible_to_the_caller()
     );
 }
 
+/// After a `FUNCTION FLUSH`, every call in flight meets the missing
+/// function: one of them loads the library, and the others call again,
+/// rather than each compiling it anew (on every master of a cluster, sent
+/// to every replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_meet_a_flushed_library_load_it_once() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    assert!(limiter.decide(&quota, "warm", 1).await.unwrap().allowed);
+    let before = server.command_calls(&["function|load"]).await;
+    let mut redis = server.connection().await;
+    for round in 0..3 {
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let calls = (0..400).map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let key = format!("flushed:{round}:{i}");
+                limiter.decide(&quota, &key, 1).await
+            })
+        });
+        for decided in futures::future::join_all(calls).await {
+            assert!(decided.unwrap().unwrap().allowed);
+        }
+    }
+    assert_eq!(
+        server.command_calls(&["function|load"]).await - before,
+        3,
+        "one load a flush"
+    );
+}
+
 /// The ways Redis takes no writes while it still runs reads, each set and
 /// cleared with `CONFIG SET` on a server started with [`NoWrites::ARGS`].
 #[derive(Clone, Copy, Debug)]

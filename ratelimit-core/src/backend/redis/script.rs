@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use once_cell::sync::Lazy;
 
-use crate::clock::Clock as _;
 use crate::error::refuses_writes;
 
 /// The script for EVALSHA, built once per process: its definitions, then the
@@ -78,12 +77,88 @@ pub(crate) static LIBRARY: Lazy<Library> = Lazy::new(|| {
 /// Whether one server (a master, or the masters of one cluster) runs the
 /// library: until it refuses it (a Redis older than 7.0, an ACL user without
 /// `FCALL` or `FUNCTION LOAD`), calls go as FCALL, and from then on as
-/// EVALSHA.
+/// EVALSHA, but for one call a minute, which tries FCALL again (the user
+/// granted the command, a load refused by a failed save that has passed).
 #[derive(Debug, Default)]
 pub(crate) struct Functions {
-    refused: AtomicBool,
+    refused: Refusal,
     /// Whether calls go to the native module (see [`Native`]).
     native: Native,
+    /// One `FUNCTION LOAD` at a time, and how many were made: a call that
+    /// met the missing function while another loaded it calls again rather
+    /// than loading it once more (after a `FUNCTION FLUSH`, every call in
+    /// flight meets it, and each load compiles the library anew, on every
+    /// master of a cluster, and is sent to every replica).
+    loading: tokio::sync::Mutex<()>,
+    loads: AtomicU64,
+}
+
+/// Whether a server refused a way of calling (the native module, the
+/// function), and when to try it again: a minute after the refusal, for one
+/// call, on the monotonic clock (a wall clock stepped back would put the
+/// next try off by as much).
+#[derive(Debug, Default)]
+struct Refusal {
+    /// When to try again, in seconds since [`EPOCH`] plus one; 0 while
+    /// the way answers (or before it was first tried).
+    retry_at: AtomicU64,
+    /// Whether the refusal was logged since the way last answered.
+    logged: AtomicBool,
+}
+
+/// How long a server that refused a way of calling is not asked again.
+const RETRY_SECS: u64 = 60;
+
+/// The start of [`Refusal`]'s clock.
+static EPOCH: Lazy<std::time::Instant> = Lazy::new(std::time::Instant::now);
+
+fn monotonic_secs() -> u64 {
+    // Plus one: 0 stands for "not refused".
+    EPOCH.elapsed().as_secs() + 1
+}
+
+impl Refusal {
+    /// Whether to call this way: while it answers, and once a refusal is
+    /// [`RETRY_SECS`] old, for one call only (which tries again).
+    fn worth_trying(&self) -> bool {
+        self.worth_trying_at(monotonic_secs())
+    }
+
+    fn worth_trying_at(&self, now: u64) -> bool {
+        let retry_at = self.retry_at.load(Ordering::Relaxed);
+        retry_at == 0
+            || (now >= retry_at
+                && self
+                    .retry_at
+                    .compare_exchange(
+                        retry_at,
+                        now + RETRY_SECS,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok())
+    }
+
+    /// The way answered: whether it had been refused.
+    fn answered(&self) -> bool {
+        if self.retry_at.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.retry_at.store(0, Ordering::Relaxed);
+        self.logged.store(false, Ordering::Relaxed);
+        true
+    }
+
+    /// The way was refused: whether this is the first refusal since it last
+    /// answered (to be logged).
+    fn refused(&self) -> bool {
+        self.refused_at(monotonic_secs())
+    }
+
+    fn refused_at(&self, now: u64) -> bool {
+        self.retry_at.store(now + RETRY_SECS, Ordering::Relaxed);
+        !self.logged.swap(true, Ordering::Relaxed)
+    }
 }
 
 /// Whether a server runs the native module (`ratelimit-module`) of this
@@ -92,46 +167,15 @@ pub(crate) struct Functions {
 /// later, so a limiter finds the module once it is loaded. Each server the
 /// limiter connects to (a master it fails over to) starts with its own.
 #[derive(Debug, Default)]
-struct Native {
-    /// When to ask again, in seconds since the Unix epoch; 0 while the
-    /// module answers (or before it was first asked).
-    retry_at: AtomicU64,
-    /// Whether the refusal was logged since the module last answered.
-    logged: AtomicBool,
-}
-
-/// How long a server that refused the module is not asked again.
-const NATIVE_RETRY_SECS: u64 = 60;
-
-fn unix_secs() -> u64 {
-    crate::clock::SystemClock.now_micros() / 1_000_000
-}
+struct Native(Refusal);
 
 impl Native {
-    /// Whether to send this call to the module: while it answers, and once
-    /// a refusal is a minute old, for one call only (which asks again).
     fn worth_asking(&self) -> bool {
-        let retry_at = self.retry_at.load(Ordering::Relaxed);
-        if retry_at == 0 {
-            return true;
-        }
-        let now = unix_secs();
-        now >= retry_at
-            && self
-                .retry_at
-                .compare_exchange(
-                    retry_at,
-                    now + NATIVE_RETRY_SECS,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+        self.0.worth_trying()
     }
 
     fn answered(&self) {
-        if self.retry_at.load(Ordering::Relaxed) != 0 {
-            self.retry_at.store(0, Ordering::Relaxed);
-            self.logged.store(false, Ordering::Relaxed);
+        if self.0.answered() {
             tracing::info!("this Redis runs the native module: deciding with it");
         }
     }
@@ -140,9 +184,7 @@ impl Native {
     /// log names the error's code alone (the reply to an unknown command
     /// quotes its arguments, which hold keys).
     fn refused(&self, error: &redis::RedisError) {
-        self.retry_at
-            .store(unix_secs() + NATIVE_RETRY_SECS, Ordering::Relaxed);
-        if !self.logged.swap(true, Ordering::Relaxed) {
+        if self.0.refused() {
             tracing::debug!(
                 code = error.code().unwrap_or("none"),
                 "this Redis does not run the native module of this version; deciding with the \
@@ -153,15 +195,22 @@ impl Native {
 }
 
 impl Functions {
-    /// From now on, EVALSHA. The log names the error's code alone: a reply
-    /// to an unknown command quotes the call's arguments, which hold keys.
+    /// EVALSHA, but for one call a minute. The log names the error's code
+    /// alone: a reply to an unknown command quotes the call's arguments,
+    /// which hold keys.
     fn refuse(&self, error: &redis::RedisError) {
-        if !self.refused.swap(true, Ordering::Relaxed) {
+        if self.refused.refused() {
             tracing::info!(
                 code = error.code().unwrap_or("none"),
                 "this Redis does not run the limiter as a function (FCALL or FUNCTION LOAD \
-                 refused); calling it by EVALSHA"
+                 refused); calling it by EVALSHA (FCALL tried again in a minute)"
             );
+        }
+    }
+
+    fn answered(&self) {
+        if self.refused.answered() {
+            tracing::info!("this Redis runs the limiter as a function again: calling it by FCALL");
         }
     }
 }
@@ -439,8 +488,14 @@ async fn invoke_function<C: Connection>(
     connection: &mut C,
     functions: &Functions,
 ) -> Result<Vec<i64>, redis::RedisError> {
+    if !functions.refused.worth_trying() {
+        return evalsha(call, connection).await;
+    }
     let mut loads = 0;
-    while !functions.refused.load(Ordering::Relaxed) {
+    loop {
+        // The loads made before this call: one made since it met the
+        // missing function put it there.
+        let loaded = functions.loads.load(Ordering::Acquire);
         match connection.send(call.fcall(), call).await {
             // The function is missing (never loaded here, flushed, a
             // restart), or FCALL cannot run (Redis before 7.0, the command
@@ -457,10 +512,16 @@ async fn invoke_function<C: Connection>(
                     break;
                 }
                 loads += 1;
+                let _turn = functions.loading.lock().await;
+                if functions.loads.load(Ordering::Acquire) != loaded {
+                    continue;
+                }
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
                 match load.query_async::<redis::Value>(connection).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        functions.loads.fetch_add(1, Ordering::AcqRel);
+                    }
                     Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
                     // Refused for now (over `maxmemory`, too few
                     // replicas to write, a script running, a replica or a
@@ -469,7 +530,10 @@ async fn invoke_function<C: Connection>(
                     Err(error) if refused_for_now(&error) => break,
                     // No FUNCTION command, not allowed, or a Lua that
                     // rejects the library.
-                    Err(error) => functions.refuse(&error),
+                    Err(error) => {
+                        functions.refuse(&error);
+                        break;
+                    }
                 }
             }
             // Not allowed to call functions, or the keys: EVALSHA either
@@ -486,7 +550,12 @@ async fn invoke_function<C: Connection>(
             // write before it runs, while the plain script runs until it
             // writes: a call that only denies is still answered that way.
             Err(error) if refuses_writes(&error) => break,
-            result => return result,
+            result => {
+                if result.is_ok() {
+                    functions.answered();
+                }
+                return result;
+            }
         }
     }
     evalsha(call, connection).await
@@ -518,6 +587,28 @@ async fn evalsha<C: Connection>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A way refused is tried again a minute on, by one call, and for good
+    /// once it answers; its refusal is logged once until then.
+    #[test]
+    fn a_refused_way_is_tried_again_by_one_call_a_minute() {
+        let way = Refusal::default();
+        assert!(way.worth_trying_at(10), "tried until refused");
+        assert!(way.refused_at(10), "the first refusal is logged");
+        assert!(!way.worth_trying_at(10 + RETRY_SECS - 1));
+        assert!(way.worth_trying_at(10 + RETRY_SECS), "a minute on");
+        assert!(
+            !way.worth_trying_at(10 + RETRY_SECS),
+            "by one call: the others wait another minute"
+        );
+        assert!(!way.refused_at(10 + RETRY_SECS), "logged once");
+        assert!(way.worth_trying_at(10 + 2 * RETRY_SECS));
+        assert!(way.answered(), "answered after a refusal");
+        assert!(way.worth_trying_at(10 + 2 * RETRY_SECS));
+        assert!(way.worth_trying_at(10 + 2 * RETRY_SECS), "by every call");
+        assert!(!way.answered(), "nothing refused since");
+        assert!(way.refused_at(500), "a new refusal is logged again");
+    }
 
     /// The native module decides in the format of these scripts, and a
     /// module of another format refuses the call: a change of the scripts
