@@ -1237,6 +1237,59 @@ fn a_cluster_limiter_outlives_the_runtime_of_its_first_decision() {
     }
 }
 
+// A master frozen (its connections open, nothing answered, as behind a
+// network partition) is failed over: its replica decides its keys once it
+// is promoted, though the frozen master never says it is not a master any
+// more (no `MOVED` comes from it), and the new master's breaker does not
+// stay open for the frozen one's timeouts.
+on_both_paths!(multi_thread: a_frozen_master_failed_over_is_left_for_its_replica);
+async fn a_frozen_master_failed_over_is_left_for_its_replica(module: bool) {
+    let cluster = start(3, 1, module);
+    let limiter = uncached(&cluster, Duration::from_millis(300));
+    let quota = Quota::per_hour(1_000).unwrap();
+    let victim = cluster.masters()[0];
+    let keys: Vec<String> = keys_on(&cluster, victim, "frozen").take(3).collect();
+    for key in &keys {
+        assert!(limiter.decide(&quota, key, 1).await.unwrap().allowed);
+    }
+    cluster.nodes[victim].freeze();
+    // The replica is promoted after the node timeout (1 s), which the
+    // nodes still running report as a cluster whose slots are all served.
+    let started = Instant::now();
+    tokio::task::block_in_place(|| loop {
+        let ok = (0..cluster.nodes.len()).filter(|&n| n != victim).all(|n| {
+            let info = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query::<String>(&mut cluster.nodes[n].client().get_connection().unwrap())
+                .unwrap_or_default();
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        });
+        if ok && started.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no failover");
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    let promoted = Instant::now();
+    for key in &keys {
+        loop {
+            match limiter.decide(&quota, key, 1).await {
+                Ok(decision) => {
+                    assert!(decision.allowed, "{decision:?}");
+                    break;
+                }
+                Err(error) => assert!(
+                    promoted.elapsed() < Duration::from_secs(15),
+                    "{key} still not decided {:?} after the failover: {error:?}",
+                    promoted.elapsed()
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    cluster.nodes[victim].thaw();
+}
+
 /// A master whose breaker opened and which then stopped being a master (it
 /// died, and its replica took over) leaves no open circuit in the metrics:
 /// the limiter no longer calls it, and an alert on the gauge would fire

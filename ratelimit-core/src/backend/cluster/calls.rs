@@ -182,15 +182,21 @@ pub(super) const NODE_IN_FLIGHT: usize = 2;
 
 impl ClusterBackend {
     /// One script call over keys of one slot, sent again (within the
-    /// timeout) only when a node refused it unrun.
+    /// timeout) only when a node refused it unrun: to `node`, the master
+    /// the limiter's slot map gives them ("" when it gives none), then as
+    /// redirects say.
     pub(super) async fn call(
         &self,
+        node: &str,
         mode: &str,
         keys: &[String],
         requests: &[Request],
     ) -> Result<Vec<i64>, Error> {
         let connection = self.connection().await?;
-        let invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
+        let mut invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
+        if !node.is_empty() {
+            invocation.sent_to_node(node);
+        }
         call_routed(
             connection,
             self.timeout,
@@ -213,10 +219,14 @@ pub(super) async fn call_routed(
 ) -> Result<Vec<i64>, Error> {
     let work = async {
         let mut wait = Duration::from_millis(2);
+        // The call by the client's slot map, once the master the limiter's
+        // own named refused it.
+        let mut by_slot_map: Option<ScriptCall> = None;
         // The call where an `ASK` sent it: the slot is moving, and the key
         // is already on the new master.
         let mut asked: Option<ScriptCall> = None;
         loop {
+            let invocation = by_slot_map.as_ref().unwrap_or(invocation);
             let call = asked.as_ref().unwrap_or(invocation);
             match invoke(call, &mut connection, functions).await {
                 // Nothing was sent: the client keeps no connection to the
@@ -248,6 +258,10 @@ pub(super) async fn call_routed(
                     wait = (wait * 2).min(Duration::from_millis(50));
                 }
                 Err(error) if refused_unrun(&error) => {
+                    if let Some(routed) = invocation.by_slot_map() {
+                        by_slot_map = Some(routed);
+                        continue;
+                    }
                     // Followed once: a call refused where it was asked to
                     // goes by the slot map again.
                     asked = match asked {
@@ -281,6 +295,7 @@ pub(super) async fn call_routed(
 /// write, after others).
 pub(super) async fn send_node_batch(
     connection: ClusterConnection,
+    address: Arc<str>,
     timeout: Duration,
     functions: Arc<Functions>,
     direct: Arc<Direct>,
@@ -289,7 +304,7 @@ pub(super) async fn send_node_batch(
 ) -> bool {
     let mut aside = Vec::new();
     let answered = send_node_batch_with(
-        connection, timeout, functions, direct, stale, jobs, &mut aside,
+        connection, &address, timeout, functions, direct, stale, jobs, &mut aside,
     )
     .await;
     for decided in aside {
@@ -300,8 +315,10 @@ pub(super) async fn send_node_batch(
 
 /// [`send_node_batch`], with the keys found to live elsewhere decided
 /// alone in the tasks it adds to `aside`.
+#[allow(clippy::too_many_arguments)]
 async fn send_node_batch_with(
     connection: ClusterConnection,
+    address: &str,
     timeout: Duration,
     functions: Arc<Functions>,
     direct: Arc<Direct>,
@@ -317,11 +334,12 @@ async fn send_node_batch_with(
         if jobs.len() < 2 {
             break;
         }
-        let invocation = batch_invocation(
+        let mut invocation = batch_invocation(
             &CROSS_SLOT_SCRIPT,
             super::routing::slot(jobs[0].key.as_bytes()),
             jobs.iter().map(|job| (&job.key, job.request)),
         );
+        invocation.sent_to_node(address);
         let mut node = connection.clone();
         let reply =
             match tokio::time::timeout(timeout, invoke(&invocation, &mut node, &functions)).await {
@@ -383,6 +401,7 @@ async fn send_node_batch_with(
                 // window until they are decided too.
                 aside.push(tokio::spawn(decide_alone(
                     connection.clone(),
+                    None,
                     timeout,
                     functions.clone(),
                     direct.clone(),
@@ -396,14 +415,25 @@ async fn send_node_batch_with(
             }
         }
     }
-    decide_alone(connection, timeout, functions, direct, jobs).await;
+    decide_alone(
+        connection,
+        Some(Arc::from(address)),
+        timeout,
+        functions,
+        direct,
+        jobs,
+    )
+    .await;
     true
 }
 
 /// Decides each job in a call of its own, concurrently, following
 /// redirects; a job whose caller has gone is not sent.
+/// `node`: the master the limiter's slot map gives their keys, or `None`
+/// for keys found to live elsewhere, which go by the cluster client's map.
 pub(super) async fn decide_alone(
     connection: ClusterConnection,
+    node: Option<Arc<str>>,
     timeout: Duration,
     functions: Arc<Functions>,
     direct: Arc<Direct>,
@@ -413,10 +443,17 @@ pub(super) async fn decide_alone(
         .into_iter()
         .filter(Job::wanted)
         .map(|job| {
-            let (connection, functions, direct) =
-                (connection.clone(), functions.clone(), direct.clone());
+            let (connection, functions, direct, node) = (
+                connection.clone(),
+                functions.clone(),
+                direct.clone(),
+                node.clone(),
+            );
             tokio::spawn(async move {
-                let invocation = invocation("each", [(&job.key, job.request)]);
+                let mut invocation = invocation("each", [(&job.key, job.request)]);
+                if let Some(node) = &node {
+                    invocation.sent_to_node(node);
+                }
                 let result = call_routed(connection, timeout, &functions, &direct, &invocation)
                     .await
                     .and_then(|reply| decode_one(&reply, &job.quota, &job.request, &job.key));

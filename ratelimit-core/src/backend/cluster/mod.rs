@@ -438,7 +438,7 @@ impl ClusterBackend {
         let reply = self
             .guarded(
                 "",
-                self.call("each", std::slice::from_ref(&key), &[request]),
+                self.call("", "each", std::slice::from_ref(&key), &[request]),
             )
             .await?;
         decode_one(&reply, quota, &request, &key)
@@ -454,8 +454,13 @@ impl ClusterBackend {
         on_a_runtime()?;
         let key = self.full_key(key);
         let request = Request::new(quota, cost, self.now());
+        let routing = self.routing().await;
+        let node = routing
+            .as_ref()
+            .and_then(|r| r.node(&key))
+            .map_or("", |(node, _)| node);
         let reply = self
-            .call("peek", std::slice::from_ref(&key), &[request])
+            .call(node, "peek", std::slice::from_ref(&key), &[request])
             .await?;
         decode_one(&reply, quota, &request, &key)
     }
@@ -521,7 +526,7 @@ impl ClusterBackend {
             let outcome = self
                 .guarded(
                     node,
-                    self.call("refund", std::slice::from_ref(&key), &[call]),
+                    self.call(node, "refund", std::slice::from_ref(&key), &[call]),
                 )
                 .await;
             if let Err(error) = outcome {
@@ -553,7 +558,9 @@ impl ClusterBackend {
                 .as_ref()
                 .and_then(|r| r.node(&keys[0]))
                 .map_or("", |(node, _)| node);
-            let reply = self.guarded(node, self.call("all", &keys, &calls)).await?;
+            let reply = self
+                .guarded(node, self.call(node, "all", &keys, &calls))
+                .await?;
             return decode_all(&reply, requests, &calls, &keys);
         }
         // Across slots: consume in order; on a denial (or a failure), give
@@ -576,7 +583,7 @@ impl ClusterBackend {
                     // A refund that fails leaves the dimension consumed:
                     // it under-admits, never over-admits.
                     if let Err(error) = self
-                        .call("refund", std::slice::from_ref(&key), &[call])
+                        .call("", "refund", std::slice::from_ref(&key), &[call])
                         .await
                     {
                         tracing::warn!(%key, %error, "could not give back a multi-dimension check's tokens");

@@ -193,6 +193,7 @@ impl ClusterBackend {
             self.functions.clone(),
             self.direct.clone(),
         );
+        let master: Arc<str> = Arc::from(address);
         tracing::debug!(master = %address, "batching decisions for a Redis Cluster master");
         // One connection: the cluster client's clones share its one
         // multiplexed connection to each node.
@@ -204,6 +205,7 @@ impl ClusterBackend {
             move |connection, jobs| {
                 send_node_batch(
                     connection,
+                    master.clone(),
                     timeout,
                     functions.clone(),
                     direct.clone(),

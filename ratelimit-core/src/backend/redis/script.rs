@@ -229,6 +229,12 @@ pub(crate) struct ScriptCall {
     /// the call goes there after `ASKING`.
     #[cfg(feature = "cluster")]
     asking: Option<(String, u16)>,
+    /// On Redis Cluster, the master (host and port) the limiter's own slot
+    /// map gives the call's keys: sent there, rather than where the cluster
+    /// client's map says, which only a redirect corrects, and which a
+    /// master frozen or cut off never sends.
+    #[cfg(feature = "cluster")]
+    node: Option<(String, u16)>,
 }
 
 impl ScriptCall {
@@ -241,6 +247,8 @@ impl ScriptCall {
             slot: None,
             #[cfg(feature = "cluster")]
             asking: None,
+            #[cfg(feature = "cluster")]
+            node: None,
         }
     }
 
@@ -267,6 +275,16 @@ impl ScriptCall {
         self
     }
 
+    /// Sends the call to the master at `address` (`host:port`) on Redis
+    /// Cluster, where the limiter's slot map puts its keys.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn sent_to_node(&mut self, address: &str) -> &mut Self {
+        self.node = address
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)));
+        self
+    }
+
     /// The call as sent where `redirect` (an `ASK` error) names, on Redis
     /// Cluster; `None` for another error.
     #[cfg(feature = "cluster")]
@@ -282,6 +300,23 @@ impl ScriptCall {
             args: self.args.clone(),
             slot: self.slot,
             asking: Some((host.to_owned(), port.parse().ok()?)),
+            node: None,
+        })
+    }
+
+    /// The call as routed by the cluster client's slot map, after the node
+    /// the limiter's map named refused it (the slot moved since); `None`
+    /// when it was so routed already.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn by_slot_map(&self) -> Option<Self> {
+        self.node.as_ref()?;
+        Some(Self {
+            script: self.script,
+            keys: self.keys.clone(),
+            args: self.args.clone(),
+            slot: self.slot,
+            asking: self.asking.clone(),
+            node: None,
         })
     }
 
@@ -368,6 +403,18 @@ impl Connection for redis::cluster_async::ClusterConnection {
             let reply = self.route_pipeline(asking, 1, 1, to).await?.pop();
             let reply = reply.unwrap_or(redis::Value::Nil).extract_error()?;
             return Ok(redis::from_redis_value(reply)?);
+        }
+        if let Some((host, port)) = &call.node {
+            let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            });
+            match self.route_command(command.clone(), to).await {
+                // No connection there (a master the client has not met):
+                // nothing was sent, so by the client's map.
+                Err(error) if error.kind() == redis::ErrorKind::ClusterConnectionNotFound => {}
+                reply => return Ok(redis::from_redis_value(reply?.extract_error()?)?),
+            }
         }
         let route = match call.slot {
             Some(slot) => Route::new(slot, SlotAddr::Master),
