@@ -1488,6 +1488,36 @@ async fn a_slot_moving_to_a_master_added_since_is_decided_there(module: bool) {
         .await
         .unwrap();
     assert!(held, "{absent} written on the master its slot moves to");
+    // Each such key goes there on the limiter's own connection: the cluster
+    // client, asked to reach a master it keeps no connection to, would
+    // make anew its connections to every node at each of them.
+    let unrelated = *cluster
+        .masters()
+        .iter()
+        .find(|&&m| m != from && m != added)
+        .unwrap();
+    let connections_made = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut cluster.nodes[unrelated].connection().await)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    let before = connections_made().await;
+    for i in 0..10 {
+        let key = format!("{{moving}}:absent:{i}");
+        let decided = limiter.decide(&quota, &key, 1).await;
+        assert!(decided.unwrap_or_else(|e| panic!("{key}: {e}")).allowed);
+    }
+    // One for each count read above.
+    assert!(
+        connections_made().await - before <= 2,
+        "the cluster client connected to another master again"
+    );
     // A reset finds it there too.
     limiter.reset(absent).await.unwrap();
     let (held,): (bool,) = redis::pipe()

@@ -222,52 +222,41 @@ pub(super) async fn call_routed(
         // The call by the client's slot map, once the master the limiter's
         // own named refused it.
         let mut by_slot_map: Option<ScriptCall> = None;
-        // The call where an `ASK` sent it: the slot is moving, and the key
-        // is already on the new master.
-        let mut asked: Option<ScriptCall> = None;
+        // Where an `ASK` sent the call: the slot is moving, and the key is
+        // already on the new master.
+        let mut asked: Option<(String, u16)> = None;
         loop {
             let invocation = by_slot_map.as_ref().unwrap_or(invocation);
-            let call = asked.as_ref().unwrap_or(invocation);
-            match invoke(call, &mut connection, functions).await {
-                // Nothing was sent: the client keeps no connection to the
-                // node the `ASK` named (a master that serves no slot yet,
-                // added to the cluster as the slot moves to it). The call
-                // goes there on a connection of this limiter's own; failing
-                // that, by the slot map again, after a moment.
-                Err(error)
-                    if asked.is_some()
-                        && error.kind() == redis::ErrorKind::ClusterConnectionNotFound =>
-                {
-                    let to = asked.as_ref().and_then(ScriptCall::asked_node);
-                    if let Some((host, port)) = to {
-                        if let Some(mut node) = direct.connection(&host, port, timeout).await {
-                            match invoke(call, &mut node, functions).await {
-                                // Refused unrun there too (the move was
-                                // called off, say): by the slot map again.
-                                Err(error) if refused_unrun(&error) => {}
-                                Err(error) => {
-                                    direct.forget(&host, port);
-                                    return Err(error.into());
-                                }
-                                Ok(reply) => return Ok(reply),
-                            }
+            if let Some((host, port)) = asked.take() {
+                // On a connection of this limiter's own, after `ASKING`.
+                // Through the cluster client, a master it keeps no
+                // connection to (one added as the slot moves to it, which
+                // serves no slot yet) would make it drop and make anew its
+                // connections to every node, stalling every master's calls,
+                // at each such call.
+                if let Some(mut node) = direct.connection(&host, port, timeout).await {
+                    match invoke(invocation, &mut node, functions).await {
+                        // Refused unrun there too (the move was called off,
+                        // say): by the slot map again.
+                        Err(error) if refused_unrun(&error) => {}
+                        Err(error) => {
+                            direct.forget(&host, port);
+                            return Err(error.into());
                         }
+                        Ok(reply) => return Ok(reply),
                     }
-                    asked = None;
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_millis(50));
                 }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(50));
+                continue;
+            }
+            match invoke(invocation, &mut connection, functions).await {
                 Err(error) if refused_unrun(&error) => {
                     if let Some(routed) = invocation.by_slot_map() {
                         by_slot_map = Some(routed);
                         continue;
                     }
-                    // Followed once: a call refused where it was asked to
-                    // goes by the slot map again.
-                    asked = match asked {
-                        None => invocation.asked(&error),
-                        Some(_) => None,
-                    };
+                    asked = asked_node(&error);
                     if asked.is_some() {
                         continue;
                     }
@@ -471,6 +460,17 @@ pub(super) fn fail(jobs: Vec<Job>, error: &Error) {
     for job in jobs {
         let _ = job.reply.send(Err(error.clone()));
     }
+}
+
+/// The node (host and port) an `ASK` redirect names; `None` for another
+/// error.
+pub(super) fn asked_node(redirect: &redis::RedisError) -> Option<(String, u16)> {
+    if redirect.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
+        return None;
+    }
+    let (address, _) = redirect.redirect_node()?;
+    let (host, port) = address.rsplit_once(':')?;
+    Some((host.to_owned(), port.parse().ok()?))
 }
 
 /// Whether a node refused a call without running it, so that sending it

@@ -299,46 +299,24 @@ impl ClusterBackend {
     }
 
     /// Sends `del` after `ASKING` to the node the `ASK` redirect `asked`
-    /// names: on the cluster client's connection to it, or on one of this
-    /// limiter's own when the client keeps none (a master added, serving no
-    /// slot yet).
+    /// names, on a connection of this limiter's own (see
+    /// [`calls::call_routed`]).
     async fn delete_where_asked(
         &self,
-        connection: &mut ClusterConnection,
         del: redis::Cmd,
         asked: &redis::RedisError,
     ) -> Result<(), Error> {
-        use redis::cluster_routing::SingleNodeRoutingInfo;
-        let unexpected = || Error::UnexpectedReply(format!("{asked}"));
-        let (address, _) = asked.redirect_node().ok_or_else(unexpected)?;
-        let (host, port) = address.rsplit_once(':').ok_or_else(unexpected)?;
-        let port = port.parse().map_err(|_| unexpected())?;
-        // One pipeline, so that nothing else on the connection takes the
-        // `ASKING`, which holds for the next command alone.
-        let mut asking = redis::pipe();
-        asking.cmd("ASKING").add_command(del.clone());
-        let to = SingleNodeRoutingInfo::ByAddress {
-            host: host.to_owned(),
-            port,
+        let (host, port) =
+            calls::asked_node(asked).ok_or_else(|| Error::UnexpectedReply(format!("{asked}")))?;
+        let Some(mut node) = self.direct.connection(&host, port, self.timeout).await else {
+            return Err(Error::Timeout(self.timeout));
         };
-        match connection.route_pipeline(asking, 1, 1, to).await {
-            Err(error) if error.kind() == redis::ErrorKind::ClusterConnectionNotFound => {
-                let Some(mut node) = self.direct.connection(host, port, self.timeout).await else {
-                    return Err(error.into());
-                };
-                let deleted = node.asked::<i64>(del).await;
-                if deleted.is_err() {
-                    self.direct.forget(host, port);
-                }
-                deleted?;
-                Ok(())
-            }
-            reply => {
-                let reply = reply?.pop();
-                reply.unwrap_or(redis::Value::Nil).extract_error()?;
-                Ok(())
-            }
+        let deleted = node.asked::<i64>(del).await;
+        if deleted.is_err() {
+            self.direct.forget(&host, port);
         }
+        deleted?;
+        Ok(())
     }
 
     fn full_key(&self, key: &str) -> String {
@@ -489,7 +467,7 @@ impl ClusterBackend {
                         if error.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) =>
                     {
-                        return self.delete_where_asked(&mut connection, del, &error).await;
+                        return self.delete_where_asked(del, &error).await;
                     }
                     Err(error) if calls::refused_unrun(&error) => {
                         // The client reads the slot map again on a redirect.

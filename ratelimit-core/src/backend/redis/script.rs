@@ -225,10 +225,6 @@ pub(crate) struct ScriptCall {
     /// (a batch); a call with keys goes to its first key's.
     #[cfg(feature = "cluster")]
     slot: Option<u16>,
-    /// On Redis Cluster, the node (host and port) an `ASK` redirect named:
-    /// the call goes there after `ASKING`.
-    #[cfg(feature = "cluster")]
-    asking: Option<(String, u16)>,
     /// On Redis Cluster, the master (host and port) the limiter's own slot
     /// map gives the call's keys: sent there, rather than where the cluster
     /// client's map says, which only a redirect corrects, and which a
@@ -245,8 +241,6 @@ impl ScriptCall {
             args: Vec::new(),
             #[cfg(feature = "cluster")]
             slot: None,
-            #[cfg(feature = "cluster")]
-            asking: None,
             #[cfg(feature = "cluster")]
             node: None,
         }
@@ -285,25 +279,6 @@ impl ScriptCall {
         self
     }
 
-    /// The call as sent where `redirect` (an `ASK` error) names, on Redis
-    /// Cluster; `None` for another error.
-    #[cfg(feature = "cluster")]
-    pub(crate) fn asked(&self, redirect: &redis::RedisError) -> Option<Self> {
-        if redirect.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::Ask) {
-            return None;
-        }
-        let (address, _) = redirect.redirect_node()?;
-        let (host, port) = address.rsplit_once(':')?;
-        Some(Self {
-            script: self.script,
-            keys: self.keys.clone(),
-            args: self.args.clone(),
-            slot: self.slot,
-            asking: Some((host.to_owned(), port.parse().ok()?)),
-            node: None,
-        })
-    }
-
     /// The call as routed by the cluster client's slot map, after the node
     /// the limiter's map named refused it (the slot moved since); `None`
     /// when it was so routed already.
@@ -315,15 +290,8 @@ impl ScriptCall {
             keys: self.keys.clone(),
             args: self.args.clone(),
             slot: self.slot,
-            asking: self.asking.clone(),
             node: None,
         })
-    }
-
-    /// The node (host and port) an `ASK` redirect sent this call to.
-    #[cfg(feature = "cluster")]
-    pub(crate) fn asked_node(&self) -> Option<(String, u16)> {
-        self.asking.clone()
     }
 
     fn fcall(&self) -> redis::Cmd {
@@ -391,19 +359,6 @@ impl Connection for redis::cluster_async::ClusterConnection {
         call: &ScriptCall,
     ) -> redis::RedisResult<Vec<i64>> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        if let Some((host, port)) = &call.asking {
-            // One pipeline, so that nothing else on the connection takes
-            // the `ASKING`, which holds for the next command alone.
-            let mut asking = redis::pipe();
-            asking.cmd("ASKING").add_command(command);
-            let to = SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port: *port,
-            };
-            let reply = self.route_pipeline(asking, 1, 1, to).await?.pop();
-            let reply = reply.unwrap_or(redis::Value::Nil).extract_error()?;
-            return Ok(redis::from_redis_value(reply)?);
-        }
         if let Some((host, port)) = &call.node {
             let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                 host: host.clone(),
