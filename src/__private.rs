@@ -1,7 +1,6 @@
 //! Support for the code `#[rate_limit]` generates. Every item here is named by
 //! absolute path from generated code only.
 
-use std::borrow::Borrow;
 use std::fmt::Display;
 use std::future::Future;
 
@@ -127,13 +126,6 @@ pub const fn quota(
 #[inline]
 pub fn global_limiter() -> &'static Limiter {
     ratelimit_core::global()
-}
-
-/// `limiter = <expression>` accepts a `Limiter`, a reference to one, an
-/// `Arc<Limiter>` or a `Box<Limiter>`.
-#[inline]
-pub fn borrow_limiter<L: Borrow<Limiter> + ?Sized>(limiter: &L) -> &Limiter {
-    limiter.borrow()
 }
 
 /// A value usable in a key template placeholder.

@@ -1,6 +1,6 @@
 //! Writes the checks into the function.
 
-use proc_macro2::{Group, Literal, Span, TokenStream, TokenTree};
+use proc_macro2::{Group, Ident, Literal, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned, ToTokens as _};
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned as _;
@@ -355,15 +355,17 @@ fn prepare_check(
             let __ratelimit_limiter_tmp: &#private::Limiter = #private::global_limiter();
         ),
         // `let x = &(expr);` keeps a temporary such as `Arc::clone(&l)` alive
-        // for the whole check.
+        // for the whole check. Deref coercion then takes a `Limiter`, a
+        // reference to one (or to a reference), an `Arc`, a `Box` or a
+        // `LazyLock` of one, and a reference to any of these.
         Some(expr) => {
-            let span = expr.span();
-            let private = respan(&private, span);
-            let borrow =
-                quote_spanned!(span=> #private::borrow_limiter(__ratelimit_limiter_source));
+            let source = Ident::new(
+                "__ratelimit_limiter_source",
+                Span::call_site().located_at(expr.span()),
+            );
             quote!(
                 let __ratelimit_limiter_source = &(#expr);
-                let __ratelimit_limiter_tmp: &#private::Limiter = #borrow;
+                let __ratelimit_limiter_tmp: &#private::Limiter = #source;
             )
         }
     };

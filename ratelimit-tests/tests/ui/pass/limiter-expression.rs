@@ -1,4 +1,5 @@
-// `limiter = <expression>`: a `Limiter`, a reference to one, or an `Arc`.
+// `limiter = <expression>`: a `Limiter`, a reference to one, an `Arc` or a
+// `LazyLock` of one, or a reference to any of these.
 use std::sync::{Arc, LazyLock};
 
 use ratelimit::{rate_limit, Limiter, RateLimited};
@@ -30,8 +31,40 @@ async fn by_temporary(limiter: Arc<Limiter>) -> Result<(), Limited> {
     Ok(())
 }
 
+#[rate_limit(key = "static-ref", capacity = 1, rate = "1/h", limiter = &LIMITER)]
+async fn by_static_reference() -> Result<(), Limited> {
+    Ok(())
+}
+
+#[rate_limit(key = "k", capacity = 1, rate = "1/h", limiter = &limiter)]
+async fn by_reference_to_argument(limiter: &Limiter) -> Result<(), Limited> {
+    Ok(())
+}
+
+struct Service {
+    limiter: Arc<Limiter>,
+}
+
+impl Service {
+    #[rate_limit(key = "k", capacity = 1, rate = "1/h", limiter = &self.limiter)]
+    async fn by_field_reference(&self) -> Result<(), Limited> {
+        Ok(())
+    }
+}
+
 #[tokio::main]
 async fn main() {
+    assert!(by_static_reference().await.is_ok());
+    assert!(by_static_reference().await.is_err(), "the static's bucket");
+    let own = Limiter::memory();
+    assert!(by_reference_to_argument(&own).await.is_ok());
+    assert!(by_reference_to_argument(&own).await.is_err());
+    let service = Service {
+        limiter: Arc::new(Limiter::memory()),
+    };
+    assert!(service.by_field_reference().await.is_ok());
+    assert!(service.by_field_reference().await.is_err());
+
     assert!(by_static().await.is_ok());
     assert!(by_static().await.is_err());
 
