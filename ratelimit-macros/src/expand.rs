@@ -249,7 +249,7 @@ fn refunding(
     let private = private_path(&checks[0]);
     let (first, last) = function.return_span;
     let path = respan(&quote!(#private::ReturnsDenial::), first);
-    let denied = quote_spanned!(last=> denied(__ratelimit_denied));
+    let denied = quote_spanned!(at(last)=> denied(__ratelimit_denied));
     let refund_on = proc_macro2::Ident::new(refund_on, Span::call_site());
     Expansion::Around(Box::new(move |body| {
         quote! {{
@@ -289,7 +289,7 @@ fn deny(function: &Function, private: &TokenStream, call: TokenStream) -> TokenS
     // `From<RateLimited>`) is reported there.
     let (first, last) = function.return_span;
     let path = respan(&quote!(#private::ReturnsDenial::), first);
-    let denied = quote_spanned!(last=> denied(__ratelimit_denied));
+    let denied = quote_spanned!(at(last)=> denied(__ratelimit_denied));
     quote! {
         if let ::core::result::Result::Err(__ratelimit_denied) = #call.await {
             return #path #denied;
@@ -404,7 +404,7 @@ fn prepare_check(
         Cost::Expr(expr) => {
             let span = expr.span();
             let private = respan(&private, span);
-            quote_spanned!(span=> #private::IntoCost::into_cost(#expr))
+            quote_spanned!(at(span)=> #private::IntoCost::into_cost(#expr))
         }
     };
     let (quota_static, quota) = match &check.quota {
@@ -432,7 +432,7 @@ fn prepare_check(
             let private = respan(&private, span);
             (
                 TokenStream::new(),
-                quote_spanned!(span=> #private::IntoQuota::into_quota(#expr)),
+                quote_spanned!(at(span)=> #private::IntoQuota::into_quota(#expr)),
             )
         }
     };
@@ -453,7 +453,7 @@ fn prepare_check(
         Some(expr) => {
             // The expression's span: a value that is not a `bool` is
             // reported at it.
-            let exempt = quote_spanned!(expr.span()=> let #exempt_name: bool = #expr;);
+            let exempt = quote_spanned!(at(expr.span())=> let #exempt_name: bool = #expr;);
             quote! {{
                 #exempt
                 if #exempt_name {
@@ -517,7 +517,7 @@ fn expand_key(private: &TokenStream, key: &Key) -> TokenStream {
                 // is reported at the template.
                 KeyPart::Value(value) => {
                     let private = respan(private, *span);
-                    quote_spanned! {*span=>
+                    quote_spanned! {at(*span)=>
                         #private::KeyPart::push_to(&(#value), &mut __ratelimit_key_builder);
                     }
                 }
@@ -526,7 +526,7 @@ fn expand_key(private: &TokenStream, key: &Key) -> TokenStream {
         Key::Expr(expr) => {
             let span = expr.span();
             let private = respan(private, span);
-            quote_spanned! {span=>
+            quote_spanned! {at(span)=>
                 #private::KeyPart::push_whole_to(&(#expr), &mut __ratelimit_key_builder);
             }
         }
@@ -540,10 +540,11 @@ fn expand_key(private: &TokenStream, key: &Key) -> TokenStream {
     }
 }
 
-/// `tokens` with every span set to `span`. A path such as
-/// `::ratelimit::__private` in a call made for the user's expression then
-/// shares its span, so the compiler underlines that expression only, not the
-/// whole attribute.
+/// `tokens` located at `span`. A path such as `::ratelimit::__private` in a
+/// call made for the user's expression then shares its place, so the
+/// compiler underlines that expression only, not the whole attribute. Each
+/// token keeps where its names resolve: a `crate = $crate::facade` path
+/// given inside another crate's macro still means that crate.
 fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
     tokens
         .clone()
@@ -551,15 +552,23 @@ fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
         .map(|token| match token {
             TokenTree::Group(group) => {
                 let mut respanned = Group::new(group.delimiter(), respan(&group.stream(), span));
-                respanned.set_span(span);
+                respanned.set_span(group.span().located_at(span));
                 TokenTree::Group(respanned)
             }
             mut token => {
-                token.set_span(span);
+                token.set_span(token.span().located_at(span));
                 token
             }
         })
         .collect()
+}
+
+/// A span for generated code placed at the user's `span` (where errors
+/// point), whose names resolve where the attribute is written: with the
+/// user's span itself, a local the expansion declares would not be found
+/// from code that a `macro_rules!` passed in (its return type, its key).
+fn at(span: Span) -> Span {
+    Span::call_site().located_at(span)
 }
 
 #[cfg(test)]

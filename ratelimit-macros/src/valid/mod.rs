@@ -37,8 +37,9 @@ pub(crate) struct Function<'a> {
 }
 
 enum Param<'a> {
-    /// `self`, `&self`, `&mut self`, `self: Arc<Self>`...
-    Receiver,
+    /// `self`, `&self`, `&mut self`, `self: Arc<Self>`...: the span of its
+    /// `self`.
+    Receiver(Span),
     /// `user_id: u64`, `mut user_id: u64`
     Named(&'a Ident),
     /// `(a, b): (u64, u64)`: its bindings cannot be named by a key.
@@ -263,8 +264,12 @@ impl Function<'_> {
         let function = self.name.unraw();
         let fail = |message: String| Err(syn::Error::new(lit.span(), message));
         if root == "self" {
-            if self.params.iter().any(|p| matches!(p, Param::Receiver)) {
-                return Ok(quote_spanned!(lit.span()=> self));
+            if let Some(receiver) = self.params.iter().find_map(|p| match p {
+                Param::Receiver(span) => Some(*span),
+                _ => None,
+            }) {
+                // At the literal; resolved as the receiver is.
+                return Ok(quote_spanned!(lit.span().resolved_at(receiver)=> self));
             }
             let mut message =
                 format!("`{placeholder}` needs a `self` parameter, and `{function}` has none");
@@ -276,8 +281,11 @@ impl Function<'_> {
         for param in &self.params {
             match param {
                 Param::Named(ident) if ident.unraw() == root => {
+                    // At the literal; resolved as the parameter is (a
+                    // template a `macro_rules!` passed in resolves
+                    // elsewhere).
                     let mut ident = (*ident).clone();
-                    ident.set_span(lit.span());
+                    ident.set_span(lit.span().resolved_at(ident.span()));
                     return Ok(ident.into_token_stream());
                 }
                 Param::Pattern(pat) => {
@@ -316,7 +324,7 @@ impl Function<'_> {
         self.params
             .iter()
             .filter_map(|param| match param {
-                Param::Receiver => Some("self".to_owned()),
+                Param::Receiver(_) => Some("self".to_owned()),
                 Param::Named(ident) => Some(ident.unraw().to_string()),
                 Param::Pattern(_) => None,
             })

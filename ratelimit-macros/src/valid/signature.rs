@@ -52,7 +52,7 @@ pub(crate) fn function<'a>(sig: &'a syn::Signature, body: &Body<'a>) -> syn::Res
         .inputs
         .iter()
         .map(|input| match input {
-            FnArg::Receiver(_) => Param::Receiver,
+            FnArg::Receiver(receiver) => Param::Receiver(receiver.self_token.span),
             FnArg::Typed(typed) => match &*typed.pat {
                 Pat::Ident(binding) if binding.subpat.is_none() => {
                     // async-trait names a parameter bound by a pattern
