@@ -28,9 +28,14 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
         }
         Ok(Expansion::Around(around)) => {
             let checked = body::checked_block(&mut function);
-            let stmts = std::mem::take(&mut checked.stmts);
+            // Items stay where they were, in the function's block, seen by
+            // the attribute's expressions as without `refund_on`.
+            let (mut items, stmts): (Vec<Stmt>, Vec<Stmt>) = std::mem::take(&mut checked.stmts)
+                .into_iter()
+                .partition(|stmt| matches!(stmt, Stmt::Item(_)));
             let block = around(quote!(#(#stmts)*));
-            checked.stmts = vec![Stmt::Expr(Expr::Verbatim(block), None)];
+            items.push(Stmt::Expr(Expr::Verbatim(block), None));
+            checked.stmts = items;
             function.into_token_stream()
         }
         Err(err) => {
@@ -263,7 +268,10 @@ fn refunding(
             // calls borrowed (`limiter = self.limiter` in a `&mut self`
             // method, say).
             ::core::mem::drop(__ratelimit_calls);
-            let __ratelimit_output = #private::output::<#output, _>(async { #body }).await;
+            // `move`: the body owns the arguments, as the function's own
+            // future did; borrowed, an argument that is `Send` but not
+            // `Sync` would make the future not `Send`.
+            let __ratelimit_output = #private::output::<#output, _>(async move { #body }).await;
             #private::settle(
                 __ratelimit_receipt,
                 &__ratelimit_output,
