@@ -298,6 +298,18 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// The denial of a call its limiter admitted for later (a leaky bucket's
+    /// turn, `delay` away) where nothing can sleep until then: outside a
+    /// Tokio runtime, such as under `futures::executor::block_on`. Running
+    /// the body early would break the bucket's pace; the call is denied and
+    /// its tokens given back.
+    fn no_turn(&self, delay: Duration) -> RateLimited {
+        let key = self.key.get(..self.shown).unwrap_or(&self.key);
+        let mut denied = RateLimited::new(key, self.quota.capacity(), 0, delay);
+        denied.rule = Some(self.rule.name);
+        denied
+    }
+
     /// The denial as the attribute's key names it.
     fn shown(&self, mut denied: RateLimited) -> RateLimited {
         if denied.key.len() > self.shown && denied.key == self.key {
@@ -323,10 +335,20 @@ pub async fn acquire(call: Option<Call<'_>>) -> Result<(), RateLimited> {
     if !delay.is_zero() {
         let mut taking = Taking::default();
         taking.hold(call.limiter, admitted, delay);
-        taking.turn().await;
+        if !taking.turn().await {
+            give_back(&mut taking.held).await;
+            return Err(call.no_turn(delay));
+        }
         taking.keep();
     }
     Ok(())
+}
+
+/// Whether the caller can sleep: on a Tokio runtime, whose timers
+/// `on_limit = wait` and a leaky bucket's turn sleep on (outside one, as
+/// under `futures::executor::block_on`, Tokio's sleep panics).
+fn can_sleep() -> bool {
+    tokio::runtime::Handle::try_current().is_ok()
 }
 
 /// The call's admission by its limiter, after the waits `on_limit = wait`
@@ -345,7 +367,9 @@ async fn admit<'a>(call: &'a Call<'_>) -> Result<Admitted<'a>, RateLimited> {
                     denied.cause,
                     DenialCause::Quota | DenialCause::LocalFallback
                 );
-                if let (Some(deadline), true) = (deadline, waitable) {
+                // Outside a Tokio runtime nothing can sleep: the denial
+                // stands.
+                if let (Some(deadline), true, true) = (deadline, waitable, can_sleep()) {
                     // A wait past any instant (a `retry_after` of years) is
                     // past the deadline too.
                     let wake = tokio::time::Instant::now().checked_add(denied.retry_after);
@@ -380,11 +404,17 @@ impl Taking {
     }
 
     /// Sleeps until the body's turn: a leaky bucket admits a call for later,
-    /// so bodies run at the bucket's pace.
-    async fn turn(&self) {
-        if let Some(turn) = self.turn {
-            tokio::time::sleep_until(turn).await;
+    /// so bodies run at the bucket's pace. `false` when there is a turn to
+    /// wait for and nothing can sleep (see [`can_sleep`]).
+    async fn turn(&self) -> bool {
+        let Some(turn) = self.turn else {
+            return true;
+        };
+        if !can_sleep() {
+            return false;
         }
+        tokio::time::sleep_until(turn).await;
+        true
     }
 
     /// The body runs: what was taken stays taken.
@@ -548,7 +578,13 @@ async fn acquire_several(
             taking.hold(first.limiter, admitted, delay);
         }
     }
-    taking.turn().await;
+    if !taking.turn().await {
+        give_back(&mut taking.held).await;
+        let delay = taking.turn.map_or(Duration::ZERO, |turn| {
+            turn.saturating_duration_since(tokio::time::Instant::now())
+        });
+        return Err(first.no_turn(delay));
+    }
     let kept = taking.keep();
     Ok(Receipt {
         kept: if keep { kept } else { Vec::new() },

@@ -289,6 +289,42 @@ async fn on_limit_wait_sleeps_for_retry_after_and_gives_up_past_max() {
     assert!(denied.retry_after > Duration::from_secs(50));
 }
 
+#[rate_limit(key = "unpaced", algorithm = leaky_bucket, capacity = 3, rate = "1/s", limiter = limiter)]
+async fn unpaced(limiter: &Limiter) -> Result<(), AppError> {
+    Ok(())
+}
+
+/// Outside a Tokio runtime (here `futures`' executor, with the memory
+/// backend, which needs none) nothing can sleep: a leaky bucket's call
+/// admitted for later is denied, its turn given back, and `on_limit = wait`
+/// returns its denial at once; neither panics in Tokio's sleep.
+#[test]
+fn calls_that_would_sleep_outside_a_tokio_runtime_are_denied() {
+    let limiter = Limiter::memory();
+    futures::executor::block_on(async {
+        unpaced(&limiter).await.unwrap();
+        for _ in 0..3 {
+            let denied = limited(unpaced(&limiter).await);
+            assert_eq!(denied.cause, DenialCause::Quota);
+            assert_eq!(denied.key, "unpaced");
+            assert!(
+                denied.retry_after > Duration::from_millis(900)
+                    && denied.retry_after <= Duration::from_secs(1),
+                "one turn away, as the turn was given back: {denied:?}"
+            );
+        }
+        impatient(&limiter, 2).await.unwrap();
+        let denied = limited(impatient(&limiter, 2).await);
+        assert!(denied.retry_after > Duration::from_secs(50));
+        patient(&limiter, 2).await.unwrap();
+        let denied = limited(patient(&limiter, 2).await);
+        assert!(
+            denied.retry_after <= Duration::from_millis(50),
+            "{denied:?}"
+        );
+    });
+}
+
 #[rate_limit(key = "shadow:<user>", capacity = 1, rate = "1/min", mode = shadow, limiter = limiter)]
 async fn shadowed(limiter: &Limiter, user: u32) -> Result<u32, AppError> {
     Ok(user)
