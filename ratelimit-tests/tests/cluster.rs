@@ -1290,6 +1290,44 @@ async fn a_frozen_master_failed_over_is_left_for_its_replica(module: bool) {
     cluster.nodes[victim].thaw();
 }
 
+/// A master that lost the library (restarted, or `FUNCTION FLUSH`) gets it
+/// loaded again while another master does not answer: the load goes to the
+/// master that lacks it, not to every master, where the frozen one would
+/// fail it and with it every decision of the healthy one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_lost_the_library_gets_it_while_another_is_frozen() {
+    let cluster = start(3, 0, false);
+    let limiter = uncached(&cluster, Duration::from_millis(300));
+    let quota = Quota::per_hour(1_000).unwrap();
+    let masters = cluster.masters();
+    let (flushed, frozen) = (masters[0], masters[1]);
+    let keys: Vec<String> = keys_on(&cluster, flushed, "flushed").take(3).collect();
+    for key in &keys {
+        assert!(limiter.decide(&quota, key, 1).await.unwrap().allowed);
+    }
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut cluster.nodes[flushed].connection().await)
+        .await
+        .unwrap();
+    cluster.nodes[frozen].freeze();
+    for key in &keys {
+        let decided = limiter.decide(&quota, key, 1).await;
+        assert!(
+            decided.as_ref().is_ok_and(|d| d.allowed),
+            "{key}: {decided:?}"
+        );
+    }
+    cluster.nodes[frozen].thaw();
+    assert!(
+        cluster.nodes[flushed]
+            .command_calls(&["function|load"])
+            .await
+            >= 1,
+        "loaded again where it was flushed"
+    );
+}
+
 /// A master whose breaker opened and which then stopped being a master (it
 /// died, and its replica took over) leaves no open circuit in the metrics:
 /// the limiter no longer calls it, and an alert on the gauge would fire

@@ -172,6 +172,14 @@ impl crate::backend::redis::Connection for Asking {
     ) -> redis::RedisResult<Vec<i64>> {
         self.asked(command).await
     }
+
+    async fn send_beside(
+        &mut self,
+        command: redis::Cmd,
+        _call: &ScriptCall,
+    ) -> redis::RedisResult<redis::Value> {
+        self.asked(command).await
+    }
 }
 
 /// Batch calls in flight at once to one master. Fewer than one Redis gets

@@ -336,6 +336,15 @@ pub(crate) trait Connection: redis::aio::ConnectionLike + Send {
         command: redis::Cmd,
         call: &ScriptCall,
     ) -> impl std::future::Future<Output = redis::RedisResult<Vec<i64>>> + Send;
+
+    /// Sends `command` (the library's load) to the server `call` goes to:
+    /// on Redis Cluster, that master alone, not every master, one of which
+    /// may not answer.
+    fn send_beside(
+        &mut self,
+        command: redis::Cmd,
+        call: &ScriptCall,
+    ) -> impl std::future::Future<Output = redis::RedisResult<redis::Value>> + Send;
 }
 
 impl Connection for redis::aio::ConnectionManager {
@@ -344,6 +353,14 @@ impl Connection for redis::aio::ConnectionManager {
         command: redis::Cmd,
         _call: &ScriptCall,
     ) -> redis::RedisResult<Vec<i64>> {
+        command.query_async(self).await
+    }
+
+    async fn send_beside(
+        &mut self,
+        command: redis::Cmd,
+        _call: &ScriptCall,
+    ) -> redis::RedisResult<redis::Value> {
         command.query_async(self).await
     }
 }
@@ -358,6 +375,16 @@ impl Connection for redis::cluster_async::ClusterConnection {
         command: redis::Cmd,
         call: &ScriptCall,
     ) -> redis::RedisResult<Vec<i64>> {
+        Ok(redis::from_redis_value(
+            self.send_beside(command, call).await?,
+        )?)
+    }
+
+    async fn send_beside(
+        &mut self,
+        command: redis::Cmd,
+        call: &ScriptCall,
+    ) -> redis::RedisResult<redis::Value> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         if let Some((host, port)) = &call.node {
             let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
@@ -368,7 +395,7 @@ impl Connection for redis::cluster_async::ClusterConnection {
                 // No connection there (a master the client has not met):
                 // nothing was sent, so by the client's map.
                 Err(error) if error.kind() == redis::ErrorKind::ClusterConnectionNotFound => {}
-                reply => return Ok(redis::from_redis_value(reply?.extract_error()?)?),
+                reply => return reply?.extract_error(),
             }
         }
         let route = match call.slot {
@@ -380,11 +407,7 @@ impl Connection for redis::cluster_async::ClusterConnection {
         };
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
         // A server's error reply comes back as a value here.
-        let reply = self
-            .route_command(command, routing)
-            .await?
-            .extract_error()?;
-        Ok(redis::from_redis_value(reply)?)
+        self.route_command(command, routing).await?.extract_error()
     }
 }
 
@@ -513,14 +536,17 @@ async fn invoke_function<C: Connection>(
                     functions.refuse(&error);
                     break;
                 }
-                loads += 1;
                 let _turn = functions.loading.lock().await;
+                // Loaded since this call met the gap (on Redis Cluster,
+                // perhaps on another master: then it meets the gap again,
+                // and loads the library where it goes).
                 if functions.loads.load(Ordering::Acquire) != loaded {
                     continue;
                 }
+                loads += 1;
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
-                match load.query_async::<redis::Value>(connection).await {
+                match connection.send_beside(load, call).await {
                     Ok(_) => {
                         functions.loads.fetch_add(1, Ordering::AcqRel);
                     }
