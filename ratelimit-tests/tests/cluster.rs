@@ -1290,6 +1290,36 @@ async fn a_frozen_master_failed_over_is_left_for_its_replica(module: bool) {
     cluster.nodes[victim].thaw();
 }
 
+/// While the cluster is down, a decision is refused unrun (`CLUSTERDOWN`)
+/// and sent again until its timeout; once its caller has gone (and the
+/// failure policy answered it), it is sent no more: sent once the cluster
+/// is back, it would take a token nobody was told of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_whose_caller_left_while_the_cluster_was_down_takes_nothing() {
+    let mut cluster = start_with(3, 0, false, &["--cluster-require-full-coverage", "yes"]);
+    let limiter = uncached(&cluster, Duration::from_secs(6));
+    let quota = Quota::per_hour(10).unwrap();
+    let masters = cluster.masters();
+    let key = keys_on(&cluster, masters[0], "down").next().unwrap();
+    assert!(limiter.decide(&quota, &key, 1).await.unwrap().allowed);
+    cluster.nodes[masters[1]].kill();
+    tokio::task::block_in_place(|| cluster.wait_until_down(Duration::from_secs(30)));
+    let left =
+        tokio::time::timeout(Duration::from_millis(200), limiter.decide(&quota, &key, 1)).await;
+    assert!(
+        left.is_err(),
+        "decided while the cluster was down: {left:?}"
+    );
+    tokio::task::block_in_place(|| {
+        cluster.nodes[masters[1]].restart();
+        cluster.wait_until_ok(Duration::from_secs(30));
+    });
+    // Past the timeout of the decision its caller left.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let remaining = limiter.inspect(&quota, &key, 0).await.unwrap().remaining;
+    assert_eq!(remaining, 9, "only the first decision took a token");
+}
+
 /// A master that lost the library (restarted, or `FUNCTION FLUSH`) gets it
 /// loaded again while another master does not answer: the load goes to the
 /// master that lacks it, not to every master, where the frozen one would

@@ -211,22 +211,28 @@ impl ClusterBackend {
             &self.functions,
             &self.direct,
             &invocation,
+            &|| true,
         )
         .await
     }
 }
 
 /// Runs one script call over keys of one slot, routed by its key, within
-/// `timeout`; sent again only when a node refused it unrun.
+/// `timeout`; sent again only when a node refused it unrun, and while
+/// `wanted` says its caller still waits: a call sent again after its caller
+/// has gone (and the failure policy answered it) would take tokens nobody
+/// was told of.
 pub(super) async fn call_routed(
     mut connection: ClusterConnection,
     timeout: Duration,
     functions: &Functions,
     direct: &Direct,
     invocation: &ScriptCall,
+    wanted: &(dyn Fn() -> bool + Sync),
 ) -> Result<Vec<i64>, Error> {
     let work = async {
         let mut wait = Duration::from_millis(2);
+        let mut sent = false;
         // The call by the client's slot map, once the master the limiter's
         // own named refused it.
         let mut by_slot_map: Option<ScriptCall> = None;
@@ -234,6 +240,9 @@ pub(super) async fn call_routed(
         // already on the new master.
         let mut asked: Option<(String, u16)> = None;
         loop {
+            if std::mem::replace(&mut sent, true) && !wanted() {
+                return Err(Error::Timeout(timeout));
+            }
             let invocation = by_slot_map.as_ref().unwrap_or(invocation);
             if let Some((host, port)) = asked.take() {
                 // On a connection of this limiter's own, after `ASKING`.
@@ -451,9 +460,17 @@ pub(super) async fn decide_alone(
                 if let Some(node) = &node {
                     invocation.sent_to_node(node);
                 }
-                let result = call_routed(connection, timeout, &functions, &direct, &invocation)
-                    .await
-                    .and_then(|reply| decode_one(&reply, &job.quota, &job.request, &job.key));
+                let wanted = || job.wanted();
+                let result = call_routed(
+                    connection,
+                    timeout,
+                    &functions,
+                    &direct,
+                    &invocation,
+                    &wanted,
+                )
+                .await
+                .and_then(|reply| decode_one(&reply, &job.quota, &job.request, &job.key));
                 let _ = job.reply.send(result);
             })
         })

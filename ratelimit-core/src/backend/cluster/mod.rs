@@ -144,6 +144,7 @@ impl Drop for Taken<'_> {
                     &functions,
                     &direct,
                     &invocation,
+                    &|| true,
                 );
                 if let Err(error) = given.await {
                     tracing::warn!(%key, %error, "could not give back a dropped multi-dimension check's tokens");
