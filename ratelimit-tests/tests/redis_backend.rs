@@ -539,6 +539,15 @@ impl NoWrites {
     }
 }
 
+/// Spends `key` of `quota` through another limiter instance, so that no
+/// deny cache or lease of the limiter under test answers for Redis.
+async fn spent_by_another_instance(server: &RedisServer, quota: &Quota, key: &str) {
+    let other = redis_limiter(server);
+    for _ in 0..quota.capacity() {
+        assert!(other.decide(quota, key, 1).await.unwrap().allowed);
+    }
+}
+
 /// A Redis that takes no writes for now (out of memory, short of replicas,
 /// after a failed save) still runs reads: a denial, which writes nothing,
 /// is still answered, on the function and on the module, with the library
@@ -551,12 +560,7 @@ async fn a_redis_that_takes_no_writes_still_answers_denials() {
             let context = format!("{no_writes:?}, {path}");
             let mut redis = server.connection().await;
             let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
-            // Spent by another instance, so that no deny cache here answers
-            // for Redis.
-            let other = redis_limiter(&server);
-            for _ in 0..2 {
-                assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
-            }
+            spent_by_another_instance(&server, &quota, "full").await;
             let limiter = redis_limiter(&server);
             no_writes.set(&mut redis).await;
             // A denial writes nothing, so such a Redis still gives it; an
@@ -621,10 +625,7 @@ async fn a_redis_that_takes_no_writes_answers_a_denial_batched_with_an_admission
             let context = format!("{no_writes:?}, {path}");
             let mut redis = server.connection().await;
             let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
-            let other = redis_limiter(&server);
-            for _ in 0..2 {
-                assert!(other.decide(&quota, "full", 1).await.unwrap().allowed);
-            }
+            spent_by_another_instance(&server, &quota, "full").await;
             let limiter = redis_limiter(&server);
             assert!(limiter.decide(&quota, "warm", 1).await.unwrap().allowed);
             no_writes.set(&mut redis).await;
