@@ -1459,6 +1459,57 @@ async fn a_check_across_slots_dropped_midway_gives_back_what_it_took() {
     }
 }
 
+/// A check across slots gives back an earlier dimension when a later one
+/// denies: what the bucket still holds of it then, not its whole cost,
+/// which would hand back tokens that refilled since and that others took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_across_slots_gives_back_only_what_a_bucket_still_holds() {
+    use ratelimit::{ManualClock, Rate};
+    let cluster = start(3, 0, false);
+    let start_at = 1_800_000_000_000_000;
+    let clock = ManualClock::new(start_at);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(5))
+        .deny_cache_max_keys(0)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let bucket = Quota::new(2, Rate::per_second(1).unwrap()).unwrap();
+    let spent = Quota::per_hour(1).unwrap();
+    let masters = cluster.masters();
+    let first = keys_on(&cluster, masters[0], "holds").next().unwrap();
+    let second = keys_on(&cluster, masters[1], "spent").next().unwrap();
+    assert!(limiter.decide(&spent, &second, 1).await.unwrap().allowed);
+    cluster.nodes[masters[1]].freeze();
+    let check = {
+        let (limiter, first, second) = (limiter.clone(), first.clone(), second.clone());
+        tokio::spawn(async move {
+            limiter
+                .check([Request::new(&bucket, &first), Request::new(&spent, &second)])
+                .await
+                .map(|_| ())
+        })
+    };
+    // The first dimension is taken: a token of a full bucket, whole again
+    // a second later, when another caller takes both tokens.
+    let started = Instant::now();
+    while limiter.inspect(&bucket, &first, 0).await.unwrap().remaining != 1 {
+        assert!(started.elapsed() < Duration::from_secs(3), "not taken");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    clock.advance(Duration::from_secs(1));
+    assert!(limiter.decide(&bucket, &first, 2).await.unwrap().allowed);
+    cluster.nodes[masters[1]].thaw();
+    let denied = check.await.unwrap().unwrap_err();
+    assert_eq!(denied.key, second);
+    assert_eq!(
+        limiter.inspect(&bucket, &first, 0).await.unwrap().remaining,
+        0,
+        "the refilled token was given back again"
+    );
+}
+
 /// A reset follows its key where the slot went: moved to another master
 /// since the client last read the slot map, or moving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,20 +107,47 @@ impl Connected {
     }
 }
 
-/// The dimensions a check across slots has admitted so far, each as the
-/// refund that gives it back: given back by a task of their own if the
-/// check is dropped before it settles them (its caller gave up between two
-/// dimensions). The dimension being decided when the check was dropped
-/// may still be applied by its master, as any call already sent is: a
-/// check cut short takes at most that one dimension's cost.
+/// The dimensions a check across slots has admitted so far: given back by
+/// a task of their own if the check is dropped before it settles them (its
+/// caller gave up between two dimensions). The dimension being decided when
+/// the check was dropped may still be applied by its master, as any call
+/// already sent is: a check cut short takes at most that one dimension's
+/// cost.
 struct Taken<'a> {
     backend: &'a ClusterBackend,
-    refunds: Vec<(String, Request)>,
+    admitted: Vec<Admission>,
+}
+
+/// A dimension a check across slots admitted, and when: on the caller's
+/// clock when the limiter has one (the decisions' clock), else on the
+/// monotonic clock.
+struct Admission {
+    key: String,
+    quota: Quota,
+    decision: Decision,
+    cost: u64,
+    at: (Instant, Option<u64>),
+}
+
+impl Admission {
+    /// The refund that gives it back now, on `backend`'s clock: what a
+    /// bucket still holds of it is what it took less what has refilled
+    /// since (given back whole, the refund would return tokens others have
+    /// taken meanwhile); `None` when nothing is left to give.
+    fn refund(self, backend: &ClusterBackend) -> Option<(String, Request)> {
+        let now = backend.now();
+        let elapsed = match (self.at, now) {
+            ((_, Some(at)), Some(now)) => now.saturating_sub(at),
+            ((at, _), _) => u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX),
+        };
+        let refund = Refund::of(&self.quota, &self.decision, self.cost, elapsed)?;
+        Some((self.key, Request::refund(&self.quota, &refund, now)))
+    }
 }
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if self.refunds.is_empty() {
+        if self.admitted.is_empty() {
             return;
         }
         let (Some(connection), Ok(runtime)) = (
@@ -134,7 +161,10 @@ impl Drop for Taken<'_> {
             self.backend.functions.clone(),
             self.backend.direct.clone(),
         );
-        let refunds = std::mem::take(&mut self.refunds);
+        let refunds: Vec<_> = std::mem::take(&mut self.admitted)
+            .into_iter()
+            .filter_map(|taken| taken.refund(self.backend))
+            .collect();
         runtime.spawn(async move {
             for (key, call) in refunds {
                 let invocation = super::redis::invocation("refund", [(&key, call)]);
@@ -548,7 +578,7 @@ impl ClusterBackend {
         // it ends (its caller gave up).
         let mut taken = Taken {
             backend: self,
-            refunds: Vec::new(),
+            admitted: Vec::new(),
         };
         let mut decisions = Vec::with_capacity(requests.len());
         for (i, ((quota, _, cost), key)) in requests.iter().zip(&keys).enumerate() {
@@ -558,7 +588,10 @@ impl ClusterBackend {
             if !admitted {
                 // Taken off before each is sent: a refund cut short by a
                 // drop is lost (which under-admits), never sent twice.
-                while let Some((key, call)) = taken.refunds.pop() {
+                while let Some(admission) = taken.admitted.pop() {
+                    let Some((key, call)) = admission.refund(self) else {
+                        continue;
+                    };
                     // A refund that fails leaves the dimension consumed:
                     // it under-admits, never over-admits.
                     if let Err(error) = self
@@ -571,12 +604,15 @@ impl ClusterBackend {
             }
             let decision = outcome?;
             if admitted {
-                // Given back at once, in its window, if a later one denies.
-                if let Some(refund) = Refund::of(quota, &decision, *cost, 0) {
-                    taken
-                        .refunds
-                        .push((key.clone(), Request::refund(quota, &refund, now)));
-                }
+                // Given back, as much as it then holds, if a later one
+                // denies.
+                taken.admitted.push(Admission {
+                    key: key.clone(),
+                    quota: **quota,
+                    decision,
+                    cost: *cost,
+                    at: (Instant::now(), self.now()),
+                });
             }
             decisions.push(decision);
             if !admitted {
@@ -588,7 +624,7 @@ impl ClusterBackend {
             }
         }
         // Every dimension admitted: the check stands.
-        taken.refunds.clear();
+        taken.admitted.clear();
         Ok(decisions)
     }
 }
