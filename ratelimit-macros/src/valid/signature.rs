@@ -23,6 +23,16 @@ pub(crate) fn function<'a>(sig: &'a syn::Signature, body: &Body<'a>) -> syn::Res
         ));
     }
     let return_span = match (body, &sig.output) {
+        // A future built another way (`.boxed()`, a combinator): adding
+        // `async` would make it a future of a future.
+        (Body::Other, ReturnType::Type(_, ty)) if returns_a_future(ty) => {
+            return Err(syn::Error::new(
+                sig.fn_token.span,
+                "`#[rate_limit]` on a `fn` returning a future needs its body to end with the \
+                 future as `async move { ... }` or `Box::pin(async move { ... })`, which it \
+                 checks in; write `.boxed()` as `Box::pin(...)`",
+            ))
+        }
         (Body::Other, _) => {
             return Err(syn::Error::new(
                 sig.fn_token.span,
@@ -187,4 +197,17 @@ pub(super) fn elements_path<'a>(
         }
     }
     None
+}
+
+/// Whether `ty` names a future: `impl Future<..>`, or a type whose name
+/// ends in `Future` (`BoxFuture`, `Pin<Box<dyn Future<..>>>`).
+fn returns_a_future(ty: &syn::Type) -> bool {
+    fn mentions_future(tokens: proc_macro2::TokenStream) -> bool {
+        tokens.into_iter().any(|token| match token {
+            proc_macro2::TokenTree::Ident(ident) => ident.to_string().ends_with("Future"),
+            proc_macro2::TokenTree::Group(group) => mentions_future(group.stream()),
+            _ => false,
+        })
+    }
+    mentions_future(ty.to_token_stream())
 }
