@@ -165,15 +165,7 @@ impl redis::aio::ConnectionLike for Asking {
 }
 
 impl crate::backend::redis::Connection for Asking {
-    async fn send(
-        &mut self,
-        command: redis::Cmd,
-        _call: &ScriptCall,
-    ) -> redis::RedisResult<Vec<i64>> {
-        self.asked(command).await
-    }
-
-    async fn send_beside(
+    async fn send_where(
         &mut self,
         command: redis::Cmd,
         _call: &ScriptCall,
@@ -324,7 +316,7 @@ pub(super) async fn send_node_batch(
 #[allow(clippy::too_many_arguments)]
 async fn send_node_batch_with(
     connection: ClusterConnection,
-    address: &str,
+    address: &Arc<str>,
     timeout: Duration,
     functions: Arc<Functions>,
     direct: Arc<Direct>,
@@ -423,7 +415,7 @@ async fn send_node_batch_with(
     }
     decide_alone(
         connection,
-        Some(Arc::from(address)),
+        Some(address.clone()),
         timeout,
         functions,
         direct,
@@ -498,14 +490,16 @@ pub(super) fn asked_node(redirect: &redis::RedisError) -> Option<(String, u16)> 
     Some((host.to_owned(), port.parse().ok()?))
 }
 
-/// Whether a node refused a call without running it, so that sending it
-/// again cannot apply it twice.
+/// Whether a node refused a call without running it, or the cluster client
+/// sent it nowhere (no connection to the master the limiter's map named),
+/// so that sending it again cannot apply it twice.
 pub(super) fn refused_unrun(error: &redis::RedisError) -> bool {
     use redis::ServerErrorKind as Kind;
     matches!(
         error.kind(),
-        redis::ErrorKind::Server(
-            Kind::Moved | Kind::Ask | Kind::TryAgain | Kind::ClusterDown | Kind::ReadOnly
-        )
+        redis::ErrorKind::ClusterConnectionNotFound
+            | redis::ErrorKind::Server(
+                Kind::Moved | Kind::Ask | Kind::TryAgain | Kind::ClusterDown | Kind::ReadOnly
+            )
     )
 }

@@ -329,34 +329,33 @@ impl ScriptCall {
 
 /// A connection the calls go out on.
 pub(crate) trait Connection: redis::aio::ConnectionLike + Send {
+    /// Sends `command` to the server `call` goes to, and returns its reply
+    /// as it came: `call` itself in one of its forms, or the library's load,
+    /// which on Redis Cluster goes to that master alone, not to every
+    /// master, one of which may not answer.
+    fn send_where(
+        &mut self,
+        command: redis::Cmd,
+        call: &ScriptCall,
+    ) -> impl std::future::Future<Output = redis::RedisResult<redis::Value>> + Send;
+
     /// Sends `command`, which is `call` in one of its forms, where `call`
     /// is decided.
     fn send(
         &mut self,
         command: redis::Cmd,
         call: &ScriptCall,
-    ) -> impl std::future::Future<Output = redis::RedisResult<Vec<i64>>> + Send;
-
-    /// Sends `command` (the library's load) to the server `call` goes to:
-    /// on Redis Cluster, that master alone, not every master, one of which
-    /// may not answer.
-    fn send_beside(
-        &mut self,
-        command: redis::Cmd,
-        call: &ScriptCall,
-    ) -> impl std::future::Future<Output = redis::RedisResult<redis::Value>> + Send;
+    ) -> impl std::future::Future<Output = redis::RedisResult<Vec<i64>>> + Send {
+        async move {
+            Ok(redis::from_redis_value(
+                self.send_where(command, call).await?,
+            )?)
+        }
+    }
 }
 
 impl Connection for redis::aio::ConnectionManager {
-    async fn send(
-        &mut self,
-        command: redis::Cmd,
-        _call: &ScriptCall,
-    ) -> redis::RedisResult<Vec<i64>> {
-        command.query_async(self).await
-    }
-
-    async fn send_beside(
+    async fn send_where(
         &mut self,
         command: redis::Cmd,
         _call: &ScriptCall,
@@ -367,47 +366,35 @@ impl Connection for redis::aio::ConnectionManager {
 
 #[cfg(feature = "cluster")]
 impl Connection for redis::cluster_async::ClusterConnection {
-    /// Sent to the master of the call's slot, or of its first key's: the
-    /// cluster client would route the native command by its first argument
-    /// (the wire version), and a call without keys to any node.
-    async fn send(
-        &mut self,
-        command: redis::Cmd,
-        call: &ScriptCall,
-    ) -> redis::RedisResult<Vec<i64>> {
-        Ok(redis::from_redis_value(
-            self.send_beside(command, call).await?,
-        )?)
-    }
-
-    async fn send_beside(
+    /// Sent to the master the limiter's slot map names, else to the master
+    /// of the call's slot, or of its first key's: the cluster client would
+    /// route the native command by its first argument (the wire version),
+    /// and a call without keys to any node. A master the client keeps no
+    /// connection to fails the call unrun (`ClusterConnectionNotFound`),
+    /// which goes again by the client's map (see `by_slot_map`).
+    async fn send_where(
         &mut self,
         command: redis::Cmd,
         call: &ScriptCall,
     ) -> redis::RedisResult<redis::Value> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        if let Some((host, port)) = &call.node {
-            let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        let routing = match (&call.node, call.slot) {
+            (Some((host, port)), _) => SingleNodeRoutingInfo::ByAddress {
                 host: host.clone(),
                 port: *port,
-            });
-            match self.route_command(command.clone(), to).await {
-                // No connection there (a master the client has not met):
-                // nothing was sent, so by the client's map.
-                Err(error) if error.kind() == redis::ErrorKind::ClusterConnectionNotFound => {}
-                reply => return reply?.extract_error(),
+            },
+            (None, Some(slot)) => {
+                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
             }
-        }
-        let route = match call.slot {
-            Some(slot) => Route::new(slot, SlotAddr::Master),
-            None => Route::with_key(
+            (None, None) => SingleNodeRoutingInfo::SpecificNode(Route::with_key(
                 call.keys.first().map_or(&[][..], Vec::as_slice),
                 SlotAddr::Master,
-            ),
+            )),
         };
-        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
         // A server's error reply comes back as a value here.
-        self.route_command(command, routing).await?.extract_error()
+        self.route_command(command, RoutingInfo::SingleNode(routing))
+            .await?
+            .extract_error()
     }
 }
 
@@ -546,11 +533,18 @@ async fn invoke_function<C: Connection>(
                 loads += 1;
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
-                match connection.send_beside(load, call).await {
+                match connection.send_where(load, call).await {
                     Ok(_) => {
                         functions.loads.fetch_add(1, Ordering::AcqRel);
                     }
-                    Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
+                    // Not sent, or lost on the way: the call's own error.
+                    Err(error)
+                        if error.is_io_error()
+                            || error.is_timeout()
+                            || error.kind() == redis::ErrorKind::ClusterConnectionNotFound =>
+                    {
+                        return Err(error)
+                    }
                     // Refused for now (over `maxmemory`, too few
                     // replicas to write, a script running, a replica or a
                     // server still loading): this call goes by EVALSHA,
