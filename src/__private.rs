@@ -335,7 +335,7 @@ pub async fn acquire(call: Option<Call<'_>>) -> Result<(), RateLimited> {
     if !delay.is_zero() {
         let mut taking = Taking::default();
         taking.hold(call.limiter, admitted, delay);
-        if !taking.turn().await {
+        if let Err(delay) = taking.turn().await {
             give_back(&mut taking.held).await;
             return Err(call.no_turn(delay));
         }
@@ -404,17 +404,17 @@ impl Taking {
     }
 
     /// Sleeps until the body's turn: a leaky bucket admits a call for later,
-    /// so bodies run at the bucket's pace. `false` when there is a turn to
-    /// wait for and nothing can sleep (see [`can_sleep`]).
-    async fn turn(&self) -> bool {
+    /// so bodies run at the bucket's pace. `Err` with the wait left when
+    /// nothing can sleep (see [`can_sleep`]).
+    async fn turn(&self) -> Result<(), Duration> {
         let Some(turn) = self.turn else {
-            return true;
+            return Ok(());
         };
         if !can_sleep() {
-            return false;
+            return Err(turn.saturating_duration_since(tokio::time::Instant::now()));
         }
         tokio::time::sleep_until(turn).await;
-        true
+        Ok(())
     }
 
     /// The body runs: what was taken stays taken.
@@ -578,11 +578,8 @@ async fn acquire_several(
             taking.hold(first.limiter, admitted, delay);
         }
     }
-    if !taking.turn().await {
+    if let Err(delay) = taking.turn().await {
         give_back(&mut taking.held).await;
-        let delay = taking.turn.map_or(Duration::ZERO, |turn| {
-            turn.saturating_duration_since(tokio::time::Instant::now())
-        });
         return Err(first.no_turn(delay));
     }
     let kept = taking.keep();

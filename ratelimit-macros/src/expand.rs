@@ -367,10 +367,7 @@ fn prepare_check(
         // reference to one (or to a reference), an `Arc`, a `Box` or a
         // `LazyLock` of one, and a reference to any of these.
         Some(expr) => {
-            let source = Ident::new(
-                "__ratelimit_limiter_source",
-                Span::call_site().located_at(expr.span()),
-            );
+            let source = Ident::new("__ratelimit_limiter_source", at(expr.span()));
             quote!(
                 let __ratelimit_limiter_source = &(#expr);
                 let __ratelimit_limiter_tmp: &#private::Limiter = #source;
