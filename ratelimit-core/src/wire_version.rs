@@ -6,7 +6,7 @@
 /// `scripts/entry.lua`). The limiter sends it first; a module of another
 /// version refuses the call, and the limiter uses the function instead.
 /// Changed with every change of the scripts' arguments, replies or values
-/// (a test holds the scripts' hash to [`WIRE_SCRIPTS_SHA1`]).
+/// (a test holds the scripts' hash to `WIRE_SCRIPTS_SHA1`).
 pub const WIRE_VERSION: u64 = 6;
 
 /// The SHA-1 of the scripts this version's format is that of; see

@@ -1649,3 +1649,82 @@ async fn a_slot_moving_to_a_master_added_since_is_decided_there(module: bool) {
         .unwrap();
     assert!(!held, "{absent} deleted on the master its slot moves to");
 }
+
+/// The limiter's timeout bounds a check, not each call it makes: a check
+/// across three masters, each slow but answering within the timeout, fails
+/// at the timeout rather than at the sum of the waits, and what its first
+/// dimension took is given back.
+async fn a_check_across_slow_masters_ends_at_its_timeout(module: bool) {
+    let cluster = start(3, 0, module);
+    let timeout = Duration::from_millis(300);
+    let limiter = uncached(&cluster, timeout);
+    let quota = Quota::per_hour(5).unwrap();
+    let masters = cluster.masters();
+    let keys: Vec<String> = masters
+        .iter()
+        .map(|&master| keys_on(&cluster, master, "slow").next().unwrap())
+        .collect();
+    for key in &keys {
+        // The slot map read and the library loaded on every master.
+        assert_eq!(limiter.inspect(&quota, key, 0).await.unwrap().remaining, 5);
+    }
+    for &master in &masters {
+        cluster.nodes[master].freeze();
+    }
+    let started = Instant::now();
+    let check = {
+        let (limiter, keys) = (limiter.clone(), keys.clone());
+        tokio::spawn(async move {
+            let requests: Vec<Request> = keys
+                .iter()
+                .map(|key| Request::new(&quota, key).on_error(FailurePolicy::Closed))
+                .collect();
+            let outcome = limiter.check(&requests[..]).await.map(|_| ());
+            (outcome, started.elapsed())
+        })
+    };
+    // Each master answers 200 ms after the one before: each dimension
+    // within the timeout, the three of them twice over it.
+    for &master in &masters {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        cluster.nodes[master].thaw();
+    }
+    let (outcome, took) = check.await.unwrap();
+    let Err(denied) = outcome else {
+        panic!("a check across slow masters admitted after {took:?}");
+    };
+    assert_eq!(
+        fault(&denied),
+        Some(ratelimit::ErrorKind::Timeout),
+        "{denied:?} after {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "the check took {took:?} against a timeout of {timeout:?}"
+    );
+    // The first dimension's token comes back; the last was never asked.
+    let given_back = Instant::now();
+    while limiter
+        .inspect(&quota, &keys[0], 0)
+        .await
+        .unwrap()
+        .remaining
+        != 5
+    {
+        assert!(
+            given_back.elapsed() < Duration::from_secs(3),
+            "the first dimension's token was not given back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        limiter
+            .inspect(&quota, &keys[2], 0)
+            .await
+            .unwrap()
+            .remaining,
+        5
+    );
+}
+
+on_both_paths!(multi_thread: a_check_across_slow_masters_ends_at_its_timeout);

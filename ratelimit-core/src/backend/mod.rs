@@ -6,10 +6,11 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-#[cfg(feature = "redis")]
 use std::future::Future;
 #[cfg(feature = "redis")]
 use std::pin::Pin;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use crate::algorithm::Refund;
 use crate::decision::Decision;
@@ -24,6 +25,59 @@ use crate::quota::Quota;
 #[cfg(feature = "redis")]
 type Remote<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
 
+/// When one operation of the limiter (a check, a refund, an inspection, a
+/// reset, a ping) must have its backend's answer: the limiter's timeout
+/// after its first wait, however many calls it makes (a lease and then the
+/// request's own cost, a wait for another caller's answer and then a call
+/// of its own, a check across Redis Cluster slots, a connection made first).
+/// Read from the clock only when a wait begins, so an answer given in
+/// process never reads it.
+pub(crate) struct Deadline {
+    timeout: Duration,
+    at: OnceLock<Option<tokio::time::Instant>>,
+}
+
+impl Deadline {
+    /// A deadline `timeout` after the first wait it bounds.
+    pub(crate) fn after(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            at: OnceLock::new(),
+        }
+    }
+
+    /// The instant, set now if no wait has begun (`None`: too far to name).
+    pub(crate) fn at(&self) -> Option<tokio::time::Instant> {
+        *self
+            .at
+            .get_or_init(|| tokio::time::Instant::now().checked_add(self.timeout))
+    }
+
+    /// The error of a wait cut short by this deadline.
+    fn timed_out(&self) -> Error {
+        Error::Timeout(self.timeout)
+    }
+
+    /// `call`'s outcome, or [`Error::Timeout`] once the deadline passes
+    /// (`call` is then dropped, as a caller's future may be at any await).
+    /// Off a Tokio runtime `call` runs unbounded: it fails at once with
+    /// [`Error::NoRuntime`], as every remote backend needs one.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) async fn bound<T>(
+        &self,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match self.at() {
+            Some(at) if tokio::runtime::Handle::try_current().is_ok() => {
+                tokio::time::timeout_at(at, call)
+                    .await
+                    .unwrap_or_else(|_| Err(self.timed_out()))
+            }
+            _ => call.await,
+        }
+    }
+}
+
 /// The backends, dispatched by `match`: the memory backend answers inline,
 /// with no allocation (see [`Remote`] for the others).
 pub(crate) enum Backend {
@@ -35,66 +89,74 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub(crate) async fn decide(
         &self,
         quota: &Quota,
         key: &str,
         cost: u64,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         match self {
             Backend::Memory(memory) => Ok(memory.decide(quota, key, cost)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
                 let call: Remote<'_, _> = Box::pin(redis.decide(quota, key, cost));
-                call.await
+                deadline.bound(call).await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let call: Remote<'_, _> = Box::pin(cluster.decide(quota, key, cost));
-                call.await
+                deadline.bound(call).await
             }
         }
     }
 
     /// Decides for every request in one atomic step, admitting all or none.
     /// The keys must be distinct.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub(crate) async fn decide_all(
         &self,
         requests: &[(&Quota, &str, u64)],
+        deadline: &Deadline,
     ) -> Result<Vec<Decision>, Error> {
         match self {
             Backend::Memory(memory) => Ok(memory.decide_all(requests)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
                 let call: Remote<'_, _> = Box::pin(redis.decide_all(requests));
-                call.await
+                deadline.bound(call).await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
-                let call: Remote<'_, _> = Box::pin(cluster.decide_all(requests));
+                // Bounded step by step: a denial found in time is
+                // answered though the refunds it calls for are not.
+                let call: Remote<'_, _> = Box::pin(cluster.decide_all(requests, deadline));
                 call.await
             }
         }
     }
 
     /// The decision a request would get now, with nothing written.
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
     pub(crate) async fn peek(
         &self,
         quota: &Quota,
         key: &str,
         cost: u64,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         match self {
             Backend::Memory(memory) => Ok(memory.peek(quota, key, cost)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
                 let call: Remote<'_, _> = Box::pin(redis.peek(quota, key, cost));
-                call.await
+                deadline.bound(call).await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let call: Remote<'_, _> = Box::pin(cluster.peek(quota, key, cost));
-                call.await
+                deadline.bound(call).await
             }
         }
     }
@@ -119,24 +181,30 @@ impl Backend {
     }
 
     /// Verifies that decisions can be made now (see [`Limiter::ping`](crate::Limiter::ping)).
-    pub(crate) async fn ping(&self) -> Result<(), Error> {
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    pub(crate) async fn ping(&self, deadline: &Deadline) -> Result<(), Error> {
         match self {
             Backend::Memory(_) => Ok(()),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
                 let call: Remote<'_, _> = Box::pin(redis.ping());
-                call.await
+                deadline.bound(call).await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let call: Remote<'_, _> = Box::pin(cluster.ping());
-                call.await
+                deadline.bound(call).await
             }
         }
     }
 
     /// Gives back what admissions took (see [`Refund`]).
-    pub(crate) async fn refund(&self, refunds: &[(&Quota, &str, Refund)]) -> Result<(), Error> {
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    pub(crate) async fn refund(
+        &self,
+        refunds: &[(&Quota, &str, Refund)],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         match self {
             Backend::Memory(memory) => {
                 for (quota, key, refund) in refunds {
@@ -147,18 +215,19 @@ impl Backend {
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
                 let call: Remote<'_, _> = Box::pin(redis.refund(refunds));
-                call.await
+                deadline.bound(call).await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let call: Remote<'_, _> = Box::pin(cluster.refund(refunds));
-                call.await
+                deadline.bound(call).await
             }
         }
     }
 
     /// Deletes a key's state.
-    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+    pub(crate) async fn reset(&self, key: &str, deadline: &Deadline) -> Result<(), Error> {
         match self {
             Backend::Memory(memory) => {
                 memory.reset(key);
@@ -167,12 +236,12 @@ impl Backend {
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
                 let call: Remote<'_, _> = Box::pin(redis.reset(key));
-                call.await
+                deadline.bound(call).await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let call: Remote<'_, _> = Box::pin(cluster.reset(key));
-                call.await
+                deadline.bound(call).await
             }
         }
     }

@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::backend::Deadline;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -202,19 +203,17 @@ impl DenyCache {
     /// Answers a request of `cost` from `key` under `quota` from the cache,
     /// or says to ask the backend. A caller that finds another asking for
     /// the key waits for that call and looks again; it waits on at most
-    /// `MAX_WAITS` probes and for at most `timeout` in all, then asks the
-    /// backend itself.
+    /// `MAX_WAITS` probes and until `deadline` at most, then asks the
+    /// backend itself within what is left of it.
     pub(crate) async fn consult<'a>(
         &'a self,
         quota: &Quota,
         key: &'a str,
         cost: u64,
         clock: &dyn Clock,
-        timeout: Duration,
+        deadline: &Deadline,
     ) -> Consulted<'a> {
         const MAX_WAITS: u32 = 4;
-        // Read from the clock only once a wait begins: most callers never wait.
-        let mut deadline = None;
         for _ in 0..MAX_WAITS {
             let mut end = match self.lookup(quota, key, cost, clock.now_micros()) {
                 Lookup::Denied(cached) => return Consulted::Denied(cached),
@@ -223,9 +222,8 @@ impl DenyCache {
                 Lookup::Wait(end) => end,
             };
             let ended = end.wait_for(|end| !matches!(end, ProbeEnd::Asking));
-            let deadline =
-                *deadline.get_or_insert_with(|| tokio::time::Instant::now().checked_add(timeout));
-            let woken = match deadline {
+            // The deadline is set here when this is the first wait.
+            let woken = match deadline.at() {
                 Some(deadline) => tokio::time::timeout_at(deadline, ended).await.ok(),
                 None => Some(ended.await),
             };

@@ -161,8 +161,10 @@ impl LimiterBuilder {
         self
     }
 
-    /// The bound on every backend call (default 100 ms). A call that takes
-    /// longer fails with [`Error::Timeout`] and the failure policy applies.
+    /// The bound on how long a check (or a refund, an inspection, a reset,
+    /// a ping) waits for the backend, however many calls it makes (default
+    /// 100 ms). One that takes longer fails with [`Error::Timeout`] and the
+    /// failure policy applies.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

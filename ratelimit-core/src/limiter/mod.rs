@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::Backend;
+use crate::backend::{Backend, Deadline};
 use crate::breaker::{Breaker, CircuitState};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -77,8 +77,9 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     /// The deny cache's clock: the caller's clock when configured.
     cache_clock: Arc<dyn Clock>,
-    /// The backend call timeout, also the longest a caller waits for another
-    /// caller's backend call on the same key.
+    /// How long one operation waits for the backend, in all (see
+    /// [`Deadline`]), its wait for another caller's call on the same key
+    /// included.
     timeout: Duration,
     /// Tokens leased from the backend, served in process.
     leases: Leases,
@@ -332,7 +333,10 @@ impl Limiter {
     /// # }).unwrap();
     /// ```
     pub async fn ping(&self) -> Result<(), Error> {
-        self.inner.backend.ping().await
+        self.inner
+            .backend
+            .ping(&Deadline::after(self.inner.timeout))
+            .await
     }
 
     /// The decision a request of `cost` from `key` would get now, with
@@ -357,16 +361,17 @@ impl Limiter {
     /// # }).unwrap();
     /// ```
     pub async fn inspect(&self, quota: &Quota, key: &str, cost: u64) -> Result<Decision, Error> {
+        let deadline = Deadline::after(self.inner.timeout);
         if cost > quota.capacity() {
             // Never admittable: the key's figures, with no wait that helps.
-            let state = self.inner.backend.peek(quota, key, 0).await?;
+            let state = self.inner.backend.peek(quota, key, 0, &deadline).await?;
             return Ok(Decision {
                 allowed: false,
                 retry_after: Duration::MAX,
                 ..state
             });
         }
-        self.inner.backend.peek(quota, key, cost).await
+        self.inner.backend.peek(quota, key, cost, &deadline).await
     }
 
     /// Gives `key` its whole quota back, under any quota: deletes its state
@@ -380,7 +385,10 @@ impl Limiter {
         // longer counts. And again after it, for a lease a check in flight
         // took before the reset landed.
         self.inner.leases.remove(key);
-        self.inner.backend.reset(key).await?;
+        self.inner
+            .backend
+            .reset(key, &Deadline::after(self.inner.timeout))
+            .await?;
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget(key);
         }

@@ -17,6 +17,7 @@ use super::request::{Admitted, Decisions, Request};
 use super::round_trip::Answer;
 use super::{answered_in_process, Limiter};
 use crate::backend::memory::MemoryBackend;
+use crate::backend::Deadline;
 use crate::decision::{Decision, Via};
 use crate::denial::{DenialCause, RateLimited};
 use crate::error::{Error, ErrorKind};
@@ -251,7 +252,8 @@ impl Limiter {
         // wait, the breaker's timeout): boxed, it is not carried by every
         // future that holds a check, nor copied with it, and the memory
         // backend's checks, which never make it, stay small.
-        let round_trip = Box::pin(self.round_trip(requests));
+        let deadline = Deadline::after(self.inner.timeout);
+        let round_trip = Box::pin(self.round_trip(requests, &deadline));
         // Only a subscriber that records debug spans pays for one: a denial
         // answered in process takes well under a microsecond.
         let answer = if tracing::enabled!(tracing::Level::DEBUG) {

@@ -4,6 +4,7 @@
 use super::request::{Admitted, OwnedAdmitted};
 use super::{answered_in_process, Limiter};
 use crate::algorithm::Refund;
+use crate::backend::Deadline;
 use crate::decision::Decision;
 use crate::decision::Via;
 use crate::error::Error;
@@ -102,10 +103,11 @@ impl Limiter {
             return Ok(());
         }
         let backend = &self.inner.backend;
+        let deadline = Deadline::after(self.inner.timeout);
         let result = if backend.can_fail() {
-            self.guarded(backend.refund(&remote)).await
+            self.guarded(backend.refund(&remote, &deadline)).await
         } else {
-            let result = backend.refund(&remote).await;
+            let result = backend.refund(&remote, &deadline).await;
             answered_in_process().await;
             result
         };

@@ -10,6 +10,7 @@
 use super::request::{Decisions, Request};
 use super::{answered_in_process, Limiter};
 use crate::backend::memory::MemoryBackend;
+use crate::backend::Deadline;
 use crate::decision::{Decision, Via};
 use crate::deny_cache::Consulted;
 use crate::error::Error;
@@ -63,14 +64,20 @@ impl Answer {
 impl Limiter {
     /// The answer to `requests` (distinct keys, each cost within its
     /// capacity), all or nothing.
-    pub(super) async fn round_trip(&self, requests: &[Request<'_>]) -> Result<Answer, Error> {
+    pub(super) async fn round_trip(
+        &self,
+        requests: &[Request<'_>],
+        deadline: &Deadline,
+    ) -> Result<Answer, Error> {
         match requests {
-            [one] if self.leases(one) => self.decide_leased(one).await.map(Answer::of_one),
+            [one] if self.leases(one) => {
+                self.decide_leased(one, deadline).await.map(Answer::of_one)
+            }
             [one] => self
-                .decide_one(one.quota, one.key, one.cost, true)
+                .decide_one(one.quota, one.key, one.cost, true, deadline)
                 .await
                 .map(Answer::of_one),
-            _ => self.decide_all(requests).await,
+            _ => self.decide_all(requests, deadline).await,
         }
     }
 
@@ -99,19 +106,19 @@ impl Limiter {
         key: &str,
         cost: u64,
         answer: bool,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         let backend = &self.inner.backend;
         self.inner.leases.forget_other_quota(quota, key);
         let clock = &*self.inner.cache_clock;
         let Some(cache) = &self.inner.deny_cache else {
             let asked = clock.now_micros();
-            let result = self.guarded(backend.decide(quota, key, cost)).await;
+            let result = self
+                .guarded(backend.decide(quota, key, cost, deadline))
+                .await;
             return result.map(|decision| decision.asked_at(asked));
         };
-        let probe = match cache
-            .consult(quota, key, cost, clock, self.inner.timeout)
-            .await
-        {
+        let probe = match cache.consult(quota, key, cost, clock, deadline).await {
             Consulted::Denied(cached) => {
                 if answer {
                     self.inner.stats.cache_hit();
@@ -126,7 +133,9 @@ impl Limiter {
         // both (see `deny_cache`).
         let asked_at = clock.now_micros();
         let asked = cache.asked(key, asked_at);
-        let result = self.guarded(backend.decide(quota, key, cost)).await;
+        let result = self
+            .guarded(backend.decide(quota, key, cost, deadline))
+            .await;
         let now = clock.now_micros();
         cache.record(quota, key, cost, asked, now, &result, probe);
         result.map(|decision| decision.asked_at(asked_at))
@@ -135,7 +144,11 @@ impl Limiter {
     /// Serves the request from a live lease, or leases up to its `lease`
     /// tokens from the backend (falling back to its cost alone when that
     /// many are not there).
-    async fn decide_leased(&self, request: &Request<'_>) -> Result<Decision, Error> {
+    async fn decide_leased(
+        &self,
+        request: &Request<'_>,
+        deadline: &Deadline,
+    ) -> Result<Decision, Error> {
         let Request {
             quota, key, cost, ..
         } = *request;
@@ -150,7 +163,9 @@ impl Limiter {
             });
         }
         let lease = request.lease.min(quota.capacity()).max(cost);
-        let decision = self.decide_one(quota, key, lease, lease == cost).await?;
+        let decision = self
+            .decide_one(quota, key, lease, lease == cost, deadline)
+            .await?;
         if decision.allowed {
             // Cut so the lease never serves a token the algorithm could not
             // have admitted when it was counted (see `lease`): `now` is read
@@ -183,14 +198,18 @@ impl Limiter {
         if lease == cost {
             return Ok(decision);
         }
-        self.decide_one(quota, key, cost, true).await
+        self.decide_one(quota, key, cost, true, deadline).await
     }
 
     /// Several keys at one instant, all or nothing. A key whose denial the
     /// deny cache knows denies the check with no backend call: the check
     /// could not be admitted before that denial ends, whatever the others
     /// hold.
-    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Answer, Error> {
+    async fn decide_all(
+        &self,
+        requests: &[Request<'_>],
+        deadline: &Deadline,
+    ) -> Result<Answer, Error> {
         let batch: Vec<(&Quota, &str, u64)> =
             requests.iter().map(|r| (r.quota, r.key, r.cost)).collect();
         let backend = &self.inner.backend;
@@ -218,7 +237,7 @@ impl Limiter {
                 .map(|r| cache.asked(r.key, asked_at))
                 .collect()
         });
-        let mut decisions = self.guarded(backend.decide_all(&batch)).await?;
+        let mut decisions = self.guarded(backend.decide_all(&batch, deadline)).await?;
         for decision in &mut decisions {
             *decision = decision.asked_at(asked_at);
         }

@@ -49,6 +49,7 @@ use super::redis::{
     MAX_QUEUED, PING_KEY, PING_QUOTA,
 };
 use crate::algorithm::Refund;
+use crate::backend::Deadline;
 use crate::breaker::{Breaker, BreakerConfig, CircuitState};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -109,7 +110,7 @@ impl Connected {
 
 /// The dimensions a check across slots has admitted so far: given back by
 /// a task of their own if the check is dropped before it settles them (its
-/// caller gave up between two dimensions). The dimension being decided when
+/// caller gave up between two dimensions, or its deadline passed). The dimension being decided when
 /// the check was dropped may still be applied by its master, as any call
 /// already sent is: a check cut short takes at most that one dimension's
 /// cost.
@@ -145,16 +146,21 @@ impl Admission {
     }
 }
 
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
+impl Taken<'_> {
+    /// Gives back what the dimensions taken so far admitted (as much as
+    /// each bucket still holds), on a task of its own, so that a refund on
+    /// its way goes on whoever stops waiting for it: it is neither cut short
+    /// nor sent twice. The task, unless there is nothing to give back, or no
+    /// connection or runtime to give it on.
+    fn give_back(&mut self) -> Option<tokio::task::JoinHandle<()>> {
         if self.admitted.is_empty() {
-            return;
+            return None;
         }
         let (Some(connection), Ok(runtime)) = (
             self.backend.live_connection(),
             tokio::runtime::Handle::try_current(),
         ) else {
-            return;
+            return None;
         };
         let (timeout, functions, direct) = (
             self.backend.timeout,
@@ -165,7 +171,7 @@ impl Drop for Taken<'_> {
             .into_iter()
             .filter_map(|taken| taken.refund(self.backend))
             .collect();
-        runtime.spawn(async move {
+        Some(runtime.spawn(async move {
             for (key, call) in refunds {
                 let invocation = super::redis::invocation("refund", [(&key, call)]);
                 let given = calls::call_routed(
@@ -177,10 +183,16 @@ impl Drop for Taken<'_> {
                     &|| true,
                 );
                 if let Err(error) = given.await {
-                    tracing::warn!(%key, %error, "could not give back a dropped multi-dimension check's tokens");
+                    tracing::warn!(%key, %error, "could not give back a multi-dimension check's tokens");
                 }
             }
-        });
+        }))
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 
@@ -545,10 +557,12 @@ impl ClusterBackend {
         result
     }
 
-    /// All or nothing over keys that may live on different slots.
+    /// All or nothing over keys that may live on different slots, within
+    /// `deadline`.
     pub(crate) async fn decide_all(
         &self,
         requests: &[(&Quota, &str, u64)],
+        deadline: &Deadline,
     ) -> Result<Vec<Decision>, Error> {
         on_a_runtime()?;
         let now = self.now();
@@ -562,20 +576,22 @@ impl ClusterBackend {
             .collect();
         let first_slot = keys.first().map(|k| slot(k.as_bytes()));
         if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
-            let routing = self.routing().await;
-            let node = routing
-                .as_ref()
-                .and_then(|r| r.node(&keys[0]))
-                .map_or("", |(node, _)| node);
-            let reply = self
-                .guarded(node, self.call(node, "all", &keys, &calls))
-                .await?;
+            let call = async {
+                let routing = self.routing().await;
+                let node = routing
+                    .as_ref()
+                    .and_then(|r| r.node(&keys[0]))
+                    .map_or("", |(node, _)| node);
+                self.guarded(node, self.call(node, "all", &keys, &calls))
+                    .await
+            };
+            let reply = deadline.bound(call).await?;
             return decode_all(&reply, requests, &calls, &keys);
         }
         // Across slots: consume in order; on a denial (or a failure), give
         // back what the earlier dimensions took. They are held by `taken`
         // meanwhile, which gives them back if the check is dropped before
-        // it ends (its caller gave up).
+        // it ends (its caller gave up, or the deadline passed).
         let mut taken = Taken {
             backend: self,
             admitted: Vec::new(),
@@ -583,23 +599,18 @@ impl ClusterBackend {
         let mut decisions = Vec::with_capacity(requests.len());
         for (i, ((quota, _, cost), key)) in requests.iter().zip(&keys).enumerate() {
             // In the master's next batch, as a decision alone would be.
-            let outcome = self.decide_request(quota, key.clone(), calls[i]).await;
+            let outcome = deadline
+                .bound(self.decide_request(quota, key.clone(), calls[i]))
+                .await;
             let admitted = matches!(&outcome, Ok(d) if d.allowed);
             if !admitted {
-                // Taken off before each is sent: a refund cut short by a
-                // drop is lost (which under-admits), never sent twice.
-                while let Some(admission) = taken.admitted.pop() {
-                    let Some((key, call)) = admission.refund(self) else {
-                        continue;
-                    };
-                    // A refund that fails leaves the dimension consumed:
-                    // it under-admits, never over-admits.
-                    if let Err(error) = self
-                        .call("", "refund", std::slice::from_ref(&key), &[call])
-                        .await
-                    {
-                        tracing::warn!(%key, %error, "could not give back a multi-dimension check's tokens");
-                    }
+                // Awaited within the deadline, so that a denial found in
+                // time is answered as one, and a caller told of it finds
+                // the tokens given back (unless the deadline passed first).
+                if let Some(refunds) = taken.give_back() {
+                    let _ = deadline
+                        .bound(async { refunds.await.map_err(|_| NO_RUNTIME) })
+                        .await;
                 }
             }
             let decision = outcome?;
