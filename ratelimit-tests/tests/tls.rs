@@ -1,13 +1,17 @@
 //! `rediss://` against private TLS-only redis-server processes, with a CA,
-//! server and client certificates made by the test.
+//! server and client certificates made by the test: standalone, Cluster, and
+//! Sentinels with their master and replica.
 
 mod support;
 
 use support::Decide;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ratelimit::{Error, Limiter, Quota, RedisRuleSource, Request, TlsConfig};
+use support::{
+    master_port, sentinel_command, sentinel_set_with, wait_for, SENTINEL_MASTER as MASTER,
+};
 use support::{RedisServer, TlsFiles};
 
 fn trusting(files: &TlsFiles) -> TlsConfig {
@@ -141,5 +145,82 @@ async fn a_tls_redis_cluster_decides_and_checks_all_or_nothing_across_slots() {
     assert_eq!(
         fresh.remaining, 2,
         "the denied check gave back what it took"
+    );
+}
+
+/// Sentinels and a master that serve TLS only, with a private CA: the
+/// limiter and the rule source find the master through the Sentinels over
+/// TLS and decide on it, and a switchover moves the decisions to the new
+/// master. Without the CA, the certificate is named, not a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_over_tls_name_the_master_and_a_switchover_is_followed() {
+    use ratelimit::ErrorKind;
+    let files = TlsFiles::generate();
+    let (master, replica, sentinels) = sentinel_set_with(&[], &[], Some(&files));
+    let urls: Vec<String> = sentinels.iter().map(|s| s.url()).collect();
+    assert!(
+        urls.iter().all(|url| url.starts_with("rediss://")),
+        "{urls:?}"
+    );
+    let trusting = TlsConfig::new().root_certificate(files.read("ca.pem"));
+    let limiter = Limiter::builder()
+        .sentinel(MASTER, urls.clone())
+        .tls(trusting.clone())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    limiter.ping().await.unwrap();
+    let quota = Quota::per_hour(3).unwrap();
+    let decided = limiter.decide(&quota, "tls:before", 1).await.unwrap();
+    assert!(decided.allowed && !decided.fallback, "{decided:?}");
+    assert!(
+        master.script_calls().await > 0,
+        "the TLS master decided nothing"
+    );
+    let source = RedisRuleSource::sentinel(MASTER, urls.clone())
+        .tls(trusting)
+        .start(&limiter)
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), source.ready())
+        .await
+        .expect("the rule source reads the master the Sentinels name over TLS");
+
+    sentinel_command(&sentinels[0], &["failover", MASTER]);
+    wait_for("the switch", Duration::from_secs(20), || {
+        master_port(&sentinels[0]) == Some(replica.port())
+    });
+    let switched = Instant::now();
+    loop {
+        let decided = limiter.decide(&quota, "tls:after", 1).await;
+        if replica.script_calls().await > 0 {
+            let decided = decided.unwrap();
+            assert!(decided.allowed && !decided.fallback, "{decided:?}");
+            break;
+        }
+        assert!(
+            switched.elapsed() < Duration::from_secs(10),
+            "decisions did not move to the new master: {decided:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let untrusting = Limiter::builder()
+        .sentinel(MASTER, urls)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let refused = untrusting
+        .ping()
+        .await
+        .expect_err("a certificate no CA given signed");
+    let text = refused.to_string().to_lowercase();
+    assert!(
+        !matches!(refused, Error::Timeout(_)) && refused.kind() == ErrorKind::Tls,
+        "{:?}: {refused}",
+        refused.kind()
+    );
+    assert!(
+        text.contains("certificate") || text.contains("issuer"),
+        "the error must say the certificate was not trusted: {refused}"
     );
 }

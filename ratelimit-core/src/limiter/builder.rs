@@ -102,10 +102,11 @@ impl LimiterBuilder {
     /// call the Sentinels are asked again (at most every 100 ms) where the
     /// master is, so a failover is followed within about the Sentinels' own
     /// `down-after-milliseconds` plus their election; meanwhile the failure
-    /// policy answers. The master's connections take the first URL's user,
-    /// password and database. TLS is not supported with Sentinel:
-    /// `rediss://` Sentinel URLs, or [`tls`](Self::tls), are refused at
-    /// [`build`](Self::build) with [`ConfigError::Unsupported`](crate::ConfigError::Unsupported).
+    /// policy answers. The Sentinels and the master are reached with the
+    /// URLs' user and password (the same in every URL), the master on the
+    /// first URL's database. With `rediss://` Sentinel URLs (all of them,
+    /// and the `tls` feature), the Sentinels and the master are reached over
+    /// TLS, trusting the certificates given to [`tls`](Self::tls).
     ///
     /// ```
     /// use ratelimit_core::{ConfigError, Error, Limiter};
@@ -115,10 +116,10 @@ impl LimiterBuilder {
     ///     .build()?; // connects on the first decision
     /// assert_eq!(limiter.backend_name(), "redis");
     ///
-    /// let over_tls = Limiter::builder()
-    ///     .sentinel("mymaster", ["rediss://10.0.0.1:26379"])
+    /// let half_tls = Limiter::builder()
+    ///     .sentinel("mymaster", ["rediss://10.0.0.1:26379", "redis://10.0.0.2:26379"])
     ///     .build();
-    /// assert!(matches!(over_tls, Err(Error::Config(ConfigError::Unsupported { .. }))));
+    /// assert!(matches!(half_tls, Err(Error::Config(ConfigError::Unsupported { .. }))));
     /// # Ok::<(), ratelimit_core::Error>(())
     /// ```
     pub fn sentinel<I, S>(mut self, master: impl Into<String>, sentinels: I) -> Self
@@ -146,9 +147,8 @@ impl LimiterBuilder {
         self
     }
 
-    /// Certificates for a `rediss://` URL (standalone or cluster, not
-    /// Sentinel): a private
-    /// CA to trust, a client certificate for mutual TLS. Without them a
+    /// Certificates for `rediss://` URLs (standalone, Sentinel, cluster): a
+    /// private CA to trust, a client certificate for mutual TLS. Without them a
     /// `rediss://` URL trusts the platform's roots. See [`TlsConfig`](crate::TlsConfig).
     pub fn tls(mut self, tls: crate::tls::TlsConfig) -> Self {
         self.tls = tls;

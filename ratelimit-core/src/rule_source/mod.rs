@@ -445,31 +445,42 @@ pub enum PublishError {
 mod tests {
     use super::*;
 
-    /// TLS with Sentinel is refused, for the limiter and the rule source
-    /// alike: the master's connections would not use it.
+    /// Sentinel URLs are reached all over TLS or none, for the limiter and
+    /// the rule source alike: half of them over TLS, or certificates for
+    /// plain URLs, are refused when built; all of them over TLS build.
     #[test]
-    fn sentinel_over_tls_is_refused_when_built() {
+    fn sentinel_urls_are_all_over_tls_or_none() {
         let ca = crate::TlsConfig::new().root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec());
-        let limiters = [
-            Limiter::builder()
-                .sentinel("main", ["rediss://127.0.0.1:26379"])
-                .build(),
-            Limiter::builder()
-                .sentinel("main", ["redis://127.0.0.1:26379"])
-                .tls(ca.clone())
-                .build(),
-        ];
-        for built in limiters {
-            assert!(
-                matches!(built, Err(Error::Config(ConfigError::Unsupported { .. }))),
-                "{built:?}"
-            );
-        }
-        let rules = RedisRuleSource::sentinel("main", ["rediss://127.0.0.1:26379"]);
+        let half = ["rediss://127.0.0.1:26379", "redis://127.0.0.1:26380"];
         assert!(matches!(
-            rules.endpoint(),
+            Limiter::builder().sentinel("main", half).build(),
             Err(Error::Config(ConfigError::Unsupported { .. }))
         ));
+        assert!(matches!(
+            RedisRuleSource::sentinel("main", half).endpoint(),
+            Err(Error::Config(ConfigError::Unsupported { .. }))
+        ));
+        assert!(matches!(
+            Limiter::builder()
+                .sentinel("main", ["redis://127.0.0.1:26379"])
+                .tls(ca)
+                .build(),
+            Err(Error::Config(ConfigError::TlsWithoutRediss { .. }))
+        ));
+        let all = ["rediss://127.0.0.1:26379", "rediss://127.0.0.1:26380"];
+        assert!(Limiter::builder().sentinel("main", all).build().is_ok());
+        assert!(RedisRuleSource::sentinel("main", all).endpoint().is_ok());
+    }
+
+    /// The Sentinels and the master share one user and password.
+    #[test]
+    fn sentinel_urls_with_different_passwords_are_refused() {
+        let urls = ["redis://:a@127.0.0.1:26379", "redis://:b@127.0.0.1:26380"];
+        let built = Limiter::builder().sentinel("main", urls).build();
+        let Err(Error::Config(refused @ ConfigError::Unsupported { .. })) = built else {
+            panic!("{built:?}");
+        };
+        assert!(!refused.to_string().contains(":a@"), "{refused}");
     }
 
     #[test]

@@ -39,8 +39,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     binary: PathBuf,
     extra: Vec<String>,
-    /// Serves TLS only, on `port`.
-    tls: bool,
+    /// Serves TLS only, on `port`, with a certificate this CA (PEM) signed.
+    tls: Option<Vec<u8>>,
     /// A Sentinel's configuration file (the server runs `--sentinel`).
     sentinel_config: Option<PathBuf>,
 }
@@ -65,7 +65,7 @@ impl RedisServer {
                 dir,
                 binary: binary.clone(),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
-                tls: false,
+                tls: None,
                 sentinel_config: None,
             };
             if server.spawn() {
@@ -115,7 +115,7 @@ impl RedisServer {
                 .into_iter()
                 .chain(more.iter().map(|s| s.to_string()))
                 .collect(),
-                tls: true,
+                tls: Some(certificates.read("ca.pem")),
                 sentinel_config: None,
             };
             if server.spawn() {
@@ -132,28 +132,50 @@ impl RedisServer {
     /// A Sentinel watching the master `name` at 127.0.0.1:`master_port`,
     /// with a quorum of 2, calling it down after 1 s without an answer.
     pub fn start_sentinel(name: &str, master_port: u16) -> Self {
+        Self::start_sentinel_with(name, master_port, None)
+    }
+
+    /// [`start_sentinel`](Self::start_sentinel), serving TLS only with
+    /// `tls`'s server certificate and reaching the master, its replicas and
+    /// the other Sentinels over TLS (`tls-replication yes`) when given.
+    pub fn start_sentinel_with(name: &str, master_port: u16, tls: Option<&TlsFiles>) -> Self {
         let binary = redis_server_binary();
         let mut last_log = String::new();
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("create a temp dir for a sentinel");
             let config = dir.path().join("sentinel.conf");
-            std::fs::write(
-                &config,
-                format!(
-                    "sentinel monitor {name} 127.0.0.1 {master_port} 2\n\
-                     sentinel down-after-milliseconds {name} 1000\n\
-                     sentinel failover-timeout {name} 3000\n\
-                     sentinel parallel-syncs {name} 1\n"
-                ),
-            )
-            .expect("write the sentinel's configuration");
+            let port = free_port();
+            let mut text = format!(
+                "sentinel monitor {name} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 3000\n\
+                 sentinel parallel-syncs {name} 1\n"
+            );
+            let mut extra = Vec::new();
+            if let Some(files) = tls {
+                text.push_str(&format!(
+                    "tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                     tls-auth-clients no\ntls-replication yes\n",
+                    files.path("server.pem"),
+                    files.path("server.key"),
+                    files.path("ca.pem"),
+                ));
+                // After the `--port` every server is given.
+                extra = vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    port.to_string(),
+                ];
+            }
+            std::fs::write(&config, text).expect("write the sentinel's configuration");
             let mut server = RedisServer {
                 child: None,
-                port: free_port(),
+                port,
                 dir,
                 binary: binary.clone(),
-                extra: Vec::new(),
-                tls: false,
+                extra,
+                tls: tls.map(|files| files.read("ca.pem")),
                 sentinel_config: Some(config),
             };
             if server.spawn() {
@@ -367,11 +389,13 @@ impl RedisServer {
                     return false;
                 }
             }
-            if self.tls {
+            if self.tls.is_some() {
                 // No plaintext PING on a TLS port: the server says when it
                 // is ready in its log.
+                // (a Sentinel, when it starts monitoring).
+                let log = self.log();
                 if TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-                    && self.log().contains("Ready to accept connections")
+                    && (log.contains("Ready to accept connections") || log.contains("+monitor"))
                 {
                     return true;
                 }
@@ -397,13 +421,27 @@ impl RedisServer {
 
     /// `redis://127.0.0.1:<port>` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// A plain client for inspecting the server from the test.
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("client for the private redis-server")
+        match &self.tls {
+            Some(ca) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+            None => redis::Client::open(self.url()),
+        }
+        .expect("client for the private redis-server")
     }
 
     /// A connection for inspecting the server from the test.
@@ -629,7 +667,7 @@ impl RedisCluster {
     }
 
     fn info(&self, node: &RedisServer, what: &str) -> String {
-        if node.tls {
+        if node.tls.is_some() {
             let cli = std::env::var_os("RATELIMIT_REDIS_CLI")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("redis-cli"));
@@ -1170,4 +1208,88 @@ pub async fn config_set(
         .query_async(connection)
         .await
         .expect("CONFIG SET");
+}
+
+/// The name Sentinels of a test give their master.
+pub const SENTINEL_MASTER: &str = "rl-master";
+const MASTER: &str = SENTINEL_MASTER;
+
+/// `SENTINEL <args>` asked of `sentinel`; nil when it cannot answer.
+pub fn sentinel_command(sentinel: &RedisServer, args: &[&str]) -> redis::Value {
+    let mut connection = sentinel
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .expect("connect to a sentinel");
+    let mut cmd = redis::cmd("SENTINEL");
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut connection).unwrap_or(redis::Value::Nil)
+}
+
+/// The master's port as the Sentinels report it.
+pub fn master_port(sentinel: &RedisServer) -> Option<u16> {
+    match sentinel_command(sentinel, &["get-master-addr-by-name", MASTER]) {
+        redis::Value::Array(parts) => match parts.get(1) {
+            Some(redis::Value::BulkString(port)) => std::str::from_utf8(port).ok()?.parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+pub fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < within,
+            "{what} did not happen within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+/// A master, its replica and three Sentinels that know both and each other.
+pub fn sentinel_set() -> (RedisServer, RedisServer, Vec<RedisServer>) {
+    sentinel_set_with(&[], &[], None)
+}
+
+/// A master started with `on_master` arguments, its replica started with
+/// `on_replica`, and three Sentinels watching them; all of them serving TLS
+/// only, and replicating over it, with `tls`'s certificates when given.
+pub fn sentinel_set_with(
+    on_master: &[&str],
+    on_replica: &[&str],
+    tls: Option<&TlsFiles>,
+) -> (RedisServer, RedisServer, Vec<RedisServer>) {
+    let start = |args: &[&str]| match tls {
+        Some(files) => RedisServer::start_tls_with(files, false, args),
+        None => RedisServer::start_with(args),
+    };
+    let master = start(on_master);
+    let master_port = master.port().to_string();
+    let mut replica_args = vec!["--replicaof", "127.0.0.1", master_port.as_str()];
+    if tls.is_some() {
+        replica_args.extend_from_slice(&["--tls-replication", "yes"]);
+    }
+    replica_args.extend_from_slice(on_replica);
+    let replica = start(&replica_args);
+    let sentinels: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_sentinel_with(MASTER, master.port(), tls))
+        .collect();
+    // The Sentinels learn of the replica and of each other from the master.
+    wait_for(
+        "the Sentinels' discovery of the replica",
+        Duration::from_secs(20),
+        || {
+            sentinels.iter().all(|s| {
+            matches!(sentinel_command(s, &["replicas", MASTER]), redis::Value::Array(r) if !r.is_empty())
+        }) && matches!(
+            sentinel_command(&sentinels[0], &["sentinels", MASTER]),
+            redis::Value::Array(others) if others.len() == 2
+        )
+        },
+    );
+    (master, replica, sentinels)
 }

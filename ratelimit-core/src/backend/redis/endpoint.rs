@@ -145,33 +145,25 @@ pub(crate) enum Endpoint {
     Fixed(redis::Client),
     Sentinel {
         client: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
-        /// The master's name, and the Sentinels, whose `+switch-master`
-        /// announcements a watcher follows.
+        /// The master's name, and a client of each Sentinel, whose
+        /// `+switch-master` announcements a watcher follows.
         master: String,
-        sentinels: Vec<redis::ConnectionInfo>,
+        sentinels: Vec<redis::Client>,
     },
 }
 
 impl Endpoint {
     /// The endpoint for `sentinels` (their URLs), serving `master`. The
-    /// master's connections take the first URL's user, password and
-    /// database. TLS is refused: the master's connections would not use it
-    /// (sending the password in clear to a master reached over TLS), and
-    /// the certificates given would not reach the Sentinels.
+    /// Sentinels and the master are reached with the URLs' user and
+    /// password (the same in every URL), the master on the first URL's
+    /// database; over TLS when the URLs are `rediss://` (all of them), with
+    /// `tls`'s certificates for both.
     pub(crate) fn sentinel(
         master: &str,
         sentinels: &[String],
         tls: &crate::tls::TlsConfig,
     ) -> Result<Self, Error> {
-        if tls.is_set() || sentinels.iter().any(|url| url.starts_with("rediss://")) {
-            return Err(ConfigError::Unsupported {
-                what: "TLS with Redis Sentinel (`rediss://` Sentinel URLs, or `tls`)",
-                instead: "reach the Sentinels and the master on a private network with \
-                          `redis://` URLs, or name the master itself with \
-                          `redis(\"rediss://...\")`",
-            }
-            .into());
-        }
+        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
         use redis::IntoConnectionInfo as _;
         let invalid = |source| {
             Error::from(ConfigError::InvalidUrl {
@@ -188,27 +180,100 @@ impl Endpoint {
             }
             .into());
         }
+        let rediss = sentinels
+            .iter()
+            .filter(|url| url.starts_with("rediss://"))
+            .count();
+        if rediss != 0 && rediss != sentinels.len() {
+            return Err(ConfigError::Unsupported {
+                what: "Redis Sentinel URLs mixing `redis://` and `rediss://`",
+                instead: "reach every Sentinel the same way: `rediss://` for all of them when \
+                          they serve TLS (the master is then reached over TLS too)",
+            }
+            .into());
+        }
+        let secure = uses_tls(rediss != 0, tls, "Redis Sentinel URLs")?;
         let infos = sentinels
             .iter()
             .map(|url| url.as_str().into_connection_info())
             .collect::<Result<Vec<_>, _>>()
             .map_err(invalid)?;
-        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(infos[0].redis_settings().clone());
-        // redis-rs takes a `String` without its TLS feature and any
-        // `AsRef<str>` with it: an owned name suits both.
-        #[allow(clippy::unnecessary_to_owned)]
-        let client = redis::sentinel::SentinelClient::build(
-            infos.clone(),
-            master.to_owned(),
-            Some(node),
-            redis::sentinel::SentinelServerType::Master,
+        let settings = infos[0].redis_settings();
+        fn credentials(info: &redis::ConnectionInfo) -> (Option<&str>, Option<&str>) {
+            let settings = info.redis_settings();
+            (settings.username(), settings.password())
+        }
+        if infos
+            .iter()
+            .any(|info| credentials(info) != credentials(&infos[0]))
+        {
+            return Err(ConfigError::Unsupported {
+                what: "Redis Sentinel URLs with different users or passwords",
+                instead: "give every Sentinel URL the same user and password (the master's \
+                          connections take them too)",
+            }
+            .into());
+        }
+        // A Sentinel has no database but 0.
+        let mut on_sentinels =
+            redis::RedisConnectionInfo::default().set_protocol(settings.protocol());
+        let mut builder = SentinelClientBuilder::new(
+            infos.iter().map(|info| info.addr().clone()),
+            master,
+            SentinelServerType::Master,
         )
-        .map_err(invalid)?;
+        .map_err(invalid)?
+        .set_client_to_redis_db(settings.db())
+        .set_client_to_redis_protocol(settings.protocol())
+        .set_client_to_sentinel_protocol(settings.protocol());
+        if let Some(username) = settings.username() {
+            builder = builder
+                .set_client_to_redis_username(username)
+                .set_client_to_sentinel_username(username);
+            on_sentinels = on_sentinels.set_username(username);
+        }
+        if let Some(password) = settings.password() {
+            builder = builder
+                .set_client_to_redis_password(password)
+                .set_client_to_sentinel_password(password);
+            on_sentinels = on_sentinels.set_password(password);
+        }
+        if secure {
+            // As the Sentinels are: `rediss://...#insecure` skips the
+            // master's certificate check too.
+            let insecure = matches!(
+                infos[0].addr(),
+                redis::ConnectionAddr::TcpTls { insecure: true, .. }
+            );
+            builder = builder.set_client_to_redis_tls_mode(if insecure {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            });
+            #[cfg(feature = "tls")]
+            if tls.is_set() {
+                builder = builder
+                    .set_client_to_redis_certificates(tls.certificates())
+                    .set_client_to_sentinel_certificates(tls.certificates());
+            }
+        }
+        let client = builder.build().map_err(invalid)?;
+        let watched = infos
+            .into_iter()
+            .map(|info| {
+                let info = info.set_redis_settings(on_sentinels.clone());
+                #[cfg(feature = "tls")]
+                if secure && tls.is_set() {
+                    return redis::Client::build_with_tls(info, tls.certificates());
+                }
+                redis::Client::open(info)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
         Ok(Endpoint::Sentinel {
             client: tokio::sync::Mutex::new(client),
             master: master.to_owned(),
-            sentinels: infos,
+            sentinels: watched,
         })
     }
 

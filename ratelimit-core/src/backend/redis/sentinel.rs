@@ -17,7 +17,7 @@ const MAX_WATCH_WAIT: Duration = Duration::from_secs(5);
 /// while none was held), bumps `switches`; lanes made before then ask the
 /// Sentinels again. Ends once the backend is gone.
 pub(super) async fn watch_switches(
-    sentinels: Vec<redis::ConnectionInfo>,
+    sentinels: Vec<redis::Client>,
     master: String,
     switches: std::sync::Weak<AtomicU64>,
     timeout: Duration,
@@ -33,10 +33,7 @@ pub(super) async fn watch_switches(
     let mut wait = RESOLVE_EVERY;
     loop {
         let mut reached = false;
-        for sentinel in &sentinels {
-            let Ok(client) = redis::Client::open(sentinel.clone()) else {
-                continue;
-            };
+        for client in &sentinels {
             let Ok(Ok(pubsub)) = tokio::time::timeout(timeout, client.get_async_pubsub()).await
             else {
                 continue;
