@@ -312,3 +312,60 @@ async fn refused_keys_do_not_open_the_breaker_for_the_others() {
     let admitted = admitted.unwrap_or_else(|denied| panic!("{denied:?}"));
     assert!(!admitted.decisions()[0].fallback);
 }
+
+/// A user the guide's line is given without its channel (`&ratelimit:...`)
+/// still gets the rules, at the periodic reads, and the source says which
+/// permission is missing, rather than reconnecting forever unready. (On
+/// one thread: the source's task logs where the test listens.)
+#[tokio::test]
+async fn a_user_without_the_channel_reads_the_rules_on_the_timer_and_is_told_why() {
+    let server = RedisServer::start();
+    set_up_user_without(&server, &["&ratelimit:rules:changed"]).await;
+    let url = as_user(&server, PASSWORD);
+    let mut admin = server.connection().await;
+    let _: () = redis::cmd("HSET")
+        .arg("ratelimit:rules")
+        .arg("checkout")
+        .arg("capacity=7 rate=1/s")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let limiter = Limiter::memory();
+    let (source, logs) = support::logged(async {
+        let source = RedisRuleSource::builder(url.clone())
+            .reload_every(Duration::from_millis(200))
+            .start(&limiter)
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), source.ready())
+            .await
+            .expect("the rules were never read");
+        source
+    })
+    .await;
+    assert!(source.is_ready());
+    assert_eq!(
+        limiter.rules().get("checkout").map(|q| q.capacity()),
+        Some(7)
+    );
+    assert!(
+        logs.contains("may not subscribe to its channel")
+            && logs.contains("channel=ratelimit:rules:changed"),
+        "the missing permission is not named: {logs}"
+    );
+    // A change made with no message reaches it at the next read.
+    let _: () = redis::cmd("HSET")
+        .arg("ratelimit:rules")
+        .arg("checkout")
+        .arg("capacity=9 rate=1/s")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let changed = std::time::Instant::now();
+    while limiter.rules().get("checkout").map(|q| q.capacity()) != Some(9) {
+        assert!(
+            changed.elapsed() < Duration::from_secs(5),
+            "the change never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1728,3 +1728,56 @@ async fn a_check_across_slow_masters_ends_at_its_timeout(module: bool) {
 }
 
 on_both_paths!(multi_thread: a_check_across_slow_masters_ends_at_its_timeout);
+
+/// The rule source on a Redis Cluster: pointed at any node, it reads the
+/// hash on the master of its slot and follows the messages (which reach
+/// every node); a rule published or removed through any node reaches every
+/// instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_sources_on_any_node_of_a_cluster_follow_the_rules() {
+    use ratelimit::RedisRuleSource;
+    let cluster = start(3, 0, false);
+    let urls: Vec<String> = cluster
+        .masters()
+        .iter()
+        .map(|&m| cluster.nodes[m].url())
+        .collect();
+    let instances: Vec<(Limiter, RedisRuleSource)> = urls
+        .iter()
+        .map(|url| {
+            let limiter = Limiter::memory();
+            let source = RedisRuleSource::builder(url.clone())
+                .start(&limiter)
+                .unwrap();
+            (limiter, source)
+        })
+        .collect();
+    for (i, (_, source)) in instances.iter().enumerate() {
+        tokio::time::timeout(Duration::from_secs(5), source.ready())
+            .await
+            .unwrap_or_else(|_| panic!("the source on {} never read the rules", urls[i]));
+    }
+    let capacity_everywhere = |capacity: Option<u64>| {
+        let instances = &instances;
+        async move {
+            let started = Instant::now();
+            while instances.iter().any(|(limiter, _)| {
+                limiter.rules().get("checkout").map(|q| q.capacity()) != capacity
+            }) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "not every instance has checkout at {capacity:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    for url in &urls {
+        RedisRuleSource::publish(url, "checkout", "capacity=7 rate=1/s")
+            .await
+            .unwrap_or_else(|e| panic!("publish through {url}: {e}"));
+    }
+    capacity_everywhere(Some(7)).await;
+    assert!(RedisRuleSource::remove(&urls[1], "checkout").await.unwrap());
+    capacity_everywhere(None).await;
+}

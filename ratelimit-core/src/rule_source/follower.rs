@@ -28,6 +28,9 @@ const MAX_MESSAGES_AT_ONCE: usize = 1_024;
 /// hash is read once instead of each rule.
 const MAX_NAMES_READ_ALONE: usize = 8;
 
+/// How often the subscription's connection is pinged.
+const ALIVE_EVERY: Duration = Duration::from_secs(1);
+
 /// The least time between two reads of the whole hash asked for by
 /// messages: a flood of `*` costs Redis ten reads a second per instance.
 const MIN_ANNOUNCED_READ_GAP: Duration = Duration::from_millis(100);
@@ -73,6 +76,13 @@ impl Lost {
                 error.is_io_error()
                     || error.is_connection_dropped()
                     || error.is_unrecoverable_error()
+                    // The hash's slot moved: to its new master.
+                    || matches!(
+                        error.kind(),
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask
+                        )
+                    )
             }
             Lost::Timeout(_) | Lost::Closed | Lost::Endpoint(_) => true,
         }
@@ -169,12 +179,25 @@ impl Follower {
             .map_err(Lost::Endpoint)?;
         let pubsub = within(timeout, client.get_async_pubsub()).await?;
         let (mut sink, mut messages) = pubsub.split();
-        within(timeout, sink.subscribe(&self.config.channel)).await?;
-        let mut connection = within(
-            timeout,
-            client.get_multiplexed_async_connection_with_config(&self.config.connection_config()),
-        )
-        .await?;
+        // A user the ACL does not allow the channel gets the rules at the
+        // periodic reads alone: a misconfiguration, said as one.
+        let subscribed = match within(timeout, sink.subscribe(&self.config.channel)).await {
+            Ok(()) => true,
+            Err(Lost::Redis(error))
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+            {
+                tracing::error!(
+                    channel = %self.config.channel,
+                    %error,
+                    every = ?self.config.reload_every,
+                    "rule source may not subscribe to its channel (grant the ACL user \
+                     `&<channel>`); changes apply at the periodic reads only"
+                );
+                false
+            }
+            Err(lost) => return Err(lost),
+        };
+        let mut connection = self.config.connect_to_hash(&client).await?;
         // Subscribed before reading: a change made in between is in the
         // read, or in a message, or both; never in neither. A refusal that
         // lasts (`WRONGTYPE`, an ACL without `HGETALL`) is logged as what
@@ -202,9 +225,14 @@ impl Follower {
             .min(Duration::from_secs(365 * 86_400));
         let mut reload = tokio::time::interval_at(Instant::now() + every, every);
         reload.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The subscription's connection can die silently (a peer gone, a
+        // NAT that forgets the flow): a ping finds out, however long the
+        // reads' period.
+        let mut alive = tokio::time::interval_at(Instant::now() + ALIVE_EVERY, ALIVE_EVERY);
+        alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             let result = tokio::select! {
-                message = messages.next() => match message {
+                message = messages.next(), if subscribed => match message {
                     Some(message) => {
                         // Every message already here is answered at once:
                         // a flood of them costs a few reads, not one each.
@@ -222,14 +250,8 @@ impl Follower {
                     }
                     None => return Err(Lost::Closed),
                 },
-                _ = reload.tick() => {
-                    // The subscription's connection can die silently; a
-                    // ping finds out.
-                    match within(timeout, sink.ping::<redis::Value>()).await {
-                        Ok(_) => self.reload(&mut connection).await,
-                        Err(lost) => Err(lost),
-                    }
-                }
+                _ = reload.tick() => self.reload(&mut connection).await,
+                _ = alive.tick() => within(timeout, sink.ping::<redis::Value>()).await.map(|_| ()),
             };
             match result {
                 Err(lost) if lost.is_connection() => return Err(lost),

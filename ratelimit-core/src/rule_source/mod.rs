@@ -75,7 +75,11 @@ pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(10);
 ///   (another type at the hash's key, an ACL user without `HGETALL`) is
 ///   logged as an error and tried again at the next periodic read, one it
 ///   refuses for a while (still loading) on the backoff; [`ready`](Self::ready)
-///   waits for the first read that succeeds. It never panics;
+///   waits for the first read that succeeds. A user not allowed the channel
+///   is told so by an error logged, and gets the rules at the periodic reads
+///   alone. It never panics;
+/// - on Redis Cluster, from any node: the hash is read on the master of its
+///   slot, and the channel followed on the node given;
 /// - messages cost Redis a read of each rule they name, and a flood of them
 ///   at most ten reads of the whole hash a second per instance: the
 ///   messages that arrive meanwhile are answered together.
@@ -386,12 +390,48 @@ impl RedisRuleSourceBuilder {
 
     async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
         let client = self.endpoint()?.client(self.timeout).await?;
+        self.connect_to_hash(&client)
+            .await
+            .map_err(Lost::into_error)
+    }
+
+    /// A connection to the node that serves the hash: on a Redis Cluster,
+    /// the master of its slot, which an `EXISTS` sent first names with
+    /// `MOVED` (messages reach every node of a cluster, so the channel is
+    /// followed on any); elsewhere, the server `client` reaches.
+    async fn connect_to_hash(
+        &self,
+        client: &redis::Client,
+    ) -> Result<redis::aio::MultiplexedConnection, Lost> {
+        let config = self.connection_config();
+        let mut connection = within(
+            self.timeout,
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await?;
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(&self.hash);
+        let asked = exists.query_async::<i64>(&mut connection);
+        let moved = match within(self.timeout, asked).await {
+            Err(Lost::Redis(error))
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) =>
+            {
+                error
+            }
+            // Any other refusal is the reads' own to report.
+            _ => return Ok(connection),
+        };
+        let Some(owner) = moved
+            .redirect_node()
+            .and_then(|(address, _)| moved_to(client, address))
+        else {
+            return Err(Lost::Redis(moved));
+        };
         within(
             self.timeout,
-            client.get_multiplexed_async_connection_with_config(&self.connection_config()),
+            owner.get_multiplexed_async_connection_with_config(&config),
         )
         .await
-        .map_err(Lost::into_error)
     }
 
     fn connection_config(&self) -> AsyncConnectionConfig {
@@ -399,6 +439,29 @@ impl RedisRuleSourceBuilder {
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout))
     }
+}
+
+/// A client of the node at `address` (`host:port`, from a `MOVED`), with
+/// `client`'s credentials and TLS settings.
+fn moved_to(client: &redis::Client, address: &str) -> Option<redis::Client> {
+    let (host, port) = address.rsplit_once(':')?;
+    let (host, port) = (host.to_owned(), port.parse().ok()?);
+    let info = client.get_connection_info().clone();
+    let addr = match info.addr().clone() {
+        redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host, port),
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure,
+            tls_params,
+        },
+        _ => return None,
+    };
+    redis::Client::open(info.set_addr(addr)).ok()
 }
 
 fn validate(name: &str, rule: &str) -> Result<Quota, PublishError> {
