@@ -1781,3 +1781,68 @@ async fn rule_sources_on_any_node_of_a_cluster_follow_the_rules() {
     assert!(RedisRuleSource::remove(&urls[1], "checkout").await.unwrap());
     capacity_everywhere(None).await;
 }
+
+/// A master that does not answer, met as the second dimension of checks
+/// across slots, opens its breaker as it would alone: later checks fail at
+/// once rather than each waiting out the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_master_behind_a_first_dimension_opens_its_breaker() {
+    let cluster = start(3, 0, false);
+    let limiter = uncached(&cluster, Duration::from_millis(200));
+    let quota = Quota::per_hour(1_000).unwrap();
+    let masters = cluster.masters();
+    let first = keys_on(&cluster, masters[0], "open").next().unwrap();
+    let second = keys_on(&cluster, masters[1], "open").next().unwrap();
+    for key in [&first, &second] {
+        assert!(limiter.decide(&quota, key, 1).await.unwrap().allowed);
+    }
+    cluster.nodes[masters[1]].freeze();
+    let mut faults = Vec::new();
+    for _ in 0..8 {
+        let check = [
+            Request::new(&quota, &first).on_error(FailurePolicy::Closed),
+            Request::new(&quota, &second).on_error(FailurePolicy::Closed),
+        ];
+        let started = Instant::now();
+        let denied = limiter.check(&check[..]).await.map(|_| ()).unwrap_err();
+        faults.push((fault(&denied), started.elapsed()));
+        if fault(&denied) == Some(ratelimit::ErrorKind::CircuitOpen) {
+            break;
+        }
+    }
+    cluster.nodes[masters[1]].thaw();
+    let (last, took) = *faults.last().unwrap();
+    assert_eq!(
+        last,
+        Some(ratelimit::ErrorKind::CircuitOpen),
+        "the breaker never opened: {faults:?}"
+    );
+    assert!(took < Duration::from_millis(150), "{faults:?}");
+}
+
+/// A refund of a check across three masters, one of which does not answer,
+/// gives the other two their tokens back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_across_masters_is_not_held_up_by_a_frozen_one() {
+    let cluster = start(3, 0, false);
+    let limiter = uncached(&cluster, Duration::from_millis(200));
+    let quota = Quota::per_hour(3).unwrap();
+    let masters = cluster.masters();
+    let keys: Vec<String> = masters
+        .iter()
+        .map(|&master| keys_on(&cluster, master, "refund").next().unwrap())
+        .collect();
+    let requests: Vec<Request> = keys.iter().map(|key| Request::new(&quota, key)).collect();
+    let admitted = limiter.check(&requests[..]).await.unwrap();
+    cluster.nodes[masters[0]].freeze();
+    let refunded = limiter.refund(admitted).await;
+    cluster.nodes[masters[0]].thaw();
+    assert!(refunded.is_err(), "the frozen master's refund did not fail");
+    for key in &keys[1..] {
+        assert_eq!(
+            limiter.inspect(&quota, key, 0).await.unwrap().remaining,
+            3,
+            "{key} did not get its token back"
+        );
+    }
+}

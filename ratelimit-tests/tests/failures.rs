@@ -430,3 +430,52 @@ async fn an_empty_check_admits_with_redis_down_and_debug_spans_on() {
     let admitted = limiter.check(none).await.expect("nothing to deny");
     assert!(admitted.decisions().is_empty() && admitted.would_deny().is_none());
 }
+
+/// On a slow network (each reply 60 ms late, the timeout 100 ms), a leased
+/// request whose lease is refused asks for its own cost within a timeout of
+/// its own: a spent key is denied, not left to the failure policy, which
+/// would admit it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_lease_on_a_slow_network_still_denies_a_spent_key() {
+    let server = RedisServer::start();
+    let relay = support::Relay::start(server.port()).await;
+    let limiter = Limiter::builder()
+        .redis(relay.url())
+        .timeout(TIMEOUT)
+        .failure_policy(FailurePolicy::Open)
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::per_minute(5).unwrap();
+    limiter
+        .check(Request::new(&quota, "slow:spent").cost(5))
+        .await
+        .unwrap();
+    // Every connection the batches take turns on is made (they connect on
+    // first use) before the network slows down.
+    for _ in 0..4 {
+        limiter
+            .check(Request::new(&quota, "slow:warm"))
+            .await
+            .unwrap();
+    }
+    relay.delay_replies(Duration::from_millis(60));
+    for attempt in 0..3 {
+        let started = Instant::now();
+        match limiter
+            .check(Request::new(&quota, "slow:spent").lease(5))
+            .await
+        {
+            Ok(admitted) => panic!(
+                "attempt {attempt}: a spent key admitted after {:?}: {:?}",
+                started.elapsed(),
+                admitted.decisions()
+            ),
+            Err(denied) => assert_eq!(
+                fault(&denied),
+                None,
+                "attempt {attempt}: denied by the failure policy: {denied:?}"
+            ),
+        }
+    }
+}

@@ -26,12 +26,16 @@ use crate::quota::Quota;
 type Remote<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
 
 /// When one operation of the limiter (a check, a refund, an inspection, a
-/// reset, a ping) must have its backend's answer: the limiter's timeout
-/// after its first wait, however many calls it makes (a lease and then the
-/// request's own cost, a wait for another caller's answer and then a call
-/// of its own, a check across Redis Cluster slots, a connection made first).
-/// Read from the clock only when a wait begins, so an answer given in
-/// process never reads it.
+/// reset) must have its backend's answer: the limiter's timeout after its
+/// first wait, however many calls it makes (a wait for another caller's
+/// answer and then a call of its own, a check across Redis Cluster slots, a
+/// refund of keys on several masters; a leased request whose lease is
+/// refused asks for its own cost within a deadline of its own, as the
+/// backend has just answered). Connections, a Sentinel's answer
+/// and a Cluster's slot map are made with timeouts of their own, not the
+/// operation's: one cut short would keep none of its progress, and the
+/// next operation would start it again. Read from the clock only when a
+/// wait begins, so an answer given in process never reads it.
 pub(crate) struct Deadline {
     timeout: Duration,
     at: OnceLock<Option<tokio::time::Instant>>,
@@ -53,9 +57,20 @@ impl Deadline {
             .get_or_init(|| tokio::time::Instant::now().checked_add(self.timeout))
     }
 
+    /// The timeout it was made with.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The error of a wait cut short by this deadline.
-    fn timed_out(&self) -> Error {
+    pub(crate) fn timed_out(&self) -> Error {
         Error::Timeout(self.timeout)
+    }
+
+    /// Whether the deadline has passed (it is set now if no wait began).
+    pub(crate) fn has_passed(&self) -> bool {
+        self.at()
+            .is_some_and(|at| at <= tokio::time::Instant::now())
     }
 
     /// `call`'s outcome, or [`Error::Timeout`] once the deadline passes
@@ -101,13 +116,13 @@ impl Backend {
             Backend::Memory(memory) => Ok(memory.decide(quota, key, cost)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
-                let call: Remote<'_, _> = Box::pin(redis.decide(quota, key, cost));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(redis.decide(quota, key, cost, deadline));
+                call.await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
-                let call: Remote<'_, _> = Box::pin(cluster.decide(quota, key, cost));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(cluster.decide(quota, key, cost, deadline));
+                call.await
             }
         }
     }
@@ -124,13 +139,11 @@ impl Backend {
             Backend::Memory(memory) => Ok(memory.decide_all(requests)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
-                let call: Remote<'_, _> = Box::pin(redis.decide_all(requests));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(redis.decide_all(requests, deadline));
+                call.await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
-                // Bounded step by step: a denial found in time is
-                // answered though the refunds it calls for are not.
                 let call: Remote<'_, _> = Box::pin(cluster.decide_all(requests, deadline));
                 call.await
             }
@@ -150,13 +163,13 @@ impl Backend {
             Backend::Memory(memory) => Ok(memory.peek(quota, key, cost)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
-                let call: Remote<'_, _> = Box::pin(redis.peek(quota, key, cost));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(redis.peek(quota, key, cost, deadline));
+                call.await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
-                let call: Remote<'_, _> = Box::pin(cluster.peek(quota, key, cost));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(cluster.peek(quota, key, cost, deadline));
+                call.await
             }
         }
     }
@@ -181,19 +194,18 @@ impl Backend {
     }
 
     /// Verifies that decisions can be made now (see [`Limiter::ping`](crate::Limiter::ping)).
-    #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
-    pub(crate) async fn ping(&self, deadline: &Deadline) -> Result<(), Error> {
+    pub(crate) async fn ping(&self) -> Result<(), Error> {
         match self {
             Backend::Memory(_) => Ok(()),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
                 let call: Remote<'_, _> = Box::pin(redis.ping());
-                deadline.bound(call).await
+                call.await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
                 let call: Remote<'_, _> = Box::pin(cluster.ping());
-                deadline.bound(call).await
+                call.await
             }
         }
     }
@@ -214,13 +226,13 @@ impl Backend {
             }
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
-                let call: Remote<'_, _> = Box::pin(redis.refund(refunds));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(redis.refund(refunds, deadline));
+                call.await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
-                let call: Remote<'_, _> = Box::pin(cluster.refund(refunds));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(cluster.refund(refunds, deadline));
+                call.await
             }
         }
     }
@@ -235,13 +247,13 @@ impl Backend {
             }
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
-                let call: Remote<'_, _> = Box::pin(redis.reset(key));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(redis.reset(key, deadline));
+                call.await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
-                let call: Remote<'_, _> = Box::pin(cluster.reset(key));
-                deadline.bound(call).await
+                let call: Remote<'_, _> = Box::pin(cluster.reset(key, deadline));
+                call.await
             }
         }
     }

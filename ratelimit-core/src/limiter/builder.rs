@@ -102,11 +102,12 @@ impl LimiterBuilder {
     /// call the Sentinels are asked again (at most every 100 ms) where the
     /// master is, so a failover is followed within about the Sentinels' own
     /// `down-after-milliseconds` plus their election; meanwhile the failure
-    /// policy answers. The Sentinels and the master are reached with the
-    /// URLs' user and password (the same in every URL), the master on the
-    /// first URL's database. With `rediss://` Sentinel URLs (all of them,
-    /// and the `tls` feature), the Sentinels and the master are reached over
-    /// TLS, trusting the certificates given to [`tls`](Self::tls).
+    /// policy answers. The master's connections take the first URL's user,
+    /// password and database; each Sentinel its own URL's user and password
+    /// (the same in every URL when certificates are given). With
+    /// `rediss://` Sentinel URLs (all of them, and the `tls` feature), the
+    /// Sentinels and the master are reached over TLS, trusting the
+    /// certificates given to [`tls`](Self::tls).
     ///
     /// ```
     /// use ratelimit_core::{ConfigError, Error, Limiter};
@@ -161,10 +162,11 @@ impl LimiterBuilder {
         self
     }
 
-    /// The bound on how long a check (or a refund, an inspection, a reset,
-    /// a ping) waits for the backend, however many calls it makes (default
-    /// 100 ms). One that takes longer fails with [`Error::Timeout`] and the
-    /// failure policy applies.
+    /// The bound on how long a check (or a refund, an inspection, a reset)
+    /// waits for the backend, however many calls it makes (default 100 ms);
+    /// connections are made within timeouts of their own. One that takes
+    /// longer fails with [`Error::Timeout`] and the failure policy applies.
+    /// See the failures chapter of the guide for the details.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -241,7 +243,8 @@ impl LimiterBuilder {
     /// the figures the backend would give at that instant (see [`Decision`](crate::Decision)
     /// for what a cached answer promises). When a key may admit only one more
     /// request, one caller asks the backend and the others wait for its
-    /// answer (at most the [`timeout`](Self::timeout)). Under more distinct
+    /// answer (within the check's [`timeout`](Self::timeout), which its own
+    /// call, if it then makes one, shares). Under more distinct
     /// spent keys than this, the cache forgets some, which only costs
     /// backend calls.
     pub fn deny_cache_max_keys(mut self, keys: usize) -> Self {

@@ -333,10 +333,7 @@ impl Limiter {
     /// # }).unwrap();
     /// ```
     pub async fn ping(&self) -> Result<(), Error> {
-        self.inner
-            .backend
-            .ping(&Deadline::after(self.inner.timeout))
-            .await
+        self.inner.backend.ping().await
     }
 
     /// The decision a request of `cost` from `key` would get now, with

@@ -125,12 +125,14 @@ impl Limiter {
                 self.origin(),
             ));
         }
+        // One for the whole check, both groups of a mixed one included.
+        let deadline = Deadline::after(self.inner.timeout);
         let Some(shadow) = group_of(requests) else {
             // Boxed, as it holds two groups' futures: rare, and not carried
             // by every check.
-            return Box::pin(self.check_enforced_then_shadowed(requests)).await;
+            return Box::pin(self.check_enforced_then_shadowed(requests, &deadline)).await;
         };
-        let decided = self.decide_group(requests, shadow).await;
+        let decided = self.decide_group(requests, shadow, &deadline).await;
         self.outcome(requests, decided, shadow)
     }
 
@@ -159,14 +161,15 @@ impl Limiter {
     async fn check_enforced_then_shadowed<'a>(
         &self,
         requests: &[Request<'a>],
+        deadline: &Deadline,
     ) -> Result<Admitted<'a>, RateLimited> {
         if let Some(denied) = self.named_twice(requests, false) {
             answered_in_process().await;
             return Err(denied);
         }
         let (enforced, shadowed) = enforced_and_shadowed(requests);
-        let enforced_decisions = self.decide_group(&enforced, false).await?;
-        let shadow_decided = self.decide_group(&shadowed, true).await;
+        let enforced_decisions = self.decide_group(&enforced, false, deadline).await?;
+        let shadow_decided = self.decide_group(&shadowed, true, deadline).await;
         self.merged(requests, &enforced, enforced_decisions, shadow_decided)
     }
 
@@ -219,12 +222,13 @@ impl Limiter {
         &self,
         requests: &[Request<'_>],
         shadow: bool,
+        deadline: &Deadline,
     ) -> Result<Decisions, RateLimited> {
         if let Some(denied) = self.refused(requests, shadow) {
             answered_in_process().await;
             return Err(denied);
         }
-        self.decide_remotely(requests, shadow).await
+        self.decide_remotely(requests, shadow, deadline).await
     }
 
     /// The memory backend's decisions on `requests`, counted, unless the
@@ -247,13 +251,13 @@ impl Limiter {
         &self,
         requests: &[Request<'_>],
         shadow: bool,
+        deadline: &Deadline,
     ) -> Result<Decisions, RateLimited> {
         // The round trip's future is most of a check's (the deny cache's
         // wait, the breaker's timeout): boxed, it is not carried by every
         // future that holds a check, nor copied with it, and the memory
         // backend's checks, which never make it, stay small.
-        let deadline = Deadline::after(self.inner.timeout);
-        let round_trip = Box::pin(self.round_trip(requests, &deadline));
+        let round_trip = Box::pin(self.round_trip(requests, deadline));
         // Only a subscriber that records debug spans pays for one: a denial
         // answered in process takes well under a microsecond.
         let answer = if tracing::enabled!(tracing::Level::DEBUG) {

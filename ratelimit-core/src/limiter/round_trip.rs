@@ -127,6 +127,11 @@ impl Limiter {
                 return Ok(cached);
             }
             Consulted::Failed(error) => return Err(error),
+            // Waited on other callers' calls until the deadline: timed out
+            // with no call of its own, which its breaker does not count (the
+            // calls waited on count themselves); a probe it was handed goes
+            // to the next caller.
+            Consulted::Ask(_) if deadline.has_passed() => return Err(deadline.timed_out()),
             Consulted::Ask(probe) => probe,
         };
         // The backend decides between these two instants; the cache keeps
@@ -198,7 +203,12 @@ impl Limiter {
         if lease == cost {
             return Ok(decision);
         }
-        self.decide_one(quota, key, cost, true, deadline).await
+        // The backend has just answered: the request's own cost is asked
+        // for within a deadline of its own, so that a slow answer to the
+        // lease does not leave the request, which it may deny, to the
+        // failure policy.
+        let own = Deadline::after(deadline.timeout());
+        self.decide_one(quota, key, cost, true, &own).await
     }
 
     /// Several keys at one instant, all or nothing. A key whose denial the

@@ -535,15 +535,38 @@ mod tests {
         assert!(RedisRuleSource::sentinel("main", all).endpoint().is_ok());
     }
 
-    /// The Sentinels and the master share one user and password.
+    /// Each Sentinel is reached with its own URL's user and password, but
+    /// certificates (which reach the master only through one set of
+    /// credentials for every Sentinel) ask the same of every URL; a URL's
+    /// TLS is read as redis-rs reads it, whatever the scheme's spelling.
     #[test]
-    fn sentinel_urls_with_different_passwords_are_refused() {
-        let urls = ["redis://:a@127.0.0.1:26379", "redis://:b@127.0.0.1:26380"];
-        let built = Limiter::builder().sentinel("main", urls).build();
-        let Err(Error::Config(refused @ ConfigError::Unsupported { .. })) = built else {
-            panic!("{built:?}");
+    fn sentinel_credentials_and_tls_schemes() {
+        let ca = crate::TlsConfig::new().root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec());
+        let plain = ["redis://:a@127.0.0.1:26379", "redis://127.0.0.1:26380"];
+        assert!(Limiter::builder().sentinel("main", plain).build().is_ok());
+        let certified = Limiter::builder()
+            .sentinel(
+                "main",
+                ["rediss://:a@127.0.0.1:26379", "rediss://:b@127.0.0.1:26380"],
+            )
+            .tls(ca)
+            .build();
+        let Err(Error::Config(refused @ ConfigError::Unsupported { .. })) = certified else {
+            panic!("{certified:?}");
         };
         assert!(!refused.to_string().contains(":a@"), "{refused}");
+        for half in [
+            ["valkeys://127.0.0.1:26379", "redis://127.0.0.1:26380"],
+            ["REDISS://127.0.0.1:26379", "redis://127.0.0.1:26380"],
+        ] {
+            assert!(
+                matches!(
+                    Limiter::builder().sentinel("main", half).build(),
+                    Err(Error::Config(ConfigError::Unsupported { .. }))
+                ),
+                "{half:?}"
+            );
+        }
     }
 
     #[test]

@@ -1122,6 +1122,8 @@ pub fn native_module() -> PathBuf {
 pub struct Relay {
     port: u16,
     target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    /// How long each reply is held on its way back, in milliseconds.
+    delay: std::sync::Arc<std::sync::atomic::AtomicU64>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     cuts: tokio::sync::watch::Sender<u64>,
     accepting: tokio::task::JoinHandle<()>,
@@ -1138,19 +1140,20 @@ impl Relay {
         let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(target));
         let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (cuts, cut) = tokio::sync::watch::channel(0);
-        let (leads, counted) = (target.clone(), accepted.clone());
+        let delay = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (leads, counted, held) = (target.clone(), accepted.clone(), delay.clone());
         let accepting = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 counted.fetch_add(1, SeqCst);
                 let port = leads.load(SeqCst);
                 let mut cut = cut.clone();
                 cut.borrow_and_update();
+                let held = held.clone();
                 tokio::spawn(async move {
-                    if let Ok(mut outbound) =
-                        tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    if let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
                     {
                         tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = relay(inbound, outbound, held) => {}
                             _ = cut.changed() => {}
                         }
                     }
@@ -1160,6 +1163,7 @@ impl Relay {
         Relay {
             port,
             target,
+            delay,
             accepted,
             cuts,
             accepting,
@@ -1181,9 +1185,52 @@ impl Relay {
         self.cuts.send_modify(|n| *n += 1);
     }
 
+    /// Holds every reply `delay` on its way back from now on, as a slow
+    /// network would (each reply delayed from when it arrived, not queued
+    /// behind the delays of those before it).
+    pub fn delay_replies(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.delay.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// The connections accepted so far.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Copies bytes both ways between `inbound` and `outbound` until either
+/// side closes, holding the replies `delay` milliseconds.
+async fn relay(
+    inbound: tokio::net::TcpStream,
+    outbound: tokio::net::TcpStream,
+    delay: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (mut from_client, mut to_client) = inbound.into_split();
+    let (mut from_server, mut to_server) = outbound.into_split();
+    let (replies, mut held) = tokio::sync::mpsc::unbounded_channel();
+    let read = async move {
+        let mut buffer = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from_server.read(&mut buffer).await {
+            let ms = delay.load(std::sync::atomic::Ordering::SeqCst);
+            let due = tokio::time::Instant::now() + Duration::from_millis(ms);
+            if replies.send((due, buffer[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((due, bytes)) = held.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to_client.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy(&mut from_client, &mut to_server) => {}
+        _ = async { tokio::join!(read, write) } => {}
     }
 }
 

@@ -17,6 +17,7 @@ use crate::backend::redis::{
     batch_invocation, decode_one, decode_reply, invocation, invoke, Functions, Job, Request,
     ScriptCall,
 };
+use crate::backend::Deadline;
 use crate::error::Error;
 
 /// The script of every algorithm, flagged so that a call may touch keys of
@@ -181,31 +182,33 @@ impl crate::backend::redis::Connection for Asking {
 pub(super) const NODE_IN_FLIGHT: usize = 2;
 
 impl ClusterBackend {
-    /// One script call over keys of one slot, sent again (within the
-    /// timeout) only when a node refused it unrun: to `node`, the master
+    /// One script call over keys of one slot, sent again (until
+    /// `deadline`) only when a node refused it unrun: to `node`, the master
     /// the limiter's slot map gives them ("" when it gives none), then as
-    /// redirects say.
+    /// redirects say. The connection is made first, within a timeout of its
+    /// own (see [`Deadline`]).
     pub(super) async fn call(
         &self,
         node: &str,
         mode: &str,
         keys: &[String],
         requests: &[Request],
+        deadline: &Deadline,
     ) -> Result<Vec<i64>, Error> {
         let connection = self.connection().await?;
         let mut invocation = invocation(mode, keys.iter().zip(requests.iter().copied()));
         if !node.is_empty() {
             invocation.sent_to_node(node);
         }
-        call_routed(
+        let call = call_routed(
             connection,
             self.timeout,
             &self.functions,
             &self.direct,
             &invocation,
             &|| true,
-        )
-        .await
+        );
+        deadline.bound(call).await
     }
 }
 

@@ -397,7 +397,10 @@ impl ClusterBackend {
                 .map(|n| format!("{PING_KEY}:{n}"))
                 .find(|key| (first..=last).contains(&slot(self.full_key(key).as_bytes())))
                 .unwrap_or_default();
-            self.peek(&PING_QUOTA, &key, 0).await?;
+            // Each master within a timeout of its own: a readiness check
+            // of many masters is not one decision.
+            self.peek(&PING_QUOTA, &key, 0, &Deadline::after(self.timeout))
+                .await?;
         }
         Ok(())
     }
@@ -407,20 +410,23 @@ impl ClusterBackend {
         quota: &Quota,
         key: &str,
         cost: u64,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         on_a_runtime()?;
         let key = self.full_key(key);
         let request = Request::new(quota, cost, self.now());
-        self.decide_request(quota, key, request).await
+        self.decide_request(quota, key, request, deadline).await
     }
 
     /// Decides `request` on the full key `key`: in its master's next batch,
-    /// or alone when the slot map is not known.
+    /// or alone when the slot map is not known; until `deadline`, which its
+    /// master's breaker sees pass.
     async fn decide_request(
         &self,
         quota: &Quota,
         key: String,
         request: Request,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         let routing = self.routing().await;
         let key = match routing.as_ref().and_then(|r| r.node(&key)) {
@@ -443,7 +449,7 @@ impl ClusterBackend {
                         // future dropped) tells the batcher not to send this
                         // decision if it has not yet.
                         return breaker
-                            .guard("cluster", Some(node), await_answer(self.timeout, answer))
+                            .guard("cluster", Some(node), await_answer(deadline, answer))
                             .await;
                     }
                     Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
@@ -456,12 +462,9 @@ impl ClusterBackend {
             // redirects.
             None => key,
         };
-        let reply = self
-            .guarded(
-                "",
-                self.call("", "each", std::slice::from_ref(&key), &[request]),
-            )
-            .await?;
+        let requests = [request];
+        let alone = self.call("", "each", std::slice::from_ref(&key), &requests, deadline);
+        let reply = self.guarded("", alone).await?;
         decode_one(&reply, quota, &request, &key)
     }
 
@@ -471,6 +474,7 @@ impl ClusterBackend {
         quota: &Quota,
         key: &str,
         cost: u64,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         on_a_runtime()?;
         let key = self.full_key(key);
@@ -481,13 +485,19 @@ impl ClusterBackend {
             .and_then(|r| r.node(&key))
             .map_or("", |(node, _)| node);
         let reply = self
-            .call(node, "peek", std::slice::from_ref(&key), &[request])
+            .call(
+                node,
+                "peek",
+                std::slice::from_ref(&key),
+                &[request],
+                deadline,
+            )
             .await?;
         decode_one(&reply, quota, &request, &key)
     }
 
     /// Deletes `key`'s state: its quota is whole again.
-    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+    pub(crate) async fn reset(&self, key: &str, deadline: &Deadline) -> Result<(), Error> {
         on_a_runtime()?;
         let key = self.full_key(key);
         let routing = self.routing().await;
@@ -497,8 +507,8 @@ impl ClusterBackend {
             .map_or("", |(node, _)| node);
         // Sent again where a node refused it unrun (the slot moved, or is
         // moving): a `DEL` applied twice deletes nothing more.
+        let mut connection = self.connection().await?;
         let work = async {
-            let mut connection = self.connection().await?;
             let mut wait = Duration::from_millis(2);
             loop {
                 let mut del = redis::cmd("DEL");
@@ -522,39 +532,39 @@ impl ClusterBackend {
                 }
             }
         };
-        let call = async {
-            tokio::time::timeout(self.timeout, work)
-                .await
-                .map_err(|_| Error::Timeout(self.timeout))?
-        };
-        self.guarded(node, call).await
+        self.guarded(node, deadline.bound(work)).await
     }
 
     /// Gives back what admissions took: one call per key, as the keys may
-    /// live on different slots.
-    pub(crate) async fn refund(&self, refunds: &[(&Quota, &str, Refund)]) -> Result<(), Error> {
+    /// live on different slots, all at once, so that a master that does not
+    /// answer holds up none of the others' until `deadline`.
+    pub(crate) async fn refund(
+        &self,
+        refunds: &[(&Quota, &str, Refund)],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         on_a_runtime()?;
         let now = self.now();
-        let mut result = Ok(());
-        for (quota, key, refund) in refunds {
+        let routing = self.routing().await;
+        let given = refunds.iter().map(|(quota, key, refund)| {
             let key = self.full_key(key);
             let call = Request::refund(quota, refund, now);
-            let routing = self.routing().await;
             let node = routing
                 .as_ref()
                 .and_then(|r| r.node(&key))
                 .map_or("", |(node, _)| node);
-            let outcome = self
-                .guarded(
-                    node,
-                    self.call(node, "refund", std::slice::from_ref(&key), &[call]),
-                )
-                .await;
-            if let Err(error) = outcome {
-                result = Err(error);
+            async move {
+                let calls = [call];
+                let refund =
+                    self.call(node, "refund", std::slice::from_ref(&key), &calls, deadline);
+                self.guarded(node, refund).await
             }
-        }
-        result
+        });
+        futures_util::future::join_all(given)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map(|_| ())
     }
 
     /// All or nothing over keys that may live on different slots, within
@@ -582,7 +592,7 @@ impl ClusterBackend {
                     .as_ref()
                     .and_then(|r| r.node(&keys[0]))
                     .map_or("", |(node, _)| node);
-                self.guarded(node, self.call(node, "all", &keys, &calls))
+                self.guarded(node, self.call(node, "all", &keys, &calls, deadline))
                     .await
             };
             let reply = deadline.bound(call).await?;
@@ -599,8 +609,8 @@ impl ClusterBackend {
         let mut decisions = Vec::with_capacity(requests.len());
         for (i, ((quota, _, cost), key)) in requests.iter().zip(&keys).enumerate() {
             // In the master's next batch, as a decision alone would be.
-            let outcome = deadline
-                .bound(self.decide_request(quota, key.clone(), calls[i]))
+            let outcome = self
+                .decide_request(quota, key.clone(), calls[i], deadline)
                 .await;
             let admitted = matches!(&outcome, Ok(d) if d.allowed);
             if !admitted {

@@ -4,11 +4,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::backend::Deadline;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::quota::Quota;
@@ -118,19 +118,18 @@ impl Work {
     }
 }
 
-/// Waits for the batcher's answer, within `timeout`. Dropping `answer` (a
-/// timeout here, or the caller's future dropped) tells the batcher not to
-/// send the work if it has not yet.
+/// Waits for the batcher's answer, until `deadline`. Dropping `answer` (the
+/// deadline passed, or the caller's future dropped) tells the batcher not
+/// to send the work if it has not yet.
 pub(crate) async fn await_answer<T>(
-    timeout: Duration,
+    deadline: &Deadline,
     answer: oneshot::Receiver<Result<T, Error>>,
 ) -> Result<T, Error> {
-    match tokio::time::timeout(timeout, answer).await {
-        Ok(Ok(result)) => result,
-        // The batching task is gone without an answer: its runtime shut down.
-        Ok(Err(_)) => Err(NO_RUNTIME),
-        Err(_) => Err(Error::Timeout(timeout)),
-    }
+    // An error: the batching task is gone without an answer (its runtime
+    // shut down).
+    deadline
+        .bound(async { answer.await.unwrap_or(Err(NO_RUNTIME)) })
+        .await
 }
 
 /// Takes decisions off the queue and sends them in batches, with at most

@@ -154,16 +154,17 @@ pub(crate) enum Endpoint {
 
 impl Endpoint {
     /// The endpoint for `sentinels` (their URLs), serving `master`. The
-    /// Sentinels and the master are reached with the URLs' user and
-    /// password (the same in every URL), the master on the first URL's
-    /// database; over TLS when the URLs are `rediss://` (all of them), with
-    /// `tls`'s certificates for both.
+    /// master's connections take the first URL's user, password and
+    /// database; each Sentinel its own URL's user and password (every URL
+    /// the same, when certificates are given). Over TLS when the URLs are
+    /// `rediss://` (all of them), with `tls`'s certificates for the
+    /// Sentinels and the master alike.
     pub(crate) fn sentinel(
         master: &str,
         sentinels: &[String],
         tls: &crate::tls::TlsConfig,
     ) -> Result<Self, Error> {
-        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+        use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
         use redis::IntoConnectionInfo as _;
         let invalid = |source| {
             Error::from(ConfigError::InvalidUrl {
@@ -180,90 +181,65 @@ impl Endpoint {
             }
             .into());
         }
-        let rediss = sentinels
-            .iter()
-            .filter(|url| url.starts_with("rediss://"))
-            .count();
-        if rediss != 0 && rediss != sentinels.len() {
-            return Err(ConfigError::Unsupported {
-                what: "Redis Sentinel URLs mixing `redis://` and `rediss://`",
-                instead: "reach every Sentinel the same way: `rediss://` for all of them when \
-                          they serve TLS (the master is then reached over TLS too)",
-            }
-            .into());
-        }
-        let secure = uses_tls(rediss != 0, tls, "Redis Sentinel URLs")?;
         let infos = sentinels
             .iter()
             .map(|url| url.as_str().into_connection_info())
             .collect::<Result<Vec<_>, _>>()
             .map_err(invalid)?;
-        let settings = infos[0].redis_settings();
-        fn credentials(info: &redis::ConnectionInfo) -> (Option<&str>, Option<&str>) {
-            let settings = info.redis_settings();
-            (settings.username(), settings.password())
-        }
-        if infos
-            .iter()
-            .any(|info| credentials(info) != credentials(&infos[0]))
-        {
+        // As redis-rs reads them (`rediss://`, `valkeys://`, any case).
+        let over_tls = |info: &redis::ConnectionInfo| {
+            matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+        };
+        let secure = infos.iter().filter(|info| over_tls(info)).count();
+        if secure != 0 && secure != infos.len() {
             return Err(ConfigError::Unsupported {
-                what: "Redis Sentinel URLs with different users or passwords",
-                instead: "give every Sentinel URL the same user and password (the master's \
-                          connections take them too)",
+                what: "Redis Sentinel URLs mixing TLS (`rediss://`) and plain connections",
+                instead: "reach every Sentinel the same way: `rediss://` for all of them when \
+                          they serve TLS (the master is then reached over TLS too)",
             }
             .into());
         }
-        // A Sentinel has no database but 0.
-        let mut on_sentinels =
-            redis::RedisConnectionInfo::default().set_protocol(settings.protocol());
-        let mut builder = SentinelClientBuilder::new(
-            infos.iter().map(|info| info.addr().clone()),
-            master,
-            SentinelServerType::Master,
-        )
-        .map_err(invalid)?
-        .set_client_to_redis_db(settings.db())
-        .set_client_to_redis_protocol(settings.protocol())
-        .set_client_to_sentinel_protocol(settings.protocol());
-        if let Some(username) = settings.username() {
-            builder = builder
-                .set_client_to_redis_username(username)
-                .set_client_to_sentinel_username(username);
-            on_sentinels = on_sentinels.set_username(username);
-        }
-        if let Some(password) = settings.password() {
-            builder = builder
-                .set_client_to_redis_password(password)
-                .set_client_to_sentinel_password(password);
-            on_sentinels = on_sentinels.set_password(password);
-        }
-        if secure {
-            // As the Sentinels are: `rediss://...#insecure` skips the
-            // master's certificate check too.
-            let insecure = matches!(
-                infos[0].addr(),
-                redis::ConnectionAddr::TcpTls { insecure: true, .. }
-            );
-            builder = builder.set_client_to_redis_tls_mode(if insecure {
-                redis::TlsMode::Insecure
-            } else {
-                redis::TlsMode::Secure
-            });
-            #[cfg(feature = "tls")]
-            if tls.is_set() {
-                builder = builder
-                    .set_client_to_redis_certificates(tls.certificates())
-                    .set_client_to_sentinel_certificates(tls.certificates());
+        let secure = uses_tls(secure != 0, tls, "Redis Sentinel URLs")?;
+        let settings = infos[0].redis_settings();
+        // A Sentinel has no database but 0; each is reached with its URL's
+        // user and password.
+        let infos: Vec<redis::ConnectionInfo> = infos
+            .iter()
+            .map(|info| {
+                let on_sentinel = info.redis_settings().clone().set_db(0);
+                info.clone().set_redis_settings(on_sentinel)
+            })
+            .collect();
+        // `rediss://...#insecure` skips the master's certificate check too.
+        let tls_mode = match infos[0].addr() {
+            redis::ConnectionAddr::TcpTls { insecure: true, .. } => redis::TlsMode::Insecure,
+            _ => redis::TlsMode::Secure,
+        };
+        let certified = secure && tls.is_set();
+        let client = if certified {
+            Self::certified(master, sentinels, &infos, settings, tls_mode, tls)?
+        } else {
+            let mut node =
+                SentinelNodeConnectionInfo::default().set_redis_connection_info(settings.clone());
+            if secure {
+                node = node.set_tls_mode(tls_mode);
             }
-        }
-        let client = builder.build().map_err(invalid)?;
+            // redis-rs takes a `String` without its TLS feature and any
+            // `AsRef<str>` with it: an owned name suits both.
+            #[allow(clippy::unnecessary_to_owned)]
+            SentinelClient::build(
+                infos.clone(),
+                master.to_owned(),
+                Some(node),
+                SentinelServerType::Master,
+            )
+            .map_err(invalid)?
+        };
         let watched = infos
             .into_iter()
             .map(|info| {
-                let info = info.set_redis_settings(on_sentinels.clone());
                 #[cfg(feature = "tls")]
-                if secure && tls.is_set() {
+                if certified {
                     return redis::Client::build_with_tls(info, tls.certificates());
                 }
                 redis::Client::open(info)
@@ -275,6 +251,69 @@ impl Endpoint {
             master: master.to_owned(),
             sentinels: watched,
         })
+    }
+
+    /// The Sentinel client for certificates given to `tls`: they reach the
+    /// master's connections only through redis-rs's builder, which gives
+    /// every Sentinel the same user and password.
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables, unused_mut))]
+    fn certified(
+        master: &str,
+        urls: &[String],
+        infos: &[redis::ConnectionInfo],
+        settings: &redis::RedisConnectionInfo,
+        tls_mode: redis::TlsMode,
+        tls: &crate::tls::TlsConfig,
+    ) -> Result<redis::sentinel::SentinelClient, Error> {
+        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+        fn credentials(info: &redis::ConnectionInfo) -> (Option<&str>, Option<&str>) {
+            let settings = info.redis_settings();
+            (settings.username(), settings.password())
+        }
+        if infos
+            .iter()
+            .any(|info| credentials(info) != credentials(&infos[0]))
+        {
+            return Err(ConfigError::Unsupported {
+                what: "Redis Sentinel URLs with different users or passwords, with certificates",
+                instead: "give every Sentinel URL the same user and password",
+            }
+            .into());
+        }
+        let invalid = |source| {
+            Error::from(ConfigError::InvalidUrl {
+                what: "Redis Sentinel URLs",
+                urls: urls.iter().map(|u| redacted(u)).collect(),
+                source,
+            })
+        };
+        let mut builder = SentinelClientBuilder::new(
+            infos.iter().map(|info| info.addr().clone()),
+            master,
+            SentinelServerType::Master,
+        )
+        .map_err(invalid)?
+        .set_client_to_redis_db(settings.db())
+        .set_client_to_redis_protocol(settings.protocol())
+        .set_client_to_sentinel_protocol(settings.protocol())
+        .set_client_to_redis_tls_mode(tls_mode);
+        if let Some(username) = settings.username() {
+            builder = builder
+                .set_client_to_redis_username(username)
+                .set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = settings.password() {
+            builder = builder
+                .set_client_to_redis_password(password)
+                .set_client_to_sentinel_password(password);
+        }
+        #[cfg(feature = "tls")]
+        {
+            builder = builder
+                .set_client_to_redis_certificates(tls.certificates())
+                .set_client_to_sentinel_certificates(tls.certificates());
+        }
+        builder.build().map_err(invalid)
     }
 
     /// A client for the Redis to use now; with Sentinel, the master they

@@ -21,6 +21,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::algorithm::Refund;
+use crate::backend::Deadline;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -393,6 +394,7 @@ impl RedisBackend {
         quota: &Quota,
         key: &str,
         cost: u64,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -402,7 +404,7 @@ impl RedisBackend {
             reply,
         };
         self.enqueue(Work::One(job)).await?;
-        await_answer(self.timeout, answer).await
+        await_answer(deadline, answer).await
     }
 
     /// Decides for every key at once, admitting all or none, in the next
@@ -410,6 +412,7 @@ impl RedisBackend {
     pub(crate) async fn decide_all(
         &self,
         requests: &[(&Quota, &str, u64)],
+        deadline: &Deadline,
     ) -> Result<Vec<Decision>, Error> {
         if requests.is_empty() {
             // Nothing to decide: no run of no keys is ever sent.
@@ -430,29 +433,27 @@ impl RedisBackend {
             reply,
         };
         self.enqueue(Work::All(check)).await?;
-        await_answer(self.timeout, answer).await
+        await_answer(deadline, answer).await
     }
 
-    /// Runs one script call on `lane`'s connection, within the timeout; a
+    /// Runs one script call on `lane`'s connection, until `deadline`; a
     /// failure may mean the master moved.
     async fn call(
         &self,
         lane: &Lane,
         invocation: &ScriptCall,
         connection: &mut ConnectionManager,
+        deadline: &Deadline,
     ) -> Result<Vec<i64>, Error> {
-        let reply = tokio::time::timeout(
-            self.timeout,
-            invoke(invocation, connection, &lane.functions),
-        )
-        .await
-        .map_err(|_| Error::Timeout(self.timeout))
-        .and_then(|reply| {
-            reply.map_err(|error| {
-                lane.demoted_if(&error);
-                Error::from(error)
-            })
-        });
+        let call = async {
+            invoke(invocation, connection, &lane.functions)
+                .await
+                .map_err(|error| {
+                    lane.demoted_if(&error);
+                    Error::from(error)
+                })
+        };
+        let reply = deadline.bound(call).await;
         if reply.is_err() {
             self.failed(lane);
         }
@@ -467,13 +468,16 @@ impl RedisBackend {
         quota: &Quota,
         key: &str,
         cost: u64,
+        deadline: &Deadline,
     ) -> Result<Decision, Error> {
         let lane = self.lane().await?;
         let mut connection = lane.connection.clone();
         let key = self.full_key(key);
         let request = Request::new(quota, cost, self.now());
         let invocation = invocation("peek", [(&key, request)]);
-        let reply = self.call(&lane, &invocation, &mut connection).await?;
+        let reply = self
+            .call(&lane, &invocation, &mut connection, deadline)
+            .await?;
         decode_one(&reply, quota, &request, &key)
     }
 
@@ -493,13 +497,24 @@ impl RedisBackend {
         let key = self.full_key(PING_KEY);
         let request = Request::new(&PING_QUOTA, 0, self.now());
         let invocation = invocation("peek", [(&key, request)]);
-        let reply = self.call(&lane, &invocation, &mut connection).await?;
+        let reply = self
+            .call(
+                &lane,
+                &invocation,
+                &mut connection,
+                &Deadline::after(self.timeout),
+            )
+            .await?;
         decode_one(&reply, &PING_QUOTA, &request, &key).map(|_| ())
     }
 
     /// Gives back what admissions took, in one script call (see
     /// `refund.lua`).
-    pub(crate) async fn refund(&self, refunds: &[(&Quota, &str, Refund)]) -> Result<(), Error> {
+    pub(crate) async fn refund(
+        &self,
+        refunds: &[(&Quota, &str, Refund)],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         let lane = self.lane().await?;
         let mut connection = lane.connection.clone();
         let now = self.now();
@@ -513,20 +528,24 @@ impl RedisBackend {
                 .zip(refunds)
                 .map(|(key, (quota, _, refund))| (key, Request::refund(quota, refund, now))),
         );
-        self.call(&lane, &invocation, &mut connection).await?;
+        self.call(&lane, &invocation, &mut connection, deadline)
+            .await?;
         Ok(())
     }
 
     /// Deletes `key`'s state: its quota is whole again.
-    pub(crate) async fn reset(&self, key: &str) -> Result<(), Error> {
+    pub(crate) async fn reset(&self, key: &str, deadline: &Deadline) -> Result<(), Error> {
         let lane = self.lane().await?;
         let mut connection = lane.connection.clone();
         let mut del = redis::cmd("DEL");
         del.arg(self.full_key(key));
-        tokio::time::timeout(self.timeout, del.query_async::<i64>(&mut connection))
-            .await
-            .map_err(|_| Error::Timeout(self.timeout))?
-            .inspect_err(|error| lane.demoted_if(error))?;
+        let deleted = async {
+            del.query_async::<i64>(&mut connection)
+                .await
+                .inspect_err(|error| lane.demoted_if(error))
+                .map_err(Error::from)
+        };
+        deadline.bound(deleted).await?;
         Ok(())
     }
 }
