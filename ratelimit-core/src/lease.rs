@@ -59,8 +59,19 @@ impl Lease {
     }
 }
 
+/// What [`Leases::asked`] saw of a key's leases before its backend call:
+/// how many times they were removed, so that a lease the call answers is
+/// not kept if they were removed since (a reset landed meanwhile).
+#[derive(Clone, Copy)]
+pub(crate) struct Asked {
+    shard: usize,
+    removals: u64,
+}
+
 pub(crate) struct Leases {
     shards: Sharded<KeyTable<Lease>>,
+    /// Per shard, the leases removed from it by [`remove`](Leases::remove).
+    removals: Vec<AtomicU64>,
     max_per_shard: usize,
     /// Whether any lease was ever taken: until then, no decision pays for a
     /// look at the leases.
@@ -72,6 +83,7 @@ impl Leases {
     pub(crate) fn new(max_keys: usize) -> Self {
         Self {
             shards: Sharded::new(SHARDS, KeyTable::new),
+            removals: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
             max_per_shard: (max_keys / SHARDS).max(1),
             used: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
@@ -179,8 +191,21 @@ impl Leases {
         }
     }
 
-    /// Drops `key`'s lease, if any.
+    /// Taken before a backend call that may lease `key`'s tokens, for
+    /// [`put`](Self::put).
+    pub(crate) fn asked(&self, key: &str) -> Asked {
+        let shard = self.shards.index_of(self.shards.hash(key));
+        Asked {
+            shard,
+            removals: self.removals[shard].load(Ordering::SeqCst),
+        }
+    }
+
+    /// Drops `key`'s lease, if any, and any lease a backend call asked for
+    /// before now would bring (see [`put`](Self::put)).
     pub(crate) fn remove(&self, key: &str) {
+        let shard = self.shards.index_of(self.shards.hash(key));
+        self.removals[shard].fetch_add(1, Ordering::SeqCst);
         if !self.used.load(Ordering::Relaxed) {
             return;
         }
@@ -194,10 +219,15 @@ impl Leases {
     /// once each lease, and replacing one lease by the next would lose its
     /// tokens (400 callers on a cold key were admitted 20 of 100 so). The
     /// merged lease ends with the earlier of the two, and owes what the
-    /// later decision says the bucket owes, which counts both. The lease's
-    /// id, or `None` when the leases are full and it was not kept.
+    /// later decision says the bucket owes, which counts both. Not kept if
+    /// leases of its shard were removed since `asked` was taken: the key
+    /// was reset while its call was on its way, and the backend may no
+    /// longer count the tokens (some leases of other keys are lost with it,
+    /// which under-admits). The lease's id, or `None` when it was not kept.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn put(
         &self,
+        asked: Asked,
         quota: &Quota,
         key: &str,
         tokens: u64,
@@ -207,6 +237,11 @@ impl Leases {
     ) -> Option<u64> {
         self.used.store(true, Ordering::Relaxed);
         let (hash, mut shard) = self.shard(key);
+        // Read under the shard's lock, which `remove` takes after counting:
+        // a removal counted after this read finds the lease and drops it.
+        if self.removals[asked.shard].load(Ordering::SeqCst) != asked.removals {
+            return None;
+        }
         if let Some(live) = shard.get_mut(hash, key) {
             if live.quota == *quota && live.expires_at_us > now_us {
                 live.tokens = live.usable(now_us).saturating_add(tokens);
@@ -249,23 +284,23 @@ mod tests {
     fn a_lease_serves_its_tokens_until_it_runs_out_or_expires() {
         let leases = Leases::new(100);
         let quota = Quota::per_second(100).unwrap();
-        leases.put(&quota, "k", 3, 0, 1_000, None);
+        leases.put(leases.asked("k"), &quota, "k", 3, 0, 1_000, None);
         assert_eq!(leases.take(&quota, "k", 2, 10).map(|t| t.0), Some(1));
         assert_eq!(leases.take(&quota, "k", 2, 10), None, "one token left");
         assert_eq!(leases.take(&quota, "k", 1, 10).map(|t| t.0), Some(0));
-        leases.put(&quota, "k", 5, 0, 1_000, None);
+        leases.put(leases.asked("k"), &quota, "k", 5, 0, 1_000, None);
         assert_eq!(leases.take(&quota, "k", 1, 1_000), None, "expired");
         // A lease taken while another is live adds to it.
-        leases.put(&quota, "k", 2, 1_000, 2_000, None);
-        leases.put(&quota, "k", 3, 1_500, 1_800, None);
+        leases.put(leases.asked("k"), &quota, "k", 2, 1_000, 2_000, None);
+        leases.put(leases.asked("k"), &quota, "k", 3, 1_500, 1_800, None);
         assert_eq!(leases.take(&quota, "k", 5, 1_600).map(|t| t.0), Some(0));
-        leases.put(&quota, "k", 1, 1_600, 3_000, None);
+        leases.put(leases.asked("k"), &quota, "k", 1, 1_600, 3_000, None);
         assert_eq!(
             leases.take(&quota, "k", 1, 1_800),
             None,
             "the merged lease ends with the earlier"
         );
-        leases.put(&quota, "k", 5, 0, 1_000, None);
+        leases.put(leases.asked("k"), &quota, "k", 5, 0, 1_000, None);
         let other = Quota::per_second(50).unwrap();
         assert_eq!(leases.take(&other, "k", 1, 10), None, "another rule");
     }
@@ -274,14 +309,19 @@ mod tests {
     fn a_token_goes_back_to_the_lease_it_came_from_and_no_other() {
         let leases = Leases::new(100);
         let quota = Quota::per_second(100).unwrap();
-        leases.put(&quota, "k", 2, 0, 1_000, None);
+        leases.put(leases.asked("k"), &quota, "k", 2, 0, 1_000, None);
         let (_, first) = leases.take(&quota, "k", 1, 10).unwrap();
         assert!(leases.give_back(&quota, "k", 1, first, 20));
         assert_eq!(leases.take(&quota, "k", 2, 30).map(|t| t.0), Some(0));
         // Leased again while it lives: the same lease.
-        assert_eq!(leases.put(&quota, "k", 1, 40, 1_000, None), Some(first));
+        assert_eq!(
+            leases.put(leases.asked("k"), &quota, "k", 1, 40, 1_000, None),
+            Some(first)
+        );
         // Once it ended, a lease of its own.
-        let second = leases.put(&quota, "k", 2, 1_000, 2_000, None).unwrap();
+        let second = leases
+            .put(leases.asked("k"), &quota, "k", 2, 1_000, 2_000, None)
+            .unwrap();
         assert_ne!(second, first);
         assert!(
             !leases.give_back(&quota, "k", 1, first, 1_040),
@@ -297,7 +337,15 @@ mod tests {
         // 10 tokens a second: one token every 100,000 µs.
         let quota = Quota::new(10, "10/s".parse().unwrap()).unwrap();
         // Eight leased from a bucket that owes ten: full again in a second.
-        leases.put(&quota, "k", 8, 0, 10_000_000, Some(1_000_000));
+        leases.put(
+            leases.asked("k"),
+            &quota,
+            "k",
+            8,
+            0,
+            10_000_000,
+            Some(1_000_000),
+        );
         // Five tokens given back on the backend, of an admission asked for
         // before the lease: full again at 500,000 µs.
         let token = quota.rate().period_us();
@@ -321,7 +369,15 @@ mod tests {
         // 10 tokens a second: one token every 100,000 µs.
         let quota = Quota::new(10, "10/s".parse().unwrap()).unwrap();
         // Five leased from a bucket that is full again 500,000 µs later.
-        leases.put(&quota, "k", 5, 0, 10_000_000, Some(500_000));
+        leases.put(
+            leases.asked("k"),
+            &quota,
+            "k",
+            5,
+            0,
+            10_000_000,
+            Some(500_000),
+        );
         assert_eq!(
             leases.take(&quota, "k", 1, 0).map(|t| t.0),
             Some(3),

@@ -14,7 +14,7 @@ use ratelimit::{
     Request,
 };
 use redis::AsyncCommands;
-use support::{logged, RedisServer};
+use support::{logged, window, RedisServer};
 
 fn redis_limiter(server: &RedisServer) -> Limiter {
     Limiter::builder()
@@ -1629,4 +1629,57 @@ async fn a_lease_the_deny_cache_refuses_is_not_counted_as_a_denial() {
     let stats = limiter.stats();
     assert_eq!(stats.denied, 1, "{stats:?}");
     assert!(stats.denied_from_cache <= 1, "{stats:?}");
+}
+
+/// A reset racing a leased check never leaves a lease of tokens Redis no
+/// longer counts: once both have ended, the key admits at most its quota,
+/// lease and Redis together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_racing_a_leased_check_leaves_no_lease_behind() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = window(ratelimit::Algorithm::FixedWindow, 10, "1h");
+    let mut worst = 0;
+    for round in 0..300 {
+        let key = format!("race:{round}");
+        let (checker, resetter) = (limiter.clone(), limiter.clone());
+        let (checked, reset) = tokio::join!(
+            tokio::spawn({
+                let (quota, key) = (quota, key.clone());
+                async move {
+                    checker
+                        .check(Request::new(&quota, &key).lease(10))
+                        .await
+                        .is_ok()
+                }
+            }),
+            tokio::spawn({
+                let key = key.clone();
+                async move { resetter.reset(&key).await }
+            }),
+        );
+        assert!(
+            checked.unwrap(),
+            "round {round}: the first check was denied"
+        );
+        reset.unwrap().unwrap();
+        let mut admitted = 0;
+        while limiter
+            .check(Request::new(&quota, &key).lease(10))
+            .await
+            .is_ok()
+        {
+            admitted += 1;
+            assert!(admitted <= 30, "round {round}: no end to admissions");
+        }
+        worst = worst.max(admitted);
+    }
+    assert!(
+        worst <= 10,
+        "a key admitted {worst} after a reset, over its 10"
+    );
 }

@@ -373,9 +373,11 @@ impl Limiter {
 
     /// Gives `key` its whole quota back, under any quota: deletes its state
     /// in the backend, and forgets what this limiter keeps of it in process
-    /// (cached denials, leased tokens). Other instances' deny caches hold
-    /// their denials of the key until they expire (at most their
-    /// `retry_after`). A backend fault is an `Err`.
+    /// (cached denials, leased tokens, and a lease a check in flight would
+    /// bring). Other instances' deny caches hold their denials of the key
+    /// until they expire (at most their `retry_after`), and their leases
+    /// serve what they hold until they end (at most the lease TTL). A
+    /// backend fault is an `Err`.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
         // The lease goes first, as the reset may land though the call fails
         // or is dropped: a lease kept would serve tokens the backend no

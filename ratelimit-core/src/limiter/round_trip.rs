@@ -168,6 +168,7 @@ impl Limiter {
             });
         }
         let lease = request.lease.min(quota.capacity()).max(cost);
+        let asked = self.inner.leases.asked(key);
         let decision = self
             .decide_one(quota, key, lease, lease == cost, deadline)
             .await?;
@@ -191,10 +192,10 @@ impl Limiter {
                 }
                 _ => Some(reset),
             };
-            let id = self
-                .inner
-                .leases
-                .put(quota, key, lease - cost, now, expires, owed_until);
+            let id =
+                self.inner
+                    .leases
+                    .put(asked, quota, key, lease - cost, now, expires, owed_until);
             // The request's own tokens were leased with the rest: a refund
             // gives them to the lease.
             let via = id.map_or(Via::Backend, Via::Lease);
