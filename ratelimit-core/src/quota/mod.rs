@@ -364,8 +364,10 @@ impl Quota {
     /// The same quota cut to `share` (in (0, 1]) for one instance's local
     /// fallback: capacity or limit scaled down (at least 1), the rate scaled
     /// down, the window kept. Falls back to coarser precision for the share
-    /// when the exact fraction does not fit, and to the whole quota when none
-    /// does.
+    /// when the exact fraction does not fit, and at last to whole tokens: the
+    /// capacity rounded down, one token per period rounded up, so never more
+    /// than the share (the bucket's depth is then the quota's own, which
+    /// fits).
     pub(crate) fn scaled(&self, share: f64) -> Quota {
         if !(share > 0.0 && share < 1.0) {
             return *self;
@@ -391,7 +393,15 @@ impl Quota {
                 return quota;
             }
         }
-        *self
+        let capacity = ((self.capacity as f64 * share).floor() as u64).max(1);
+        let per_token =
+            (self.rate.period_us as f64 / self.rate.tokens as f64 / share).ceil() as u128;
+        Rate::from_parts(1, per_token)
+            .and_then(|rate| Quota::bucket(self.algorithm, capacity, rate))
+            // Not reached for a quota that was valid: a share of one token
+            // at the quota's own pace, rather than the whole quota.
+            .or_else(|_| Quota::bucket(self.algorithm, 1, self.rate))
+            .unwrap_or(*self)
     }
 
     /// The bucket depth in the algorithm's unit (1/tokens of a microsecond).
@@ -669,6 +679,15 @@ mod tests {
                 .scaled(0.1)
                 .capacity(),
             1
+        );
+        // No exact fraction fits: whole tokens, never more than the share.
+        let large = Quota::new(1_000_000, "1/h".parse().unwrap()).unwrap();
+        let third = large.scaled(1.0 / 3.0);
+        let per_second = |q: &Quota| q.rate().tokens() as f64 / q.rate().period().as_secs_f64();
+        assert!(third.capacity() <= 333_333, "{third:?}");
+        assert!(
+            per_second(&third) <= per_second(&large) / 3.0 * (1.0 + 1e-9),
+            "{third:?}"
         );
         let window = Quota::fixed_window(10, Duration::from_secs(60))
             .unwrap()
