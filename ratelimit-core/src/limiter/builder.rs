@@ -201,7 +201,8 @@ impl LimiterBuilder {
     }
 
     /// The most keys the local fallback limiter keeps (default 100,000): under
-    /// more distinct keys it forgets those nearest to refilled.
+    /// more distinct keys it forgets those nearest to refilled (see
+    /// [`memory_max_keys`](Self::memory_max_keys) for what that allows).
     pub fn local_max_keys(mut self, keys: usize) -> Self {
         self.local_max_keys = keys;
         self
@@ -214,7 +215,11 @@ impl LimiterBuilder {
     /// the keys nearest to refilled are forgotten, and a forgotten key is
     /// admitted again as a fresh one. So a flood of distinct keys (one per
     /// client address, say) under-limits the keys it pushes out instead of
-    /// growing the process until it is killed.
+    /// growing the process until it is killed. A caller who can send about
+    /// this many distinct keys can so win a spent key's quota back (for a
+    /// window, the keys nearest to refilled are those whose window ends
+    /// first, however spent): set the bound above the distinct keys a
+    /// window sees, or keep the state in Redis.
     ///
     /// ```
     /// use ratelimit_core::{Limiter, Quota, Request};
