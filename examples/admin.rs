@@ -114,10 +114,10 @@ async fn read_rules(url: &str, limiter: &Limiter) -> Result<RedisRuleSource, Fai
     let source = RedisRuleSource::builder(url)
         .timeout(Duration::from_secs(2))
         .start(limiter)?;
-    if tokio::time::timeout(Duration::from_secs(3), source.ready())
-        .await
-        .is_err()
-    {
+    if !matches!(
+        tokio::time::timeout(Duration::from_secs(3), source.ready()).await,
+        Ok(Ok(()))
+    ) {
         source.stop();
         // The cause, named as every other command names it: a refused
         // connection, a wrong password, an untrusted certificate, ...

@@ -124,7 +124,8 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
         .unwrap();
     tokio::time::timeout(Duration::from_secs(5), source.ready())
         .await
-        .expect("the rule source read the rules as the ACL user");
+        .expect("the rule source read the rules as the ACL user")
+        .expect("the rule source stopped");
     RedisRuleSource::publish(&url, "checkout", "capacity=7 rate=1/s")
         .await
         .unwrap();
@@ -338,7 +339,8 @@ async fn a_user_without_the_channel_reads_the_rules_on_the_timer_and_is_told_why
             .unwrap();
         tokio::time::timeout(Duration::from_secs(5), source.ready())
             .await
-            .expect("the rules were never read");
+            .expect("the rules were never read")
+            .expect("the rule source stopped");
         source
     })
     .await;

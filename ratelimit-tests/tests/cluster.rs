@@ -1755,7 +1755,8 @@ async fn rule_sources_on_any_node_of_a_cluster_follow_the_rules() {
     for (i, (_, source)) in instances.iter().enumerate() {
         tokio::time::timeout(Duration::from_secs(5), source.ready())
             .await
-            .unwrap_or_else(|_| panic!("the source on {} never read the rules", urls[i]));
+            .unwrap_or_else(|_| panic!("the source on {} never read the rules", urls[i]))
+            .expect("the rule source stopped");
     }
     let capacity_everywhere = |capacity: Option<u64>| {
         let instances = &instances;

@@ -55,7 +55,8 @@ async fn instance(server: &RedisServer, reload_every: Duration) -> Instance {
         .expect("a rule source on the private redis-server");
     tokio::time::timeout(Duration::from_secs(10), source.ready())
         .await
-        .unwrap_or_else(|_| panic!("the rule source never read the rules\n{}", server.log()));
+        .unwrap_or_else(|_| panic!("the rule source never read the rules\n{}", server.log()))
+        .expect("the rule source stopped");
     Instance {
         limiter,
         _source: source,
@@ -504,7 +505,8 @@ async fn a_hash_redis_refuses_to_read_is_named_and_read_again_later() {
             .unwrap();
         tokio::time::timeout(Duration::from_secs(5), source.ready())
             .await
-            .expect("ready once the hash can be read");
+            .expect("ready once the hash can be read")
+            .expect("the rule source stopped");
         made
     })
     .await;
@@ -553,6 +555,7 @@ async fn a_read_refused_for_a_while_is_tried_again_soon() {
         .unwrap();
     tokio::time::timeout(Duration::from_secs(5), source.ready())
         .await
-        .expect("ready soon after the server serves reads");
+        .expect("ready soon after the server serves reads")
+        .expect("the rule source stopped");
     assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
 }

@@ -50,7 +50,7 @@ pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(10);
 /// let rules = RedisRuleSource::builder("redis://10.0.0.5:6379")
 ///     .reload_every(Duration::from_secs(10))
 ///     .start(&limiter)?;
-/// rules.ready().await; // optional: wait for the first read of the hash
+/// rules.ready().await?; // optional: wait for the first read of the hash
 ///
 /// // Anywhere, any instance: validated, stored, announced; every instance
 /// // applies it within moments.
@@ -140,11 +140,21 @@ impl RedisRuleSource {
     }
 
     /// Waits until the whole hash has been read once: until then, only the
-    /// rules set before the source started are in force.
-    pub async fn ready(&self) {
+    /// rules set before the source started are in force. An error when the
+    /// source stopped before that, its runtime having shut down
+    /// ([`Error::NoRuntime`]): it will read nothing more.
+    pub async fn ready(&self) -> Result<(), Error> {
         let mut ready = self.ready.clone();
-        // An error means the task ended, which only `stop` and drop do.
-        let _ = ready.wait_for(|ready| *ready).await;
+        // An error: the task ended, as its runtime shut down (`stop` and
+        // drop take `self`).
+        let read = ready.wait_for(|ready| *ready).await.is_ok();
+        if read {
+            Ok(())
+        } else {
+            Err(Error::NoRuntime {
+                what: "a rule source (its runtime shut down before it read the rules)",
+            })
+        }
     }
 
     /// Whether the whole hash has been read at least once.
@@ -533,6 +543,28 @@ mod tests {
         let all = ["rediss://127.0.0.1:26379", "rediss://127.0.0.1:26380"];
         assert!(Limiter::builder().sentinel("main", all).build().is_ok());
         assert!(RedisRuleSource::sentinel("main", all).endpoint().is_ok());
+    }
+
+    /// A source whose runtime shut down before it read the rules says so
+    /// when waited on, rather than seem ready.
+    #[test]
+    fn ready_says_when_the_source_stopped_unread() {
+        let rules = Rules::new();
+        let other = tokio::runtime::Runtime::new().unwrap();
+        let source = {
+            let _on = other.enter();
+            RedisRuleSource::builder("redis://127.0.0.1:1")
+                .spawn(&rules)
+                .unwrap()
+        };
+        drop(other);
+        let here = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ready = here.block_on(source.ready());
+        assert!(matches!(ready, Err(Error::NoRuntime { .. })), "{ready:?}");
+        assert!(!source.is_ready());
     }
 
     /// Each Sentinel is reached with its own URL's user and password, but
