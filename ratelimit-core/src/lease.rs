@@ -206,7 +206,9 @@ impl Leases {
     pub(crate) fn remove(&self, key: &str) {
         let shard = self.shards.index_of(self.shards.hash(key));
         self.removals[shard].fetch_add(1, Ordering::SeqCst);
-        if !self.used.load(Ordering::Relaxed) {
+        // Sequentially consistent with `put`'s store: one of the two sees
+        // the other's write.
+        if !self.used.load(Ordering::SeqCst) {
             return;
         }
         let (hash, mut shard) = self.shard(key);
@@ -235,7 +237,7 @@ impl Leases {
         expires_at_us: u64,
         owed_until_us: Option<u64>,
     ) -> Option<u64> {
-        self.used.store(true, Ordering::Relaxed);
+        self.used.store(true, Ordering::SeqCst);
         let (hash, mut shard) = self.shard(key);
         // Read under the shard's lock, which `remove` takes after counting:
         // a removal counted after this read finds the lease and drops it.

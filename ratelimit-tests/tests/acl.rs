@@ -371,3 +371,26 @@ async fn a_user_without_the_channel_reads_the_rules_on_the_timer_and_is_told_why
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The guide's user may not `PING`: the source's check of its subscription
+/// takes the refusal for the answer it is, with nothing logged as an error.
+#[tokio::test]
+async fn the_guides_user_follows_the_rules_with_no_error_logged() {
+    let server = RedisServer::start();
+    set_up_user(&server).await;
+    let url = as_user(&server, PASSWORD);
+    let limiter = Limiter::memory();
+    let ((), logs) = support::logged(async {
+        let source = RedisRuleSource::builder(url.clone())
+            .start(&limiter)
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), source.ready())
+            .await
+            .expect("the rules were never read")
+            .expect("the rule source stopped");
+        // Two checks of the subscription.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    })
+    .await;
+    assert!(!logs.contains("ERROR") && !logs.contains("WARN"), "{logs}");
+}

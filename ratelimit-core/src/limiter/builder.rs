@@ -163,10 +163,12 @@ impl LimiterBuilder {
     }
 
     /// The bound on how long a check (or a refund, an inspection, a reset)
-    /// waits for the backend, however many calls it makes (default 100 ms);
-    /// connections are made within timeouts of their own. One that takes
-    /// longer fails with [`Error::Timeout`] and the failure policy applies.
-    /// See the failures chapter of the guide for the details.
+    /// waits for the backend, however many calls it makes (default 100 ms).
+    /// One that takes longer fails with [`Error::Timeout`] and the failure
+    /// policy applies. Connections are made within timeouts of their own,
+    /// and so are the second call of a leased request whose lease was
+    /// refused and the shadow half of a check mixing enforced and shadow
+    /// requests: see the failures chapter of the guide.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

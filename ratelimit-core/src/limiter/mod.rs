@@ -384,15 +384,17 @@ impl Limiter {
         // longer counts. And again after it, for a lease a check in flight
         // took before the reset landed.
         self.inner.leases.remove(key);
-        self.inner
+        let reset = self
+            .inner
             .backend
             .reset(key, &Deadline::after(self.inner.timeout))
-            .await?;
+            .await;
+        // Whether or not the reset was heard of: it may have landed.
         if let Some(cache) = &self.inner.deny_cache {
             cache.forget(key);
         }
         self.inner.leases.remove(key);
-        Ok(())
+        reset
     }
 
     /// Counts a request that an HTTP layer's allowlist let through without

@@ -125,13 +125,12 @@ impl Limiter {
                 self.origin(),
             ));
         }
-        // One for the whole check, both groups of a mixed one included.
-        let deadline = Deadline::after(self.inner.timeout);
         let Some(shadow) = group_of(requests) else {
             // Boxed, as it holds two groups' futures: rare, and not carried
             // by every check.
-            return Box::pin(self.check_enforced_then_shadowed(requests, &deadline)).await;
+            return Box::pin(self.check_enforced_then_shadowed(requests)).await;
         };
+        let deadline = Deadline::after(self.inner.timeout);
         let decided = self.decide_group(requests, shadow, &deadline).await;
         self.outcome(requests, decided, shadow)
     }
@@ -161,15 +160,21 @@ impl Limiter {
     async fn check_enforced_then_shadowed<'a>(
         &self,
         requests: &[Request<'a>],
-        deadline: &Deadline,
     ) -> Result<Admitted<'a>, RateLimited> {
         if let Some(denied) = self.named_twice(requests, false) {
             answered_in_process().await;
             return Err(denied);
         }
         let (enforced, shadowed) = enforced_and_shadowed(requests);
-        let enforced_decisions = self.decide_group(&enforced, false, deadline).await?;
-        let shadow_decided = self.decide_group(&shadowed, true, deadline).await;
+        // Each group within a timeout of its own: the shadow requests,
+        // which only observe, left what the enforced ones did not use, would
+        // time out on a slow but healthy Redis and open its breaker.
+        let enforced_decisions = self
+            .decide_group(&enforced, false, &Deadline::after(self.inner.timeout))
+            .await?;
+        let shadow_decided = self
+            .decide_group(&shadowed, true, &Deadline::after(self.inner.timeout))
+            .await;
         self.merged(requests, &enforced, enforced_decisions, shadow_decided)
     }
 

@@ -251,7 +251,12 @@ impl Follower {
                     None => return Err(Lost::Closed),
                 },
                 _ = reload.tick() => self.reload(&mut connection).await,
-                _ = alive.tick() => within(timeout, sink.ping::<redis::Value>()).await.map(|_| ()),
+                _ = alive.tick() => match within(timeout, sink.ping::<redis::Value>()).await {
+                    // Any answer, a refusal included (a user the ACL does
+                    // not allow `PING`), says the connection lives.
+                    Err(Lost::Redis(error)) if !Lost::Redis(error.clone()).is_connection() => Ok(()),
+                    answered => answered.map(|_| ()),
+                },
             };
             match result {
                 Err(lost) if lost.is_connection() => return Err(lost),

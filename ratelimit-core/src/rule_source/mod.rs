@@ -406,9 +406,11 @@ impl RedisRuleSourceBuilder {
     }
 
     /// A connection to the node that serves the hash: on a Redis Cluster,
-    /// the master of its slot, which an `EXISTS` sent first names with
-    /// `MOVED` (messages reach every node of a cluster, so the channel is
-    /// followed on any); elsewhere, the server `client` reaches.
+    /// the master of its slot, which an `HGET` of the hash sent first names
+    /// with `MOVED` (a command the source needs anyway, so an ACL user
+    /// allowed the source's commands is allowed it; messages reach every
+    /// node of a cluster, so the channel is followed on any); elsewhere,
+    /// the server `client` reaches.
     async fn connect_to_hash(
         &self,
         client: &redis::Client,
@@ -419,9 +421,10 @@ impl RedisRuleSourceBuilder {
             client.get_multiplexed_async_connection_with_config(&config),
         )
         .await?;
-        let mut exists = redis::cmd("EXISTS");
-        exists.arg(&self.hash);
-        let asked = exists.query_async::<i64>(&mut connection);
+        // The empty field is never a rule's name.
+        let mut probe = redis::cmd("HGET");
+        probe.arg(&self.hash).arg("");
+        let asked = probe.query_async::<Option<Vec<u8>>>(&mut connection);
         let moved = match within(self.timeout, asked).await {
             Err(Lost::Redis(error))
                 if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) =>
@@ -581,12 +584,23 @@ mod tests {
                 "main",
                 ["rediss://:a@127.0.0.1:26379", "rediss://:b@127.0.0.1:26380"],
             )
-            .tls(ca)
+            .tls(ca.clone())
             .build();
         let Err(Error::Config(refused @ ConfigError::Unsupported { .. })) = certified else {
             panic!("{certified:?}");
         };
         assert!(!refused.to_string().contains(":a@"), "{refused}");
+        #[cfg(feature = "cluster")]
+        for url in ["valkeys://127.0.0.1:7000", "REDISS://127.0.0.1:7000"] {
+            let built = Limiter::builder().cluster([url]).tls(ca.clone()).build();
+            assert!(
+                !matches!(
+                    built,
+                    Err(Error::Config(ConfigError::TlsWithoutRediss { .. }))
+                ),
+                "{url}: {built:?}"
+            );
+        }
         for half in [
             ["valkeys://127.0.0.1:26379", "redis://127.0.0.1:26380"],
             ["REDISS://127.0.0.1:26379", "redis://127.0.0.1:26380"],

@@ -229,7 +229,13 @@ impl ClusterBackend {
         // Only certificates need it: the client reads `rediss://` itself.
         #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
         let secure = super::redis::uses_tls(
-            urls.iter().any(|u| u.starts_with("rediss://")),
+            // As redis-rs reads a URL (`rediss://`, `valkeys://`, any case).
+            urls.iter().any(|url| {
+                use redis::IntoConnectionInfo as _;
+                url.as_str()
+                    .into_connection_info()
+                    .is_ok_and(|info| matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }))
+            }),
             tls,
             "Redis Cluster URLs",
         )?;
@@ -507,8 +513,7 @@ impl ClusterBackend {
             .map_or("", |(node, _)| node);
         // Sent again where a node refused it unrun (the slot moved, or is
         // moving): a `DEL` applied twice deletes nothing more.
-        let mut connection = self.connection().await?;
-        let work = async {
+        let work = |mut connection: ClusterConnection| async move {
             let mut wait = Duration::from_millis(2);
             loop {
                 let mut del = redis::cmd("DEL");
@@ -532,7 +537,14 @@ impl ClusterBackend {
                 }
             }
         };
-        self.guarded(node, deadline.bound(work)).await
+        // The connection within a timeout of its own (see `Deadline`), the
+        // deletion within the reset's deadline; the master's breaker sees
+        // both.
+        let reset = async {
+            let connection = self.connection().await?;
+            deadline.bound(work(connection)).await
+        };
+        self.guarded(node, reset).await
     }
 
     /// Gives back what admissions took: one call per key, as the keys may
@@ -586,16 +598,14 @@ impl ClusterBackend {
             .collect();
         let first_slot = keys.first().map(|k| slot(k.as_bytes()));
         if keys.iter().all(|k| Some(slot(k.as_bytes())) == first_slot) {
-            let call = async {
-                let routing = self.routing().await;
-                let node = routing
-                    .as_ref()
-                    .and_then(|r| r.node(&keys[0]))
-                    .map_or("", |(node, _)| node);
-                self.guarded(node, self.call(node, "all", &keys, &calls, deadline))
-                    .await
-            };
-            let reply = deadline.bound(call).await?;
+            let routing = self.routing().await;
+            let node = routing
+                .as_ref()
+                .and_then(|r| r.node(&keys[0]))
+                .map_or("", |(node, _)| node);
+            let reply = self
+                .guarded(node, self.call(node, "all", &keys, &calls, deadline))
+                .await?;
             return decode_all(&reply, requests, &calls, &keys);
         }
         // Across slots: consume in order; on a denial (or a failure), give
