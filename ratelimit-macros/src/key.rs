@@ -44,6 +44,7 @@ pub(crate) enum TemplateError {
     Unclosed(String),
     InvalidPlaceholder(String),
     NoSeparator(Placeholder, Placeholder),
+    Tilde,
 }
 
 impl fmt::Display for TemplateError {
@@ -63,6 +64,10 @@ impl fmt::Display for TemplateError {
                 f,
                 "invalid placeholder `{text}`; expected a parameter name, optionally followed \
                  by fields, such as `<user_id>` or `<user.id>`"
+            ),
+            TemplateError::Tilde => f.write_str(
+                "`~` in key text is the attribute's own separator (a quota of another \
+                 algorithm decides on `key~<algorithm>`); use another, such as `:`",
             ),
             TemplateError::NoSeparator(a, b) => write!(
                 f,
@@ -116,6 +121,15 @@ impl Template {
             segments.push(Segment::Literal(rest.to_owned()));
         }
         let template = Template { segments };
+        // Written in a key, it could spell the key of another algorithm's
+        // state, or of a stacked check's (`key~2`).
+        if template
+            .segments
+            .iter()
+            .any(|segment| matches!(segment, Segment::Literal(text) if text.contains('~')))
+        {
+            return Err(TemplateError::Tilde);
+        }
         template.check_separators()?;
         Ok(template)
     }

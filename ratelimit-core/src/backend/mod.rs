@@ -31,7 +31,8 @@ type Remote<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>
 /// answer and then a call of its own, a check across Redis Cluster slots, a
 /// refund of keys on several masters; a leased request whose lease is
 /// refused asks for its own cost within a deadline of its own, as the
-/// backend has just answered). Connections, a Sentinel's answer
+/// backend has just answered, and so does the shadow half of a mixed
+/// check). Connections, a Sentinel's answer
 /// and a Cluster's slot map are made with timeouts of their own, not the
 /// operation's: one cut short would keep none of its progress, and the
 /// next operation would start it again. Read from the clock only when a
