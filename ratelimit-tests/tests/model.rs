@@ -230,14 +230,24 @@ fn never_admittable(denied: &RateLimited) -> bool {
 
 /// How much longer than `quota`'s own longest wait a key may be asked to
 /// wait: the time a clock went back, and a bucket's debt run up under
-/// another of the key's `quotas` (waited out as it is).
+/// another of the key's `quotas` (waited out as it is), with the rounding of
+/// that debt read in this quota's units (at most 4 µs over every pair of
+/// the bucket family's quotas; the wait is then longer than needed, never
+/// shorter, which the check of a retry after each denial holds to).
 fn slack(quotas: &[Quota], quota: &Quota, regress: u64) -> Duration {
+    const ROUNDING: Duration = Duration::from_micros(10);
     let longest = quotas
         .iter()
         .map(Quota::longest_wait)
         .max()
         .unwrap_or_default();
-    longest.saturating_sub(quota.longest_wait()) + Duration::from_micros(regress)
+    let carried = longest.saturating_sub(quota.longest_wait());
+    let rounding = if quotas.len() > 1 {
+        ROUNDING
+    } else {
+        Duration::ZERO
+    };
+    carried + rounding + Duration::from_micros(regress)
 }
 
 /// Redis's and the memory backend's answers to one request agree, and are
