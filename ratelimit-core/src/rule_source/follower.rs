@@ -254,7 +254,7 @@ impl Follower {
                 _ = alive.tick() => match within(timeout, sink.ping::<redis::Value>()).await {
                     // Any answer, a refusal included (a user the ACL does
                     // not allow `PING`), says the connection lives.
-                    Err(Lost::Redis(error)) if !Lost::Redis(error.clone()).is_connection() => Ok(()),
+                    Err(lost) if !lost.is_connection() => Ok(()),
                     answered => answered.map(|_| ()),
                 },
             };

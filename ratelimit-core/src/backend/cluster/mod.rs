@@ -229,12 +229,11 @@ impl ClusterBackend {
         // Only certificates need it: the client reads `rediss://` itself.
         #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
         let secure = super::redis::uses_tls(
-            // As redis-rs reads a URL (`rediss://`, `valkeys://`, any case).
             urls.iter().any(|url| {
                 use redis::IntoConnectionInfo as _;
                 url.as_str()
                     .into_connection_info()
-                    .is_ok_and(|info| matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }))
+                    .is_ok_and(|info| super::redis::over_tls(&info))
             }),
             tls,
             "Redis Cluster URLs",

@@ -107,12 +107,17 @@ pub(crate) fn open_client(url: &str, tls: &crate::tls::TlsConfig) -> Result<redi
         })
     };
     let info = url.into_connection_info().map_err(invalid)?;
-    let secure = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
-    if uses_tls(secure, tls, "a URL")? && tls.is_set() {
+    if uses_tls(over_tls(&info), tls, "a URL")? && tls.is_set() {
         #[cfg(feature = "tls")]
         return redis::Client::build_with_tls(info, tls.certificates()).map_err(invalid);
     }
     redis::Client::open(info).map_err(invalid)
+}
+
+/// Whether `info` is reached over TLS, as redis-rs reads its URL
+/// (`rediss://`, `valkeys://`, in any case).
+pub(crate) fn over_tls(info: &redis::ConnectionInfo) -> bool {
+    matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
 }
 
 /// Whether addresses that are `secure` (`rediss://`) use TLS, checked
@@ -186,10 +191,6 @@ impl Endpoint {
             .map(|url| url.as_str().into_connection_info())
             .collect::<Result<Vec<_>, _>>()
             .map_err(invalid)?;
-        // As redis-rs reads them (`rediss://`, `valkeys://`, any case).
-        let over_tls = |info: &redis::ConnectionInfo| {
-            matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
-        };
         let secure = infos.iter().filter(|info| over_tls(info)).count();
         if secure != 0 && secure != infos.len() {
             return Err(ConfigError::Unsupported {

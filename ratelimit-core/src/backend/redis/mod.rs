@@ -39,7 +39,7 @@ use batcher::{send_batch, Check, Work, BATCH_CONNECTIONS, MAX_IN_FLIGHT, NO_RUNT
 use sentinel::watch_switches;
 #[cfg(feature = "cluster")]
 pub(crate) use {
-    endpoint::uses_tls,
+    endpoint::{over_tls, uses_tls},
     script::{eval_call, script_body},
     wire::{batch_invocation, decode_all, decode_reply},
 };
