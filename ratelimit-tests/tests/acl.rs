@@ -122,10 +122,12 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
     let source = RedisRuleSource::builder(url.clone())
         .start(&limiter)
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), source.ready())
-        .await
-        .expect("the rule source read the rules as the ACL user")
-        .expect("the rule source stopped");
+    support::read_rules(
+        &source,
+        Duration::from_secs(5),
+        "the rule source read the rules as the ACL user",
+    )
+    .await;
     RedisRuleSource::publish(&url, "checkout", "capacity=7 rate=1/s")
         .await
         .unwrap();
@@ -337,10 +339,7 @@ async fn a_user_without_the_channel_reads_the_rules_on_the_timer_and_is_told_why
             .reload_every(Duration::from_millis(200))
             .start(&limiter)
             .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), source.ready())
-            .await
-            .expect("the rules were never read")
-            .expect("the rule source stopped");
+        support::read_rules(&source, Duration::from_secs(5), "the rules were never read").await;
         source
     })
     .await;
@@ -384,10 +383,7 @@ async fn the_guides_user_follows_the_rules_with_no_error_logged() {
         let source = RedisRuleSource::builder(url.clone())
             .start(&limiter)
             .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), source.ready())
-            .await
-            .expect("the rules were never read")
-            .expect("the rule source stopped");
+        support::read_rules(&source, Duration::from_secs(5), "the rules were never read").await;
         // Two checks of the subscription.
         tokio::time::sleep(Duration::from_millis(2_500)).await;
     })

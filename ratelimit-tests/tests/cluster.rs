@@ -1756,10 +1756,12 @@ async fn rule_sources_on_any_node_of_a_cluster_follow_the_rules() {
         })
         .collect();
     for (i, (_, source)) in instances.iter().enumerate() {
-        tokio::time::timeout(Duration::from_secs(5), source.ready())
-            .await
-            .unwrap_or_else(|_| panic!("the source on {} never read the rules", urls[i]))
-            .expect("the rule source stopped");
+        support::read_rules(
+            source,
+            Duration::from_secs(5),
+            &format!("the source on {} never read the rules", urls[i]),
+        )
+        .await;
     }
     let capacity_everywhere = |capacity: Option<u64>| {
         let instances = &instances;
@@ -1888,10 +1890,12 @@ async fn a_rules_only_user_follows_the_rules_from_any_node() {
         );
         let limiter = Limiter::memory();
         let source = RedisRuleSource::builder(url).start(&limiter).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), source.ready())
-            .await
-            .unwrap_or_else(|_| panic!("the source on node {node} never read the rules"))
-            .expect("the rule source stopped");
+        support::read_rules(
+            &source,
+            Duration::from_secs(5),
+            &format!("the source on node {node} never read the rules"),
+        )
+        .await;
         assert_eq!(
             limiter.rules().get("checkout").map(|q| q.capacity()),
             Some(7)

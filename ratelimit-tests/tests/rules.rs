@@ -53,10 +53,12 @@ async fn instance(server: &RedisServer, reload_every: Duration) -> Instance {
         .reload_every(reload_every)
         .start(&limiter)
         .expect("a rule source on the private redis-server");
-    tokio::time::timeout(Duration::from_secs(10), source.ready())
-        .await
-        .unwrap_or_else(|_| panic!("the rule source never read the rules\n{}", server.log()))
-        .expect("the rule source stopped");
+    support::read_rules(
+        &source,
+        Duration::from_secs(10),
+        &format!("the rule source never read the rules\n{}", server.log()),
+    )
+    .await;
     Instance {
         limiter,
         _source: source,
@@ -503,10 +505,12 @@ async fn a_hash_redis_refuses_to_read_is_named_and_read_again_later() {
             .hset(HASH, "probe", "capacity=5 rate=1/h")
             .await
             .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), source.ready())
-            .await
-            .expect("ready once the hash can be read")
-            .expect("the rule source stopped");
+        support::read_rules(
+            &source,
+            Duration::from_secs(5),
+            "ready once the hash can be read",
+        )
+        .await;
         made
     })
     .await;
@@ -553,9 +557,11 @@ async fn a_read_refused_for_a_while_is_tried_again_soon() {
         .hset(HASH, "probe", "capacity=5 rate=1/h")
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), source.ready())
-        .await
-        .expect("ready soon after the server serves reads")
-        .expect("the rule source stopped");
+    support::read_rules(
+        &source,
+        Duration::from_secs(5),
+        "ready soon after the server serves reads",
+    )
+    .await;
     assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
 }

@@ -30,10 +30,12 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
     let source = RedisRuleSource::sentinel(MASTER, urls.clone())
         .start(&limiter)
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), source.ready())
-        .await
-        .expect("the rule source reads the master the Sentinels name")
-        .expect("the rule source stopped");
+    support::read_rules(
+        &source,
+        Duration::from_secs(5),
+        "the rule source reads the master the Sentinels name",
+    )
+    .await;
 
     let quota = Quota::new(1_000_000_000, "1000000000/s".parse().unwrap()).unwrap();
     let (stop, from_redis, fallbacks) = (

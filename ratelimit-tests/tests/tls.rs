@@ -46,10 +46,12 @@ async fn rediss_decides_checks_all_or_nothing_and_follows_rules_with_a_private_c
 
     let rules = RedisRuleSource::builder(server.url()).tls(trusting(&files));
     let source = rules.clone().start(&limiter).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), source.ready())
-        .await
-        .expect("the rule source reads over TLS")
-        .expect("the rule source stopped");
+    support::read_rules(
+        &source,
+        Duration::from_secs(5),
+        "the rule source reads over TLS",
+    )
+    .await;
     rules
         .publish("checkout", "capacity=9 rate=1/s")
         .await
@@ -182,10 +184,12 @@ async fn sentinels_over_tls_name_the_master_and_a_switchover_is_followed() {
         .tls(trusting)
         .start(&limiter)
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), source.ready())
-        .await
-        .expect("the rule source reads the master the Sentinels name over TLS")
-        .expect("the rule source stopped");
+    support::read_rules(
+        &source,
+        Duration::from_secs(5),
+        "the rule source reads the master the Sentinels name over TLS",
+    )
+    .await;
 
     sentinel_command(&sentinels[0], &["failover", MASTER]);
     wait_for("the switch", Duration::from_secs(20), || {

@@ -130,15 +130,11 @@ impl RedisServer {
     }
 
     /// A Sentinel watching the master `name` at 127.0.0.1:`master_port`,
-    /// with a quorum of 2, calling it down after 1 s without an answer.
-    pub fn start_sentinel(name: &str, master_port: u16) -> Self {
-        Self::start_sentinel_with(name, master_port, None)
-    }
-
-    /// [`start_sentinel`](Self::start_sentinel), serving TLS only with
-    /// `tls`'s server certificate and reaching the master, its replicas and
-    /// the other Sentinels over TLS (`tls-replication yes`) when given.
-    pub fn start_sentinel_with(name: &str, master_port: u16, tls: Option<&TlsFiles>) -> Self {
+    /// with a quorum of 2, calling it down after 1 s without an answer;
+    /// serving TLS only with `tls`'s server certificate and reaching the
+    /// master, its replicas and the other Sentinels over TLS
+    /// (`tls-replication yes`) when given.
+    pub fn start_sentinel(name: &str, master_port: u16, tls: Option<&TlsFiles>) -> Self {
         let binary = redis_server_binary();
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -1257,6 +1253,15 @@ pub async fn config_set(
         .expect("CONFIG SET");
 }
 
+/// Waits until `source` has read the rules, at most `within`; `what`
+/// says what failed otherwise.
+pub async fn read_rules(source: &ratelimit::RedisRuleSource, within: Duration, what: &str) {
+    tokio::time::timeout(within, source.ready())
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+}
+
 /// The name Sentinels of a test give their master.
 pub const SENTINEL_MASTER: &str = "rl-master";
 const MASTER: &str = SENTINEL_MASTER;
@@ -1323,7 +1328,7 @@ pub fn sentinel_set_with(
     replica_args.extend_from_slice(on_replica);
     let replica = start(&replica_args);
     let sentinels: Vec<RedisServer> = (0..3)
-        .map(|_| RedisServer::start_sentinel_with(MASTER, master.port(), tls))
+        .map(|_| RedisServer::start_sentinel(MASTER, master.port(), tls))
         .collect();
     // The Sentinels learn of the replica and of each other from the master.
     wait_for(
