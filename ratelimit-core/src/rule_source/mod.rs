@@ -524,6 +524,8 @@ mod tests {
     /// Sentinel URLs are reached all over TLS or none, for the limiter and
     /// the rule source alike: half of them over TLS, or certificates for
     /// plain URLs, are refused when built; all of them over TLS build.
+    // TLS URLs build only with the `tls` feature.
+    #[cfg(feature = "tls")]
     #[test]
     fn sentinel_urls_are_all_over_tls_or_none() {
         let ca = crate::TlsConfig::new().root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec());
@@ -574,6 +576,8 @@ mod tests {
     /// certificates (which reach the master only through one set of
     /// credentials for every Sentinel) ask the same of every URL; a URL's
     /// TLS is read as redis-rs reads it, whatever the scheme's spelling.
+    // TLS URLs build only with the `tls` feature.
+    #[cfg(feature = "tls")]
     #[test]
     fn sentinel_credentials_and_tls_schemes() {
         let ca = crate::TlsConfig::new().root_certificate(b"-----BEGIN CERTIFICATE-----".to_vec());
