@@ -867,3 +867,82 @@ fn a_refund_leaves_a_window_begun_under_another_rule() {
         assert_eq!(module.script_calls().await, 0, "the module decided alone");
     });
 }
+
+/// An admission made before its key was reset holds nothing of the state
+/// after it: its refund gives nothing back there, on the memory backend, on
+/// Redis and under the local fallback. (Each gave the refund's cost to the
+/// reset key's new count or debt, admitting a request over its quota.)
+#[tokio::test]
+async fn a_refund_of_an_admission_made_before_a_reset_gives_nothing_back() {
+    let mut server = RedisServer::start();
+    // Mid-day, on a clock that moves only when told: the refund finds every
+    // token of its admission still owed and its window still running.
+    let clock = ManualClock::new(
+        1_760_000_000_000_000 - 1_760_000_000_000_000 % 86_400_000_000 + 3_600_000_000,
+    );
+    let memory = Limiter::builder()
+        .memory()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let redis = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(5))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut over = Vec::new();
+    for (name, limiter) in [("memory", &memory), ("redis", &redis)] {
+        for quota in daily() {
+            let key = format!("reset-then-refund:{name}:{}", quota.algorithm());
+            let before = limiter.check(Request::new(&quota, &key)).await.unwrap();
+            clock.advance(Duration::from_micros(1));
+            limiter.reset(&key).await.unwrap();
+            clock.advance(Duration::from_micros(1));
+            // The reset gave the whole quota back, and it is spent again.
+            for _ in 0..quota.capacity() {
+                limiter.check(Request::new(&quota, &key)).await.unwrap();
+            }
+            limiter.refund(before).await.unwrap();
+            // Past what the bucket refilled since the admission.
+            clock.advance(Duration::from_micros(10));
+            if limiter.check(Request::new(&quota, &key)).await.is_ok() {
+                over.push(format!("{name} {quota:?}"));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "a refund from before the reset admitted one more: {over:?}"
+    );
+    // The local fallback: the reset reaches no Redis, but forgets what the
+    // fallback counted of the key, and the admission from before it gives
+    // nothing back to what is counted after.
+    let local = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(200))
+        .failure_policy(ratelimit::FailurePolicy::Local)
+        .local_share(1.0)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    server.kill();
+    let quota = Quota::new(2, "2/d".parse().unwrap()).unwrap();
+    let before = local.check(Request::new(&quota, "local")).await.unwrap();
+    local.check(Request::new(&quota, "local")).await.unwrap();
+    assert!(local.check(Request::new(&quota, "local")).await.is_err());
+    clock.advance(Duration::from_micros(1));
+    assert!(local.reset("local").await.is_err(), "Redis is gone");
+    clock.advance(Duration::from_micros(1));
+    local.check(Request::new(&quota, "local")).await.unwrap();
+    local
+        .check(Request::new(&quota, "local"))
+        .await
+        .unwrap_or_else(|denied| panic!("the reset left the fallback's count: {denied:?}"));
+    local.refund(before).await.unwrap();
+    clock.advance(Duration::from_micros(10));
+    assert!(
+        local.check(Request::new(&quota, "local")).await.is_err(),
+        "a fallback refund from before the reset admitted one more"
+    );
+}

@@ -413,6 +413,7 @@ impl Inner {
             breaker: Breaker::new(builder.breaker),
             deny_cache,
             leases: Leases::new(crate::lease::MAX_KEYS),
+            resets: super::refund::Resets::new(),
             lease_ttl: builder.lease_ttl,
             cache_clock: clock,
             timeout: builder.timeout,

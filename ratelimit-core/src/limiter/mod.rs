@@ -83,6 +83,9 @@ struct Inner {
     timeout: Duration,
     /// Tokens leased from the backend, served in process.
     leases: Leases,
+    /// When keys were last reset, so refunds of older admissions give
+    /// nothing back.
+    resets: refund::Resets,
     lease_ttl: Duration,
     /// Named rules, changeable while running.
     rules: crate::rules::Rules,
@@ -281,6 +284,13 @@ impl Limiter {
     /// under half a window. Cached denials of the keys are forgotten, as
     /// they may end sooner now.
     ///
+    /// An admission of a key this limiter (or a clone) [reset](Self::reset)
+    /// since gives nothing back, as the reset deleted what it took; a key
+    /// reset by another instance cannot be known here, and its refund gives
+    /// the cost to the count begun since. (Keys are told apart by a hash
+    /// into 1,024 slots: a key that shares a reset key's slot gives nothing
+    /// back either, which admits less, never more.)
+    ///
     /// An admission made by another limiter (not this one or a clone) is
     /// [`Error::OtherLimiter`], and nothing is given back.
     ///
@@ -373,12 +383,20 @@ impl Limiter {
 
     /// Gives `key` its whole quota back, under any quota: deletes its state
     /// in the backend, and forgets what this limiter keeps of it in process
-    /// (cached denials, leased tokens, and a lease a check in flight would
-    /// bring). Other instances' deny caches hold their denials of the key
+    /// (cached denials, leased tokens, a lease a check in flight would
+    /// bring, and what the [`FailurePolicy::Local`] limiter counted). A
+    /// [`refund`](Self::refund) of an admission this limiter made before the
+    /// reset gives nothing back: what it took was deleted. Other instances' deny caches hold their denials of the key
     /// until they expire (at most their `retry_after`), and their leases
     /// serve what they hold until they end (at most the lease TTL). A
     /// backend fault is an `Err`.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
+        // Admissions asked for until the reset ends give nothing back (see
+        // `Resets`).
+        let _ends = self.inner.resets.reset(key, &*self.inner.cache_clock);
+        // What the failure policy's local limiter counted goes too: the
+        // quota is whole again wherever this limiter counts it.
+        self.inner.local.reset(key);
         // The lease goes first, as the reset may land though the call fails
         // or is dropped: a lease kept would serve tokens the backend no
         // longer counts. And again after it, for a lease a check in flight

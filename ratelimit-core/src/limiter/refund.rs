@@ -1,14 +1,79 @@
 //! Refunds: an admission's cost given back where it was taken (see
 //! [`Limiter::refund`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::request::{Admitted, OwnedAdmitted};
 use super::{answered_in_process, Limiter};
 use crate::algorithm::Refund;
 use crate::backend::Deadline;
+use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::decision::Via;
 use crate::error::Error;
 use crate::quota::Quota;
+use crate::sharded::KeyHasher;
+
+/// How many keys' resets [`Resets`] tells apart: keys that share a slot
+/// share their last reset.
+const RESET_SLOTS: usize = 1024;
+
+/// When this limiter last reset keys, by slots a hash of the key chooses.
+/// An admission asked for before its key's reset ended holds nothing of the
+/// state after it (the reset deleted what it took), so its refund gives
+/// nothing back: given to the count or debt begun after the reset, it would
+/// admit a request over the quota. A key sharing the slot of a key reset
+/// since its admission gives nothing back either, which admits less, never
+/// more. Refunds are only taken from admissions of this limiter, so its own
+/// resets are the ones that can be known here.
+pub(super) struct Resets {
+    hasher: KeyHasher,
+    /// Per slot, the instant (on the limiter's clock) its last reset ended,
+    /// plus one; 0 for none.
+    ended: Box<[AtomicU64]>,
+}
+
+impl Resets {
+    pub(super) fn new() -> Self {
+        Self {
+            hasher: KeyHasher::default(),
+            ended: (0..RESET_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn slot(&self, key: &str) -> &AtomicU64 {
+        use std::hash::BuildHasher;
+        let hash = self.hasher.hash_one(key);
+        &self.ended[(hash >> 32) as usize % RESET_SLOTS]
+    }
+
+    /// Marks `key` as reset now, and again when the returned guard is
+    /// dropped: when the reset ends, or its future is dropped (it may land
+    /// later still, which no instant here can tell).
+    pub(super) fn reset<'a>(&'a self, key: &str, clock: &'a dyn Clock) -> ResetEnds<'a> {
+        let slot = self.slot(key);
+        slot.fetch_max(clock.now_micros().saturating_add(1), Ordering::SeqCst);
+        ResetEnds { slot, clock }
+    }
+
+    /// Whether `key` was reset at or after `at`.
+    fn since(&self, key: &str, at: u64) -> bool {
+        self.slot(key).load(Ordering::SeqCst) > at
+    }
+}
+
+/// See [`Resets::reset`].
+pub(super) struct ResetEnds<'a> {
+    slot: &'a AtomicU64,
+    clock: &'a dyn Clock,
+}
+
+impl Drop for ResetEnds<'_> {
+    fn drop(&mut self) {
+        self.slot
+            .fetch_max(self.clock.now_micros().saturating_add(1), Ordering::SeqCst);
+    }
+}
 
 /// One request an admission took, as a refund needs it.
 pub(super) struct Taken<'a> {
@@ -66,6 +131,9 @@ impl Limiter {
         } in taken
         {
             let elapsed = now.saturating_sub(decision.at);
+            if self.inner.resets.since(key, decision.at) {
+                continue;
+            }
             match decision.via {
                 Via::Nothing => continue,
                 Via::Local => {
