@@ -22,7 +22,14 @@ pub(crate) struct Admission {
     px: u64,
 }
 
-/// The score at `index` of a `WITHSCORES` reply, as a whole number.
+/// Past any instant an admission is scored with (2^53 µs, the limit of
+/// `ratelimit-core`'s clocks).
+const MAX_INSTANT: f64 = 9_007_199_254_740_992.0;
+
+/// The score at `index` of a `WITHSCORES` reply, as a whole number; `None`
+/// for a score no admission has (negative, infinite, or past 2^53 µs, which
+/// only another writer leaves): read as an instant, `inf` made the log's
+/// expiry wrap to some 500 years ahead.
 fn score(reply: &RedisValue, index: usize) -> Option<u64> {
     let RedisValue::Array(items) = reply else {
         return None;
@@ -34,7 +41,10 @@ fn score(reply: &RedisValue, index: usize) -> Option<u64> {
         RedisValue::Integer(n) => return u64::try_from(*n).ok(),
         _ => return None,
     };
-    text.parse::<f64>().ok().map(|f| f as u64)
+    text.parse::<f64>()
+        .ok()
+        .filter(|f| (0.0..MAX_INSTANT).contains(f))
+        .map(|f| f as u64)
 }
 
 impl Call<'_> {

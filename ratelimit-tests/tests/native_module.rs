@@ -1132,3 +1132,45 @@ async fn calls_in_a_transaction_or_a_script_reach_a_replica_as_on_the_master() {
         "each call's two writes went as one script"
     );
 }
+
+/// A sorted set that another writer gave a score no admission has (`inf`,
+/// a negative one, one past 2^53): the module's sliding log still expires
+/// within its window. (Read as an instant, `inf` wrapped the log's expiry to
+/// about 500 years ahead.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_with_a_score_no_admission_has_still_expires() {
+    let server = with_module();
+    let limiter = uncached(&server);
+    let quota = window(Algorithm::SlidingLog, 4, "1s");
+    let mut connection = server.connection().await;
+    for (n, score) in ["inf", "-5", "1e19"].into_iter().enumerate() {
+        let key = format!("odd-score:{n}");
+        limiter.check(Request::new(&quota, &key)).await.unwrap();
+        let held: Vec<String> = server
+            .holdings()
+            .await
+            .into_keys()
+            .filter(|name| name.contains(&key))
+            .collect();
+        let [name] = &held[..] else {
+            panic!("one key for {key}: {held:?}");
+        };
+        let _: i64 = redis::cmd("ZADD")
+            .arg(name)
+            .arg(score)
+            .arg("elsewhere")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        limiter.check(Request::new(&quota, &key)).await.unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(name)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(
+            (1..=2_000).contains(&pttl),
+            "{name} with a member scored {score} expires in {pttl} ms"
+        );
+    }
+}
