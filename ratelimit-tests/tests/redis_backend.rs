@@ -1683,3 +1683,48 @@ async fn a_reset_racing_a_leased_check_leaves_no_lease_behind() {
         "a key admitted {worst} after a reset, over its 10"
     );
 }
+
+/// A reset whose caller is gone before Redis answers (a client that hung
+/// up, a `timeout` around the call) may land all the same: what the
+/// limiter keeps of the key in process is forgotten all the same. (The
+/// cached denial of the key was kept, and denied the key its whole quota
+/// until the denial's wait ended, a minute here.)
+#[tokio::test]
+async fn a_reset_dropped_before_its_answer_forgets_what_the_limiter_keeps_of_the_key() {
+    let server = RedisServer::start();
+    let relay = support::Relay::start(server.port()).await;
+    let limiter = Limiter::builder()
+        .redis(relay.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let quota = Quota::per_minute(2).unwrap();
+    limiter
+        .check(Request::new(&quota, "dropped").cost(2))
+        .await
+        .unwrap();
+    // The denial is cached.
+    for _ in 0..2 {
+        limiter
+            .check(Request::new(&quota, "dropped"))
+            .await
+            .unwrap_err();
+    }
+    assert!(
+        limiter.stats().denied_from_cache >= 1,
+        "{:?}",
+        limiter.stats()
+    );
+    relay.delay_replies(Duration::from_millis(300));
+    let gone = tokio::time::timeout(Duration::from_millis(100), limiter.reset("dropped")).await;
+    assert!(gone.is_err(), "the reset answered in 100 ms: {gone:?}");
+    // The reset reached Redis, whose answer is still on its way.
+    let mut redis = server.connection().await;
+    let held: u64 = redis::cmd("DBSIZE").query_async(&mut redis).await.unwrap();
+    assert_eq!(held, 0, "the reset did not land");
+    let after = limiter.check(Request::new(&quota, "dropped")).await;
+    assert!(
+        after.is_ok(),
+        "a key Redis made whole was denied from the cache: {after:?}"
+    );
+}

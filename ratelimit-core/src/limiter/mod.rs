@@ -391,28 +391,15 @@ impl Limiter {
     /// serve what they hold until they end (at most the lease TTL). A
     /// backend fault is an `Err`.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
-        // Admissions asked for until the reset ends give nothing back (see
-        // `Resets`).
-        let _ends = self.inner.resets.reset(key, &*self.inner.cache_clock);
-        // What the failure policy's local limiter counted goes too: the
-        // quota is whole again wherever this limiter counts it.
-        self.inner.local.reset(key);
-        // The lease goes first, as the reset may land though the call fails
-        // or is dropped: a lease kept would serve tokens the backend no
-        // longer counts. And again after it, for a lease a check in flight
-        // took before the reset landed.
-        self.inner.leases.remove(key);
-        let reset = self
-            .inner
+        // The reset may land though the call fails, or though its caller is
+        // gone before the answer: what this limiter keeps of the key is
+        // forgotten before it is sent, and again when it ends or is dropped,
+        // for what a check in flight brings back before the reset landed.
+        let _forgotten = Forgotten::now(&self.inner, key);
+        self.inner
             .backend
             .reset(key, &Deadline::after(self.inner.timeout))
-            .await;
-        // Whether or not the reset was heard of: it may have landed.
-        if let Some(cache) = &self.inner.deny_cache {
-            cache.forget(key);
-        }
-        self.inner.leases.remove(key);
-        reset
+            .await
     }
 
     /// Counts a request that an HTTP layer's allowlist let through without
@@ -465,6 +452,42 @@ fn unreachable_config() -> Limiter {
 /// yield has taken nothing.
 async fn answered_in_process() {
     tokio::task::consume_budget().await;
+}
+
+/// What a [`Limiter::reset`] forgets of its key in process, once when made
+/// and again when dropped.
+struct Forgotten<'a> {
+    inner: &'a Inner,
+    key: &'a str,
+}
+
+impl<'a> Forgotten<'a> {
+    fn now(inner: &'a Inner, key: &'a str) -> Self {
+        let forgotten = Self { inner, key };
+        forgotten.forget();
+        forgotten
+    }
+
+    fn forget(&self) {
+        let Self { inner, key } = *self;
+        // Admissions asked for until now give nothing back (see `Resets`).
+        inner.resets.mark(key, inner.cache_clock.now_micros());
+        // A lease kept would serve tokens the backend no longer counts, and
+        // a cached denial deny a key made whole.
+        inner.leases.remove(key);
+        if let Some(cache) = &inner.deny_cache {
+            cache.forget(key);
+        }
+        // What the failure policy's local limiter counted goes too: the
+        // quota is whole again wherever this limiter counts it.
+        inner.local.reset(key);
+    }
+}
+
+impl Drop for Forgotten<'_> {
+    fn drop(&mut self) {
+        self.forget();
+    }
 }
 
 #[cfg(test)]

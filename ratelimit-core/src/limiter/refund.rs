@@ -7,7 +7,6 @@ use super::request::{Admitted, OwnedAdmitted};
 use super::{answered_in_process, Limiter};
 use crate::algorithm::Refund;
 use crate::backend::Deadline;
-use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::decision::Via;
 use crate::error::Error;
@@ -47,31 +46,17 @@ impl Resets {
         &self.ended[(hash >> 32) as usize % RESET_SLOTS]
     }
 
-    /// Marks `key` as reset now, and again when the returned guard is
-    /// dropped: when the reset ends, or its future is dropped (it may land
-    /// later still, which no instant here can tell).
-    pub(super) fn reset<'a>(&'a self, key: &str, clock: &'a dyn Clock) -> ResetEnds<'a> {
-        let slot = self.slot(key);
-        slot.fetch_max(clock.now_micros().saturating_add(1), Ordering::SeqCst);
-        ResetEnds { slot, clock }
+    /// Marks `key` as reset at `now`, as a reset does when it starts and
+    /// again when it ends or its caller is gone (it may land later still,
+    /// which no instant here can tell).
+    pub(super) fn mark(&self, key: &str, now: u64) {
+        self.slot(key)
+            .fetch_max(now.saturating_add(1), Ordering::SeqCst);
     }
 
     /// Whether `key` was reset at or after `at`.
     fn since(&self, key: &str, at: u64) -> bool {
         self.slot(key).load(Ordering::SeqCst) > at
-    }
-}
-
-/// See [`Resets::reset`].
-pub(super) struct ResetEnds<'a> {
-    slot: &'a AtomicU64,
-    clock: &'a dyn Clock,
-}
-
-impl Drop for ResetEnds<'_> {
-    fn drop(&mut self) {
-        self.slot
-            .fetch_max(self.clock.now_micros().saturating_add(1), Ordering::SeqCst);
     }
 }
 
