@@ -946,3 +946,106 @@ async fn a_refund_of_an_admission_made_before_a_reset_gives_nothing_back() {
         "a fallback refund from before the reset admitted one more"
     );
 }
+
+/// A lease asked for while another caller's call on its key was on its way
+/// waits for that call's answer before its own call is made. An admission
+/// asked for meanwhile, without a lease, is owed before the lease's tokens,
+/// and its refund must bring the lease's end sooner: the lease had taken
+/// the instant before its wait for its own, found the admission asked for
+/// after it, kept its end, and served two tokens past a full bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_waited_for_another_call_is_cut_by_a_refund_asked_for_meanwhile() {
+    let server = RedisServer::start();
+    let relay = support::Relay::start(server.port()).await;
+    // Twenty at a token every 3 s, on a clock that moves only when told.
+    let start = 1_760_000_000_000_000;
+    let clock = ManualClock::new(start);
+    let limiter = Limiter::builder()
+        .redis(relay.url())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .lease_ttl(Duration::from_secs(3_600))
+        .build()
+        .unwrap();
+    let other = Limiter::builder()
+        .redis(server.url())
+        .clock(clock.clone())
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    // Spawned checks keep their requests' quota.
+    let quota: &'static Quota =
+        Box::leak(Box::new(Quota::new(20, "20/min".parse().unwrap()).unwrap()));
+    let key = "waited";
+    let tick = |clock: &ManualClock| clock.advance(Duration::from_micros(1));
+    // The limiter takes seven, which it keeps in its deny cache (the next
+    // seven may not fit); another instance takes three.
+    limiter
+        .check(Request::new(quota, key).cost(7))
+        .await
+        .unwrap();
+    tick(&clock);
+    other.check(Request::new(quota, key).cost(3)).await.unwrap();
+    tick(&clock);
+    // Every connection the batches take turns on is made (on first use)
+    // before the network slows down: one still connecting would hold its
+    // call back.
+    for _ in 0..4 {
+        limiter.check(Request::new(quota, "warm")).await.unwrap();
+    }
+    relay.delay_replies(Duration::from_millis(400));
+    let limiter = Arc::new(limiter);
+    let spawn = |cost: u64, lease: u64| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new(quota, key).cost(cost).lease(lease);
+            limiter.check(request).await
+        })
+    };
+    // Eleven may be the last to fit, as the limiter knows the key: it asks
+    // Redis, which denies it (the other instance's three).
+    let probe = spawn(11, 0);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tick(&clock);
+    // A lease of seven may not fit either: it waits for the probe's answer.
+    let leased = spawn(1, 7);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tick(&clock);
+    // Three fit whatever the probe finds: asked for at once.
+    let meanwhile = spawn(3, 0);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tick(&clock);
+    assert!(probe.await.unwrap().is_err(), "Redis denies eleven");
+    let meanwhile = meanwhile.await.unwrap().expect("three admitted");
+    let leased = leased.await.unwrap().expect("the lease of seven admitted");
+    assert_eq!(
+        (
+            meanwhile.decisions()[0].remaining,
+            leased.decisions()[0].remaining
+        ),
+        (7, 0),
+        "the three decided before the lease of seven, which took the rest"
+    );
+    relay.delay_replies(Duration::ZERO);
+    // 7 + 3 + 3 + 7 taken, in that order; the second three given back.
+    limiter.refund(meanwhile).await.unwrap();
+    // 45 s on, the bucket owes 2 tokens, the lease's: what Redis holds and
+    // what the lease may still serve is a full bucket, 20, at most.
+    clock.advance(Duration::from_secs(45));
+    let mut admitted = 0;
+    while other.check(Request::new(quota, key)).await.is_ok() {
+        admitted += 1;
+    }
+    let from_redis = admitted;
+    while limiter
+        .check(Request::new(quota, key).lease(7))
+        .await
+        .is_ok()
+    {
+        admitted += 1;
+    }
+    assert!(
+        admitted <= 20,
+        "{admitted} admitted at once from a bucket of 20, {from_redis} of them by Redis"
+    );
+}

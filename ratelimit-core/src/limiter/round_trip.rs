@@ -192,10 +192,20 @@ impl Limiter {
                 }
                 _ => Some(reset),
             };
-            let id =
-                self.inner
-                    .leases
-                    .put(asked, quota, key, lease - cost, now, expires, owed_until);
+            // The lease is owed after what was asked for before its own
+            // call (`decision.at`), not before its wait for another
+            // caller's: a refund of an admission asked for in between must
+            // cut it (see `Leases::refunded`).
+            let asked_at = decision.at.max(now);
+            let id = self.inner.leases.put(
+                asked,
+                quota,
+                key,
+                lease - cost,
+                asked_at,
+                expires,
+                owed_until,
+            );
             // The request's own tokens were leased with the rest: a refund
             // gives them to the lease.
             let via = id.map_or(Via::Backend, Via::Lease);
