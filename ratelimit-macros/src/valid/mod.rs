@@ -135,6 +135,14 @@ impl Function<'_> {
                 lit: Lit::Int(lit), ..
             })) => {
                 let cost = lit.base10_parse::<u64>()?;
+                if cost == 0 {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "`cost = 0` takes nothing, so every call would be admitted and the \
+                         limit would never apply; remove `cost` (one token a call) or give \
+                         the tokens a call takes",
+                    ));
+                }
                 if let QuotaArg::Fixed(fixed) = &quota {
                     let capacity_name = if fixed.algorithm.is_windowed() {
                         "limit"
