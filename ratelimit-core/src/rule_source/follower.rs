@@ -20,9 +20,11 @@ use crate::rules::{is_valid_name, Rules};
 
 use super::RedisRuleSourceBuilder;
 
-/// The most channel messages answered together: those already received
-/// when the first is taken.
-const MAX_MESSAGES_AT_ONCE: usize = 1_024;
+/// The most channel messages taken at once, of those already received:
+/// each is only noted (a name, or the whole hash), so a flood of them is
+/// taken as fast as it arrives and answered by a few reads. The bound keeps
+/// a flood faster than that from holding the follower forever.
+const MAX_MESSAGES_AT_ONCE: usize = 100_000;
 
 /// Above this many rules named by messages answered together, the whole
 /// hash is read once instead of each rule.
@@ -34,6 +36,63 @@ const ALIVE_EVERY: Duration = Duration::from_secs(1);
 /// The least time between two reads of the whole hash asked for by
 /// messages: a flood of `*` costs Redis ten reads a second per instance.
 const MIN_ANNOUNCED_READ_GAP: Duration = Duration::from_millis(100);
+
+/// What the channel's messages taken together announce.
+#[derive(Default)]
+struct Announced {
+    /// The rules named, each once; at most `MAX_NAMES_READ_ALONE`.
+    names: Vec<String>,
+    /// Whether the whole hash is to be read: a message named every rule
+    /// (`*`, empty) or none, or more rules were named than are read alone.
+    whole: bool,
+    /// Messages that named no rule, and the start and length of the first.
+    unnamed: usize,
+    first_unnamed: Option<(String, usize)>,
+}
+
+impl Announced {
+    fn note(&mut self, payload: &[u8]) {
+        match std::str::from_utf8(payload).map(str::trim) {
+            Ok(name) if is_valid_name(name) => {
+                if !self.whole && !self.names.iter().any(|n| n == name) {
+                    self.names.push(name.to_owned());
+                    if self.names.len() > MAX_NAMES_READ_ALONE {
+                        self.whole = true;
+                        self.names.clear();
+                    }
+                }
+            }
+            Ok(all) if all.is_empty() || all == "*" => self.whole = true,
+            _ => {
+                self.whole = true;
+                self.unnamed += 1;
+                // The start of it: a message can be as long as Redis allows.
+                self.first_unnamed.get_or_insert_with(|| {
+                    let shown = &payload[..payload.len().min(64)];
+                    (String::from_utf8_lossy(shown).into_owned(), payload.len())
+                });
+            }
+        }
+        if self.whole {
+            self.names.clear();
+        }
+    }
+}
+
+/// Notes the messages already received, up to `MAX_MESSAGES_AT_ONCE`.
+fn take_waiting<M>(messages: &mut M, announced: &mut Announced) -> Result<(), Lost>
+where
+    M: futures_util::Stream<Item = redis::Msg> + Unpin,
+{
+    for _ in 0..MAX_MESSAGES_AT_ONCE {
+        match messages.next().now_or_never() {
+            Some(Some(message)) => announced.note(message.get_payload_bytes()),
+            Some(None) => return Err(Lost::Closed),
+            None => break,
+        }
+    }
+    Ok(())
+}
 
 /// Why a connection to Redis is given up.
 pub(super) enum Lost {
@@ -236,17 +295,11 @@ impl Follower {
                     Some(message) => {
                         // Every message already here is answered at once:
                         // a flood of them costs a few reads, not one each.
-                        let mut payloads = vec![message.get_payload_bytes().to_vec()];
-                        while payloads.len() < MAX_MESSAGES_AT_ONCE {
-                            match messages.next().now_or_never() {
-                                Some(Some(message)) => {
-                                    payloads.push(message.get_payload_bytes().to_vec())
-                                }
-                                Some(None) => return Err(Lost::Closed),
-                                None => break,
-                            }
-                        }
-                        self.on_messages(&mut connection, &payloads).await
+                        let mut announced = Announced::default();
+                        announced.note(message.get_payload_bytes());
+                        take_waiting(&mut messages, &mut announced)?;
+                        self.on_announced(&mut connection, &mut messages, announced)
+                            .await
                     }
                     None => return Err(Lost::Closed),
                 },
@@ -275,49 +328,50 @@ impl Follower {
         );
     }
 
-    /// Applies what `payloads`, messages of the channel, announce: the
-    /// rules they name, each read once, or the whole hash when one names
-    /// every rule (`*`, empty) or none, or when they name many.
-    async fn on_messages(
+    /// Applies what messages of the channel announced: the rules they
+    /// name, each read once, or the whole hash.
+    async fn on_announced<M>(
         &mut self,
         connection: &mut redis::aio::MultiplexedConnection,
-        payloads: &[Vec<u8>],
-    ) -> Result<(), Lost> {
-        let mut names: Vec<&str> = Vec::new();
-        let mut whole = false;
-        for payload in payloads {
-            match std::str::from_utf8(payload) {
-                Ok(name) if is_valid_name(name.trim()) => {
-                    if !names.contains(&name.trim()) {
-                        names.push(name.trim());
+        messages: &mut M,
+        mut announced: Announced,
+    ) -> Result<(), Lost>
+    where
+        M: futures_util::Stream<Item = redis::Msg> + Unpin,
+    {
+        if announced.whole {
+            // However fast they are sent, reads of the whole hash for
+            // messages are spaced; the messages that come meanwhile are
+            // taken (the subscription reads its socket only when asked for
+            // a message) and answered by the same read.
+            if let Some(at) = self.announced_read_at {
+                let gap_ends = tokio::time::sleep_until(at + MIN_ANNOUNCED_READ_GAP);
+                tokio::pin!(gap_ends);
+                loop {
+                    tokio::select! {
+                        () = &mut gap_ends => break,
+                        message = messages.next() => match message {
+                            Some(message) => announced.note(message.get_payload_bytes()),
+                            None => return Err(Lost::Closed),
+                        },
                     }
                 }
-                Ok(all) if all.trim().is_empty() || all.trim() == "*" => whole = true,
-                _ => {
-                    // The start of it: a message can be as long as Redis
-                    // allows.
-                    let shown = &payload[..payload.len().min(64)];
-                    tracing::warn!(
-                        channel = %self.config.channel,
-                        message = %String::from_utf8_lossy(shown),
-                        length = payload.len(),
-                        "rule source got a message that names no rule; reading every rule"
-                    );
-                    whole = true;
-                }
+                take_waiting(messages, &mut announced)?;
             }
-        }
-        if whole || names.len() > MAX_NAMES_READ_ALONE {
-            // However fast they are sent, reads of the whole hash for
-            // messages are spaced: the messages that come meanwhile wait,
-            // and one read answers them all.
-            if let Some(at) = self.announced_read_at {
-                tokio::time::sleep_until(at + MIN_ANNOUNCED_READ_GAP).await;
+            if let Some((start, length)) = &announced.first_unnamed {
+                tracing::warn!(
+                    channel = %self.config.channel,
+                    message = %start,
+                    length,
+                    count = announced.unnamed,
+                    "rule source got messages that name no rule; reading every rule"
+                );
             }
             self.announced_read_at = Some(Instant::now());
             return self.reload(connection).await;
         }
-        for name in names {
+        let names = std::mem::take(&mut announced.names);
+        for name in &names {
             let text: Option<Vec<u8>> = within(
                 self.config.timeout,
                 redis::cmd("HGET")
