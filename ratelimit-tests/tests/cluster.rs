@@ -1902,3 +1902,56 @@ async fn a_rules_only_user_follows_the_rules_from_any_node() {
         );
     }
 }
+
+/// A cluster that names no endpoints in its slot map
+/// (`cluster-preferred-endpoint-type unknown-endpoint`: a null where the
+/// address is) means "the host you reached me at": the limiter reads the
+/// map, answers `ping`, and sends each master its batch, as redis-rs's own
+/// client does. (The whole map was refused: `ping` failed with an unexpected
+/// reply, and every decision went alone under one breaker for the whole
+/// cluster.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_map_that_names_no_endpoints_is_read_as_the_seed_host() {
+    let cluster = start(3, 0, false);
+    let quota = Quota::new(1, "1/min".parse().unwrap()).unwrap();
+    let master = cluster.masters()[0];
+    // (`hostname` with no hostname set answers `?`, which redis-rs's
+    // cluster client cannot reach.)
+    let endpoint = "unknown-endpoint";
+    for node in cluster.masters() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-preferred-endpoint-type")
+            .arg(endpoint)
+            .query_async(&mut cluster.nodes[node].connection().await)
+            .await
+            .unwrap();
+    }
+    let limiter = uncached(&cluster, Duration::from_millis(500));
+    limiter
+        .ping()
+        .await
+        .unwrap_or_else(|e| panic!("{endpoint}: {e}"));
+    let keys: Vec<String> = keys_on(&cluster, master, "unnamed").take(20).collect();
+    limiter.decide(&quota, &keys[0], 1).await.unwrap();
+    for node in cluster.masters() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut cluster.nodes[node].connection().await)
+            .await
+            .unwrap();
+    }
+    let decisions =
+        futures::future::join_all(keys[1..].iter().map(|k| limiter.decide(&quota, k, 1))).await;
+    for (key, decision) in keys[1..].iter().zip(decisions) {
+        let decision = decision.unwrap_or_else(|e| panic!("{endpoint} {key}: {e}"));
+        assert!(decision.allowed, "{endpoint} {key}: {decision:?}");
+    }
+    let made = cluster.nodes[master]
+        .command_calls(&["fcall", "evalsha"])
+        .await;
+    assert!(
+        made < 19,
+        "{endpoint}: {made} script calls for 19 decisions on one master, none batched"
+    );
+}

@@ -226,7 +226,14 @@ impl ClusterBackend {
                 .arg("SLOTS")
                 .query_async(&mut connection)
                 .await?;
-            parse_slots(&reply).ok_or_else(|| Error::UnexpectedReply(format!("{reply:?}")))
+            // A node that names no endpoint means the host it was reached
+            // at: every node is reached at the seed's host then.
+            let seed = match self.seed.get_connection_info().addr() {
+                redis::ConnectionAddr::Tcp(host, _)
+                | redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
+                _ => String::new(),
+            };
+            parse_slots(&reply, &seed).ok_or_else(|| Error::UnexpectedReply(format!("{reply:?}")))
         };
         tokio::time::timeout(self.timeout, work)
             .await
@@ -236,7 +243,14 @@ impl ClusterBackend {
 
 /// The masters' slot ranges in a `CLUSTER SLOTS` reply: for each range, its
 /// first and last slot and its master's `ip:port` (the first node listed).
-pub(super) fn parse_slots(reply: &redis::Value) -> Option<Vec<(u16, u16, String)>> {
+/// A master whose endpoint is unknown (null, as under
+/// `cluster-preferred-endpoint-type unknown-endpoint`, or empty or `?`) is
+/// at the `ip` or `hostname` its entry's metadata gives, else at
+/// `seed_host`, the host the map was asked of.
+pub(super) fn parse_slots(
+    reply: &redis::Value,
+    seed_host: &str,
+) -> Option<Vec<(u16, u16, String)>> {
     use redis::Value;
     let Value::Array(ranges) = reply else {
         return None;
@@ -255,11 +269,35 @@ pub(super) fn parse_slots(reply: &redis::Value) -> Option<Vec<(u16, u16, String)
             let Value::Array(master) = fields.get(2)? else {
                 return None;
             };
-            let ip = match master.first()? {
-                Value::BulkString(ip) => String::from_utf8_lossy(ip).into_owned(),
-                Value::SimpleString(ip) => ip.clone(),
-                _ => return None,
+            let text = |value: &Value| match value {
+                Value::BulkString(text) => Some(String::from_utf8_lossy(text).into_owned()),
+                Value::SimpleString(text) => Some(text.clone()),
+                _ => None,
             };
+            let ip = match master.first()? {
+                Value::Nil => None,
+                value => Some(text(value)?),
+            }
+            .filter(|ip| !ip.is_empty() && ip != "?")
+            .or_else(|| {
+                // The metadata: a map, or (RESP2) an array of names and values.
+                let pairs: Vec<(&Value, &Value)> = match master.get(3)? {
+                    Value::Array(items) => items
+                        .chunks_exact(2)
+                        .map(|pair| (&pair[0], &pair[1]))
+                        .collect(),
+                    Value::Map(items) => items.iter().map(|(k, v)| (k, v)).collect(),
+                    _ => return None,
+                };
+                ["ip", "hostname"].into_iter().find_map(|name| {
+                    pairs
+                        .iter()
+                        .find(|(k, _)| text(k).as_deref() == Some(name))
+                        .and_then(|(_, v)| text(v))
+                        .filter(|v| !v.is_empty() && v != "?")
+                })
+            })
+            .unwrap_or_else(|| seed_host.to_owned());
             let port = match master.get(1)? {
                 Value::Int(port) => *port,
                 _ => return None,
