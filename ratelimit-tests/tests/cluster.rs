@@ -1955,3 +1955,53 @@ async fn a_slot_map_that_names_no_endpoints_is_read_as_the_seed_host() {
         "{endpoint}: {made} script calls for 19 decisions on one master, none batched"
     );
 }
+
+/// A check across masters denied by its last dimension gives back what the
+/// others took all at once: a master frozen after its dimension admitted
+/// does not hold back the others' give-back. (They went one after another,
+/// each waiting for the one before it up to the timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_check_gives_back_on_every_master_at_once() {
+    let cluster = start(3, 0, false);
+    let limiter = Arc::new(uncached(&cluster, Duration::from_secs(3)));
+    let quota: &'static Quota = Box::leak(Box::new(Quota::per_hour(3).unwrap()));
+    let masters = cluster.masters();
+    let keys: Vec<&'static str> = masters
+        .iter()
+        .map(|&master| &*keys_on(&cluster, master, "given").next().unwrap().leak())
+        .collect();
+    // The third dimension denies.
+    limiter
+        .check(Request::new(quota, keys[2]).cost(3))
+        .await
+        .unwrap();
+    cluster.nodes[masters[2]].freeze();
+    let check = tokio::spawn({
+        let (limiter, keys) = (limiter.clone(), keys.clone());
+        async move {
+            let requests: Vec<Request<'static>> =
+                keys.iter().map(|key| Request::new(quota, key)).collect();
+            limiter.check(&requests[..]).await.map(|_| ())
+        }
+    });
+    // The first two admitted, the third on its way: the first's master
+    // freezes, and the denial comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.nodes[masters[0]].freeze();
+    cluster.nodes[masters[2]].thaw();
+    let started = Instant::now();
+    let back = loop {
+        let left = limiter.inspect(quota, keys[1], 0).await.unwrap().remaining;
+        if left == 3 || started.elapsed() > Duration::from_secs(5) {
+            break started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster.nodes[masters[0]].thaw();
+    assert!(check.await.unwrap().is_err(), "the third dimension denies");
+    assert!(
+        back < Duration::from_secs(1),
+        "the second dimension's token came back {back:?} after the denial, behind the frozen \
+         master's"
+    );
+}

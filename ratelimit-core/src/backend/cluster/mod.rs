@@ -148,7 +148,7 @@ impl Admission {
 
 impl Taken<'_> {
     /// Gives back what the dimensions taken so far admitted (as much as
-    /// each bucket still holds), on a task of its own, so that a refund on
+    /// each bucket still holds), on every master at once, on a task of its own, so that a refund on
     /// its way goes on whoever stops waiting for it: it is neither cut short
     /// nor sent twice. The task, unless there is nothing to give back, or no
     /// connection or runtime to give it on.
@@ -171,21 +171,29 @@ impl Taken<'_> {
             .into_iter()
             .filter_map(|taken| taken.refund(self.backend))
             .collect();
+        // All at once: a master that does not answer holds back no other
+        // master's give-back (which, measured before it, would be stale by
+        // then).
         Some(runtime.spawn(async move {
-            for (key, call) in refunds {
-                let invocation = super::redis::invocation("refund", [(&key, call)]);
-                let given = calls::call_routed(
-                    connection.clone(),
-                    timeout,
-                    &functions,
-                    &direct,
-                    &invocation,
-                    &|| true,
-                );
-                if let Err(error) = given.await {
-                    tracing::warn!(%key, %error, "could not give back a multi-dimension check's tokens");
+            let given = refunds.into_iter().map(|(key, call)| {
+                let (connection, functions, direct) =
+                    (connection.clone(), functions.clone(), direct.clone());
+                async move {
+                    let invocation = super::redis::invocation("refund", [(&key, call)]);
+                    let given = calls::call_routed(
+                        connection,
+                        timeout,
+                        &functions,
+                        &direct,
+                        &invocation,
+                        &|| true,
+                    );
+                    if let Err(error) = given.await {
+                        tracing::warn!(%key, %error, "could not give back a multi-dimension check's tokens");
+                    }
                 }
-            }
+            });
+            futures_util::future::join_all(given).await;
         }))
     }
 }
