@@ -142,6 +142,20 @@ impl Breaker {
         let Some(permit) = self.permit() else {
             return Err(Error::CircuitOpen);
         };
+        self.guard_permitted(permit, backend, node, call).await
+    }
+
+    /// [`guard`](Self::guard) under a `permit` already taken: for a call
+    /// whose work is handed on (queued for a batch) once it is allowed, and
+    /// which must not then be refused by a second ask (another caller may
+    /// have taken the probe meanwhile, and the work would go all the same).
+    pub(crate) async fn guard_permitted<T>(
+        &self,
+        permit: Permit<'_>,
+        backend: &'static str,
+        node: Option<&str>,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
         let started = Instant::now();
         let result = call.await;
         observed(backend, started, &result);

@@ -452,17 +452,24 @@ impl ClusterBackend {
                     reply,
                 };
                 let breaker = self.breaker(node);
+                // One permit for the queued decision and its answer: asked
+                // twice, the second could be refused (another caller took
+                // the probe) while the batch sends the decision anyway.
                 let Some(permit) = breaker.permit() else {
                     return Err(Error::CircuitOpen);
                 };
-                drop(permit);
                 match queue.try_send(job) {
                     Ok(()) => {
                         // Dropping `answer` (a timeout here, or the caller's
                         // future dropped) tells the batcher not to send this
                         // decision if it has not yet.
                         return breaker
-                            .guard("cluster", Some(node), await_answer(deadline, answer))
+                            .guard_permitted(
+                                permit,
+                                "cluster",
+                                Some(node),
+                                await_answer(deadline, answer),
+                            )
                             .await;
                     }
                     Err(TrySendError::Full(_)) => return Err(Error::Overloaded(MAX_QUEUED)),
