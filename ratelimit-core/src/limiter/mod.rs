@@ -384,10 +384,12 @@ impl Limiter {
     /// Gives `key` its whole quota back, under any quota: deletes its state
     /// in the backend, and forgets what this limiter keeps of it in process
     /// (cached denials, leased tokens, a lease a check in flight would
-    /// bring, and what the [`FailurePolicy::Local`] limiter counted). A
-    /// [`refund`](Self::refund) of an admission this limiter made before the
-    /// reset gives nothing back: what it took was deleted. Other instances' deny caches hold their denials of the key
-    /// until they expire (at most their `retry_after`), and their leases
+    /// bring, and what the [`FailurePolicy::Local`] limiter counted), even
+    /// when the call fails or is dropped before Redis answers, as the reset
+    /// may land all the same. A [`refund`](Self::refund) of an admission
+    /// this limiter made before the reset gives nothing back: what it took
+    /// was deleted. Other instances' deny caches hold their denials of the
+    /// key until they expire (at most their `retry_after`), and their leases
     /// serve what they hold until they end (at most the lease TTL). A
     /// backend fault is an `Err`.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {

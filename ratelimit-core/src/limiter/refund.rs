@@ -27,8 +27,8 @@ const RESET_SLOTS: usize = 1024;
 /// resets are the ones that can be known here.
 pub(super) struct Resets {
     hasher: KeyHasher,
-    /// Per slot, the instant (on the limiter's clock) its last reset ended,
-    /// plus one; 0 for none.
+    /// Per slot, the latest instant (on the limiter's clock) a reset of one
+    /// of its keys was under way, plus one; 0 for none.
     ended: Box<[AtomicU64]>,
 }
 
@@ -115,10 +115,10 @@ impl Limiter {
             decision,
         } in taken
         {
-            let elapsed = now.saturating_sub(decision.at);
             if self.inner.resets.since(key, decision.at) {
                 continue;
             }
+            let elapsed = now.saturating_sub(decision.at);
             match decision.via {
                 Via::Nothing => continue,
                 Via::Local => {
