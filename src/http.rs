@@ -67,6 +67,12 @@
 //! | [`per_key_async`](Limit::per_key_async) | what a closure's future gives for the request | `http:<name>:key:` |
 //! | [`global`](Limit::global) | none: one bucket for every request | `http:<name>:global` |
 //!
+//! A digest keeps a random secret (a bearer token, an API key) out of the
+//! keys Redis holds and denials log, but not a value that can be guessed:
+//! anyone who reads the keys can test a guessed `Authorization: Basic`
+//! password against its digest. Key such requests by the user your
+//! authentication finds, with [`per_key_async`](Limit::per_key_async).
+//!
 //! IPv6 clients are keyed by their `/64` network by default, as one host
 //! usually owns a whole `/64`; see
 //! [`ipv6_prefix_len`](Limit::ipv6_prefix_len). A request whose key cannot
