@@ -474,8 +474,11 @@ fn not_called(error: &redis::RedisError) -> bool {
     error.code() == Some("ERR")
         && error.detail().is_some_and(|detail| {
             let detail = detail.trim_start().to_ascii_lowercase();
+            // Redis 7 quotes the command with `'`, Redis before 7 (which
+            // has no FCALL) with a backtick.
             detail.starts_with("function not found")
                 || detail.starts_with("unknown command 'fcall'")
+                || detail.starts_with("unknown command `fcall`")
         })
 }
 
@@ -630,6 +633,35 @@ mod tests {
         assert!(way.worth_trying_at(10 + 2 * RETRY_SECS), "by every call");
         assert!(!way.answered(), "nothing refused since");
         assert!(way.refused_at(500), "a new refusal is logged again");
+    }
+
+    /// The error a server answers `line` with, as redis-rs reads it.
+    fn server_error(line: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    /// A server with no FCALL (Redis before 7.0, which quotes the command
+    /// with backticks, or one that renamed it away) did not run the
+    /// function: the call goes by `EVALSHA`. (Redis 6's wording was read as
+    /// the call's own failure, and every decision failed.)
+    #[test]
+    fn a_server_without_fcall_did_not_call_the_function() {
+        for line in [
+            "ERR unknown command 'FCALL', with args beginning with: 'ratelimit_x' '1' ",
+            "ERR unknown command `FCALL`, with args beginning with: `ratelimit_x`, `1`, ",
+            "ERR unknown command `fcall`, with args beginning with: ",
+            "ERR Function not found",
+        ] {
+            assert!(not_called(&server_error(line)), "{line}");
+        }
+        for line in [
+            "ERR Unknown command called from script script: ...",
+            "ERR unknown command `SET`, with args beginning with: ",
+            "NOPERM this user has no permissions to run the 'fcall' command",
+        ] {
+            assert!(!not_called(&server_error(line)), "{line}");
+        }
     }
 
     /// The native module decides in the format of these scripts, and a
