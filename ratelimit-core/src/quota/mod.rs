@@ -363,17 +363,22 @@ impl Quota {
 
     /// The same quota cut to `share` (in (0, 1]) for one instance's local
     /// fallback: capacity or limit scaled down (at least 1), the rate scaled
-    /// down, the window kept. Falls back to coarser precision for the share
-    /// when the exact fraction does not fit, and at last to whole tokens: the
-    /// capacity rounded down, one token per period rounded up, so never more
-    /// than the share (the bucket's depth is then the quota's own, which
-    /// fits).
+    /// down, the window kept. The share is read in millionths, rounded down,
+    /// or in coarser parts when that fraction does not fit, and at last in
+    /// whole tokens: the capacity rounded down, one token per period rounded
+    /// up. So never more than the share (but for the one token kept; the
+    /// bucket's depth is then the quota's own, which fits).
     pub(crate) fn scaled(&self, share: f64) -> Quota {
         if !(share > 0.0 && share < 1.0) {
             return *self;
         }
         for scale in [1_000_000u64, 1_000, 100] {
-            let parts = (share * scale as f64).round().max(1.0) as u64;
+            // Rounded down: a part rounded up is more than the share, and
+            // the fallbacks of every instance more than the quota.
+            let parts = (share * scale as f64).floor() as u64;
+            if parts == 0 {
+                continue;
+            }
             let capacity =
                 (u128::from(self.capacity) * u128::from(parts) / u128::from(scale)).max(1) as u64;
             let quota = if self.algorithm.is_windowed() {
@@ -696,6 +701,45 @@ mod tests {
             (window.capacity(), window.window()),
             (5, Some(Duration::from_secs(60)))
         );
+    }
+
+    /// A share is never more than the share, at whatever precision it
+    /// fits: the capacity and the rate scaled by at most `share` (the local
+    /// fallbacks of N instances admit at most the quota). The coarser
+    /// precisions rounded to nearest: 1/60 of 100,000 at 1/h was 2,000 at
+    /// 1/50h, and 1/153 of 1,000,000 at 1/h 10,000 at 1/100h (1.53 times).
+    #[test]
+    fn a_share_is_never_more_than_the_share() {
+        let per_second = |q: &Quota| q.rate().tokens() as f64 / q.rate().period().as_secs_f64();
+        let mut quotas = Vec::new();
+        for capacity in [1, 7, 100, 100_000, 1_000_000, 10_000_000] {
+            for rate in ["1/h", "1000/d", "7/min", "10/s", "1/365d", "1000000/s"] {
+                if let Ok(quota) = Quota::new(capacity, rate.parse().unwrap()) {
+                    quotas.push(quota);
+                }
+            }
+            if let Ok(window) = Quota::fixed_window(capacity, Duration::from_secs(60)) {
+                quotas.push(window);
+            }
+        }
+        for quota in &quotas {
+            for n in 2..=500u32 {
+                let share = 1.0 / f64::from(n);
+                let part = quota.scaled(share);
+                // At least one token is kept, whatever the share.
+                let most = (quota.capacity() as f64 * share).max(1.0);
+                assert!(
+                    part.capacity() as f64 <= most * (1.0 + 1e-9),
+                    "1/{n} of {quota:?} is {part:?}"
+                );
+                if !quota.algorithm().is_windowed() && part.capacity() > 1 {
+                    assert!(
+                        per_second(&part) <= per_second(quota) * share * (1.0 + 1e-9),
+                        "1/{n} of {quota:?} is {part:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
