@@ -304,8 +304,10 @@ fn redis_kind(error: &redis::RedisError) -> ErrorKind {
             return ErrorKind::Permission
         }
         // Writes refused until memory is freed, replicas are back or a
-        // save succeeds.
+        // save succeeds; every call refused while a script runs too long
+        // (`BUSY`, which redis-rs has no kind for).
         _ if refuses_writes(error) => return ErrorKind::Unavailable,
+        Some("BUSY") => return ErrorKind::Unavailable,
         _ => {}
     }
     match error.kind() {
@@ -415,6 +417,33 @@ impl Error {
             #[cfg(feature = "redis")]
             Error::Redis(_) => true,
             _ => false,
+        }
+    }
+}
+
+#[cfg(all(test, feature = "redis"))]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The error a server answers `line` with, as redis-rs reads it.
+    pub(crate) fn server_error(line: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    /// A server that cannot serve for now is `Unavailable`, whatever it
+    /// calls it. (`BUSY`, a script running past its limit, was a protocol
+    /// fault in denials and metrics.)
+    #[test]
+    fn a_server_busy_for_now_is_unavailable() {
+        for line in [
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "NOREPLICAS Not enough good replicas to write.",
+        ] {
+            assert_eq!(redis_kind(&server_error(line)), ErrorKind::Unavailable, "{line}");
         }
     }
 }

@@ -635,18 +635,13 @@ mod tests {
         assert!(way.refused_at(500), "a new refusal is logged again");
     }
 
-    /// The error a server answers `line` with, as redis-rs reads it.
-    fn server_error(line: &str) -> redis::RedisError {
-        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
-        value.extract_error().unwrap_err()
-    }
-
     /// A server with no FCALL (Redis before 7.0, which quotes the command
     /// with backticks, or one that renamed it away) did not run the
     /// function: the call goes by `EVALSHA`. (Redis 6's wording was read as
     /// the call's own failure, and every decision failed.)
     #[test]
     fn a_server_without_fcall_did_not_call_the_function() {
+        use crate::error::tests::server_error;
         for line in [
             "ERR unknown command 'FCALL', with args beginning with: 'ratelimit_x' '1' ",
             "ERR unknown command `FCALL`, with args beginning with: `ratelimit_x`, `1`, ",
