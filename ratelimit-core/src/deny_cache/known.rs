@@ -173,12 +173,23 @@ impl Known {
                     end: new_end,
                 },
             ) => {
-                // Ends of one window differ by the round trips' jitter, and
-                // by a whole window across windows.
-                if new_end.late > end.late.saturating_add(window / 2) {
+                // Each reply's window ends within its span (between the
+                // reply's asking and its arrival, plus its `reset_after`),
+                // and the ends of two windows are a window apart. Spans
+                // apart are of two windows: the later one is kept. Spans
+                // that meet are of one window when, together, they are
+                // narrower than a window; otherwise (round trips as long as
+                // a window) nothing tells, and the new reply is kept alone,
+                // never a count with another window's end.
+                let width = |span: &Span| span.late - span.early;
+                if new_end.early > end.late {
                     (*count, *end) = (new_count, new_end);
-                } else if new_end.late.saturating_add(window / 2) >= end.late {
+                } else if new_end.late < end.early {
+                    // An older window's reply, arrived late.
+                } else if width(end).saturating_add(width(&new_end)) < window {
                     (*count, *end) = ((*count).max(new_count), end.max(new_end));
+                } else {
+                    (*count, *end) = (new_count, new_end);
                 }
             }
             (State::Denials(denials), State::Denials(new)) => {

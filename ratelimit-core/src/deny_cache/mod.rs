@@ -908,4 +908,48 @@ mod tests {
         }
         assert!(cache.len() <= 1_600, "{} entries", cache.len());
     }
+
+    /// Two replies of a fixed window's key whose round trips differ by
+    /// half a window or more, one from the window's last microsecond and
+    /// one from the next window: the next window's count is what is known,
+    /// whichever arrives first. (The two were merged as one window's, the
+    /// spent count with the next window's end, and the cache denied for a
+    /// whole window what the backend admitted.)
+    #[test]
+    fn replies_of_two_windows_are_never_merged_as_one() {
+        let quota = Quota::fixed_window(5, Duration::from_millis(10)).unwrap();
+        let w = 10_000u64;
+        let base = 1_000_000_000u64;
+        for slow_first in [true, false] {
+            let cache = DenyCache::new(100);
+            let mut server = Server { state: None };
+            // Others spend four; this process's fifth is decided at the
+            // window's last microsecond, and its reply takes 6 ms.
+            for _ in 0..4 {
+                assert!(server.decide(&quota, base + w - 2, 1).allowed);
+            }
+            let asked_a = cache.asked("k", base + w - 1);
+            let a = server.decide(&quota, base + w - 1, 1);
+            assert!(a.allowed && a.remaining == 0, "{a:?}");
+            // The next window's first, whose reply takes 2 µs.
+            let t_b = base + w + 5_998;
+            let asked_b = cache.asked("k", t_b);
+            let b = server.decide(&quota, t_b, 1);
+            assert!(b.allowed && b.remaining == 4, "{b:?}");
+            let slow = (asked_a, base + w + 5_999, a);
+            let fast = (asked_b, t_b + 2, b);
+            let order = if slow_first { [slow, fast] } else { [fast, slow] };
+            for (asked, arrived, decision) in order {
+                cache.record(&quota, "k", 1, asked, arrived, &Ok(decision), None);
+            }
+            let now = t_b + 3;
+            assert!(server.peek(&quota, now, 1).allowed, "the backend admits");
+            let cached = cache.peek(&quota, "k", 1, now);
+            assert!(
+                cached.is_none(),
+                "slow reply first: {slow_first}; the cache denies what the backend admits: \
+                 {cached:?}"
+            );
+        }
+    }
 }
