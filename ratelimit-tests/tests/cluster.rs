@@ -103,6 +103,17 @@ async fn served_by(cluster: &RedisCluster, module: bool) {
     }
 }
 
+/// Zeroes every master's command counts (`CONFIG RESETSTAT`).
+async fn reset_masters_stats(cluster: &RedisCluster) {
+    for node in cluster.masters() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut cluster.nodes[node].connection().await)
+            .await
+            .unwrap();
+    }
+}
+
 /// Two of `quota`'s tokens admitted on `key`, then a denial (the quota
 /// refills slowly); a fault fails the test.
 async fn admits_twice_then_denies(limiter: &Limiter, quota: &Quota, key: &str) {
@@ -380,13 +391,7 @@ async fn a_batch_over_several_slots_of_one_master_is_one_call(module: bool) {
     {
         assert!(decision.unwrap().allowed);
     }
-    for node in cluster.masters() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut cluster.nodes[node].connection().await)
-            .await
-            .unwrap();
-    }
+    reset_masters_stats(&cluster).await;
     let decisions =
         futures::future::join_all(keys.iter().map(|k| limiter.decide(&quota, k, 1))).await;
     for (key, decision) in keys.iter().zip(decisions) {
@@ -1934,13 +1939,7 @@ async fn a_slot_map_that_names_no_endpoints_is_read_as_the_seed_host() {
         .unwrap_or_else(|e| panic!("{endpoint}: {e}"));
     let keys: Vec<String> = keys_on(&cluster, master, "unnamed").take(20).collect();
     limiter.decide(&quota, &keys[0], 1).await.unwrap();
-    for node in cluster.masters() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut cluster.nodes[node].connection().await)
-            .await
-            .unwrap();
-    }
+    reset_masters_stats(&cluster).await;
     let decisions =
         futures::future::join_all(keys[1..].iter().map(|k| limiter.decide(&quota, k, 1))).await;
     for (key, decision) in keys[1..].iter().zip(decisions) {

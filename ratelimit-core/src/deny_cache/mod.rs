@@ -938,7 +938,11 @@ mod tests {
             assert!(b.allowed && b.remaining == 4, "{b:?}");
             let slow = (asked_a, base + w + 5_999, a);
             let fast = (asked_b, t_b + 2, b);
-            let order = if slow_first { [slow, fast] } else { [fast, slow] };
+            let order = if slow_first {
+                [slow, fast]
+            } else {
+                [fast, slow]
+            };
             for (asked, arrived, decision) in order {
                 cache.record(&quota, "k", 1, asked, arrived, &Ok(decision), None);
             }
