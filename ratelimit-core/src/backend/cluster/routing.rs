@@ -226,8 +226,9 @@ impl ClusterBackend {
                 .arg("SLOTS")
                 .query_async(&mut connection)
                 .await?;
-            // A node that names no endpoint means the host it was reached
-            // at: every node is reached at the seed's host then.
+            // A master the map names no endpoint for is at the IP its
+            // metadata gives, else at the host the map was asked of (any
+            // node; all are reached at one host then, the seed's).
             let seed = match self.seed.get_connection_info().addr() {
                 redis::ConnectionAddr::Tcp(host, _)
                 | redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
