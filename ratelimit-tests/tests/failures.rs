@@ -479,3 +479,198 @@ async fn a_refused_lease_on_a_slow_network_still_denies_a_spent_key() {
         }
     }
 }
+
+/// A private network: a namespace holding one end of a veth pair, the
+/// other end on this host, and a redis-server inside on 10.77.<n>.2. Its
+/// link can be cut, as when a host is gone or a network cut, with no reset
+/// or close ever sent. Removed, with its server, when dropped.
+struct PrivateNetwork {
+    namespace: String,
+    /// Set once started: a setup that fails before still removes the
+    /// namespace.
+    server: Option<std::process::Child>,
+    address: String,
+    inside: String,
+}
+
+impl PrivateNetwork {
+    fn start() -> Self {
+        let id = std::process::id() % 200;
+        let (namespace, outside, inside) = (
+            format!("rltest{id}"),
+            format!("rlh{id}"),
+            format!("rln{id}"),
+        );
+        let net = format!("10.77.{id}");
+        let ip = |args: &[&str]| {
+            let status = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap_or_else(|e| panic!("`ip {args:?}` did not run ({e}): install iproute2"));
+            assert!(
+                status.success(),
+                "`ip {args:?}` failed: this test makes a network namespace, which needs root \
+                 (or CAP_NET_ADMIN) and iproute2"
+            );
+        };
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &namespace])
+            .stderr(std::process::Stdio::null())
+            .status();
+        ip(&["netns", "add", &namespace]);
+        let mut network = Self {
+            namespace: namespace.clone(),
+            server: None,
+            address: format!("{net}.2:6390"),
+            inside: inside.clone(),
+        };
+        ip(&[
+            "link", "add", &outside, "type", "veth", "peer", "name", &inside,
+        ]);
+        ip(&["link", "set", &inside, "netns", &namespace]);
+        ip(&["addr", "add", &format!("{net}.1/24"), "dev", &outside]);
+        ip(&["link", "set", &outside, "up"]);
+        let within = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &namespace, "ip"];
+            all.extend_from_slice(args);
+            ip(&all);
+        };
+        within(&["addr", "add", &format!("{net}.2/24"), "dev", &inside]);
+        within(&["link", "set", &inside, "up"]);
+        within(&["link", "set", "lo", "up"]);
+        let server = std::process::Command::new("ip")
+            .args(["netns", "exec", &namespace])
+            .arg(support::redis_server_binary())
+            .args([
+                "--bind",
+                &format!("{net}.2"),
+                "--port",
+                "6390",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no", "--protected-mode", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server in the namespace");
+        network.server = Some(server);
+        let started = Instant::now();
+        while std::net::TcpStream::connect(&network.address).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server in the namespace never listened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        network
+    }
+
+    /// Cuts the link: nothing crosses it from now on, and nothing says so
+    /// (no reset, no close), as when a cable is pulled.
+    fn silence(&self) {
+        let status = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.namespace, "ip", "link", "set"])
+            .args([&self.inside, "down"])
+            .status()
+            .expect("ip (iproute2)");
+        assert!(
+            status.success(),
+            "`ip link set {} down` failed",
+            self.inside
+        );
+    }
+
+    /// Mends the link.
+    fn mend(&self) {
+        let status = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.namespace, "ip", "link", "set"])
+            .args([&self.inside, "up"])
+            .status()
+            .expect("ip (iproute2)");
+        assert!(status.success(), "`ip link set {} up` failed", self.inside);
+    }
+
+    /// This host's established TCP connections to the server, by local port.
+    fn connections(&self) -> Vec<String> {
+        let out = std::process::Command::new("ss")
+            .args(["-tnH", "state", "established", "dst", &self.address])
+            .output()
+            .expect("ss (iproute2)");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(2).map(str::to_owned))
+            .collect()
+    }
+}
+
+impl Drop for PrivateNetwork {
+    fn drop(&mut self) {
+        if let Some(server) = &mut self.server {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.namespace])
+            .status();
+    }
+}
+
+/// A Redis whose host goes silent (no reply, no reset: a host gone, a
+/// network cut): the limiter's connections to it are given up within
+/// seconds, so that a Redis the address reaches again (a DNS name moved to
+/// a replica) is reached on new ones. (They stayed established while the
+/// kernel retransmitted, some fifteen minutes, every call timing out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_a_host_gone_silent_are_given_up() {
+    let network = PrivateNetwork::start();
+    let limiter = Limiter::builder()
+        .redis(format!("redis://{}", network.address))
+        .timeout(Duration::from_millis(200))
+        // A fault is a denial: an admission is Redis's.
+        .failure_policy(FailurePolicy::Closed)
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    for _ in 0..4 {
+        limiter
+            .check(Request::new(&quota, "silent"))
+            .await
+            .unwrap_or_else(|denied| panic!("before the cut: {denied:?}"));
+    }
+    let before = network.connections();
+    assert!(!before.is_empty(), "no connection to {}", network.address);
+    network.silence();
+    // Calls go on, each timing out, with data left unacknowledged.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(16) {
+        let _ = limiter.check(Request::new(&quota, "silent")).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let kept: Vec<String> = network
+        .connections()
+        .into_iter()
+        .filter(|local| before.contains(local))
+        .collect();
+    assert!(
+        kept.is_empty(),
+        "16 s after the host went silent, these connections were kept: {kept:?} (of {before:?})"
+    );
+    // Reached again, it decides on new connections.
+    network.mend();
+    let started = Instant::now();
+    while limiter.check(Request::new(&quota, "silent")).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the limiter did not reach the server again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        network
+            .connections()
+            .iter()
+            .all(|local| !before.contains(local)),
+        "decided on a connection from before the cut"
+    );
+}

@@ -249,6 +249,7 @@ impl ClusterBackend {
         let builder = ClusterClient::builder(urls.to_vec())
             .connection_timeout(timeout)
             .response_timeout(timeout)
+            .tcp_settings(super::redis::tcp_settings())
             // Sent once; see the module's documentation and `call`.
             .retries(0);
         #[cfg(feature = "tls")]

@@ -28,6 +28,8 @@ use crate::error::Error;
 use crate::quota::Quota;
 
 pub(crate) use batcher::{await_answer, run_batches, Job, MAX_QUEUED};
+#[cfg(feature = "cluster")]
+pub(crate) use endpoint::tcp_settings;
 pub(crate) use endpoint::{open_client, redacted, Endpoint, KeySpace};
 #[cfg(feature = "cluster")]
 pub(crate) use script::Connection;
