@@ -119,9 +119,9 @@ struct Taken<'a> {
     admitted: Vec<Admission>,
 }
 
-/// A dimension a check across slots admitted, and when: on the caller's
-/// clock when the limiter has one (the decisions' clock), else on the
-/// monotonic clock.
+/// A dimension a check across slots admitted, and when it was asked for:
+/// on the caller's clock when the limiter has one (the decisions' clock),
+/// else on the monotonic clock.
 struct Admission {
     key: String,
     quota: Quota,
@@ -633,6 +633,10 @@ impl ClusterBackend {
         };
         let mut decisions = Vec::with_capacity(requests.len());
         for (i, ((quota, _, cost), key)) in requests.iter().zip(&keys).enumerate() {
+            // Asked for now: what a bucket refills from then on is not
+            // this admission's to give back. (Read once the answer came,
+            // the instant would count less refilled, and give back more.)
+            let asked = (Instant::now(), self.now());
             // In the master's next batch, as a decision alone would be.
             let outcome = self
                 .decide_request(quota, key.clone(), calls[i], deadline)
@@ -657,7 +661,7 @@ impl ClusterBackend {
                     quota: **quota,
                     decision,
                     cost: *cost,
-                    at: (Instant::now(), self.now()),
+                    at: asked,
                 });
             }
             decisions.push(decision);
