@@ -148,10 +148,10 @@ impl Admission {
 
 impl Taken<'_> {
     /// Gives back what the dimensions taken so far admitted (as much as
-    /// each bucket still holds), on every master at once, on a task of its own, so that a refund on
-    /// its way goes on whoever stops waiting for it: it is neither cut short
-    /// nor sent twice. The task, unless there is nothing to give back, or no
-    /// connection or runtime to give it on.
+    /// each bucket still holds), on every master at once, on a task of its
+    /// own, so that a refund on its way goes on whoever stops waiting for
+    /// it: it is neither cut short nor sent twice. The task, unless there is
+    /// nothing to give back, or no connection or runtime to give it on.
     fn give_back(&mut self) -> Option<tokio::task::JoinHandle<()>> {
         if self.admitted.is_empty() {
             return None;
