@@ -565,29 +565,21 @@ impl PrivateNetwork {
         network
     }
 
-    /// Cuts the link: nothing crosses it from now on, and nothing says so
-    /// (no reset, no close), as when a cable is pulled.
-    fn silence(&self) {
+    /// Cuts the link (`up: false`): nothing crosses it from then on, and
+    /// nothing says so (no reset, no close), as when a cable is pulled; or
+    /// mends it.
+    fn link(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
         let status = std::process::Command::new("ip")
             .args(["netns", "exec", &self.namespace, "ip", "link", "set"])
-            .args([&self.inside, "down"])
+            .args([&self.inside, state])
             .status()
             .expect("ip (iproute2)");
         assert!(
             status.success(),
-            "`ip link set {} down` failed",
+            "`ip link set {} {state}` failed",
             self.inside
         );
-    }
-
-    /// Mends the link.
-    fn mend(&self) {
-        let status = std::process::Command::new("ip")
-            .args(["netns", "exec", &self.namespace, "ip", "link", "set"])
-            .args([&self.inside, "up"])
-            .status()
-            .expect("ip (iproute2)");
-        assert!(status.success(), "`ip link set {} up` failed", self.inside);
     }
 
     /// This host's established TCP connections to the server, by local port.
@@ -640,7 +632,7 @@ async fn connections_to_a_host_gone_silent_are_given_up() {
     }
     let before = network.connections();
     assert!(!before.is_empty(), "no connection to {}", network.address);
-    network.silence();
+    network.link(false);
     // Calls go on, each timing out, with data left unacknowledged.
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(16) {
@@ -657,7 +649,7 @@ async fn connections_to_a_host_gone_silent_are_given_up() {
         "16 s after the host went silent, these connections were kept: {kept:?} (of {before:?})"
     );
     // Reached again, it decides on new connections.
-    network.mend();
+    network.link(true);
     let started = Instant::now();
     while limiter.check(Request::new(&quota, "silent")).await.is_err() {
         assert!(
