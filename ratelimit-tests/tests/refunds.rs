@@ -40,6 +40,24 @@ fn quotas() -> Vec<[Quota; 2]> {
     ]
 }
 
+/// A limiter on `server` and one in memory, both deciding on `clock`: the
+/// twins whose answers the tests compare.
+fn on_one_clock(server: &RedisServer, clock: &ManualClock) -> [Limiter; 2] {
+    [
+        Limiter::builder()
+            .redis(server.url())
+            .timeout(Duration::from_secs(5))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+        Limiter::builder()
+            .memory()
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    ]
+}
+
 /// Keys: one per algorithm, so that refunds and checks meet.
 const KEYS: usize = 6;
 
@@ -126,13 +144,7 @@ fn refunds_on_redis_and_in_memory_agree_whenever_they_are_made() {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = 1_760_000_000_000_000;
         let clock = ManualClock::new(start);
-        let redis = Limiter::builder()
-            .redis(server.url())
-            .timeout(Duration::from_secs(5))
-            .clock(clock.clone())
-            .build()
-            .unwrap();
-        let memory = Limiter::builder().memory().clock(clock.clone()).build().unwrap();
+        let [redis, memory] = on_one_clock(&server, &clock);
         let names: Vec<String> = (0..KEYS).map(|k| format!("refund:{case}:{k}")).collect();
         let quota_of = |k: usize, q: usize| &quotas[k][q % 2];
         let request = |k: usize, q: usize, c: u64| {
@@ -224,15 +236,7 @@ fn a_refund_at_the_admissions_instant_undoes_it_on_redis_and_in_memory() {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = 1_770_000_000_000_000;
         let clock = ManualClock::new(start);
-        let limiters = [
-            Limiter::builder()
-                .redis(server.url())
-                .timeout(Duration::from_secs(5))
-                .clock(clock.clone())
-                .build()
-                .unwrap(),
-            Limiter::builder().memory().clock(clock.clone()).build().unwrap(),
-        ];
+        let limiters = on_one_clock(&server, &clock);
         // Never asked for the checks that are refunded: it inspects them.
         let twin = Limiter::builder().memory().clock(clock.clone()).build().unwrap();
         let names: Vec<String> = (0..KEYS).map(|k| format!("undo:{case}:{k}")).collect();
@@ -880,17 +884,7 @@ async fn a_refund_of_an_admission_made_before_a_reset_gives_nothing_back() {
     let clock = ManualClock::new(
         1_760_000_000_000_000 - 1_760_000_000_000_000 % 86_400_000_000 + 3_600_000_000,
     );
-    let memory = Limiter::builder()
-        .memory()
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let redis = Limiter::builder()
-        .redis(server.url())
-        .timeout(Duration::from_secs(5))
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let [redis, memory] = on_one_clock(&server, &clock);
     let mut over = Vec::new();
     for (name, limiter) in [("memory", &memory), ("redis", &redis)] {
         for quota in daily() {
