@@ -56,10 +56,7 @@ impl Announced {
             Ok(name) if is_valid_name(name) => {
                 if !self.whole && !self.names.iter().any(|n| n == name) {
                     self.names.push(name.to_owned());
-                    if self.names.len() > MAX_NAMES_READ_ALONE {
-                        self.whole = true;
-                        self.names.clear();
-                    }
+                    self.whole = self.names.len() > MAX_NAMES_READ_ALONE;
                 }
             }
             Ok(all) if all.is_empty() || all == "*" => self.whole = true,
@@ -73,6 +70,7 @@ impl Announced {
                 });
             }
         }
+        // The whole hash is read: no name is read alone.
         if self.whole {
             self.names.clear();
         }
