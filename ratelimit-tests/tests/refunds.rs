@@ -725,18 +725,7 @@ fn a_bucket_refund_never_gives_back_a_token_that_refilled() {
     let server = RedisServer::start();
     let start = 1_780_000_000_000_000;
     let clock = ManualClock::new(start);
-    let limiters = [
-        Limiter::builder()
-            .redis(server.url())
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-        Limiter::builder()
-            .memory()
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    ];
+    let limiters = on_one_clock(&server, &clock);
     for algorithm in [
         Algorithm::TokenBucket,
         Algorithm::Gcra,
