@@ -661,6 +661,52 @@ async fn a_redis_that_takes_no_writes_answers_a_denial_batched_with_an_admission
     }
 }
 
+/// While Redis takes no writes, the calls that it refuses before they run
+/// (the module's command, FCALL, and `FUNCTION LOAD` of a library it lost)
+/// are not sent again with every call: each would cost a round trip, and
+/// the load sends the whole library, to a server already in trouble. The
+/// script decides for a while, and the refused ways are tried again after.
+#[tokio::test]
+async fn a_redis_that_takes_no_writes_is_not_sent_what_it_refuses_at_every_call() {
+    const CALLS: u64 = 30;
+    let refused = ["ratelimit.decide", "fcall", "function|load"];
+    for no_writes in NoWrites::ALL {
+        for (server, path) in NoWrites::servers() {
+            let context = format!("{no_writes:?}, {path}");
+            let mut redis = server.connection().await;
+            let quota = Quota::new(2, Rate::per_minute(2).unwrap()).unwrap();
+            spent_by_another_instance(&server, &quota, "full").await;
+            let _: () = redis::cmd("FUNCTION")
+                .arg("FLUSH")
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            // No cached denial answers for Redis.
+            let limiter = Limiter::builder()
+                .redis(server.url())
+                .timeout(Duration::from_secs(2))
+                .deny_cache_max_keys(0)
+                .build()
+                .unwrap();
+            no_writes.set(&mut redis).await;
+            let before = server.commands_sent(&refused).await;
+            for _ in 0..CALLS {
+                let denied = limiter.decide(&quota, "full", 1).await;
+                let denied = denied.unwrap_or_else(|e| panic!("{context}: {e}"));
+                assert!(!denied.allowed, "{context}: {denied:?}");
+            }
+            let sent = server.commands_sent(&refused).await - before;
+            let scripts = server.command_calls(&["evalsha"]).await;
+            no_writes.clear(&mut redis).await;
+            assert!(
+                sent <= 6,
+                "{context}: {sent} calls refused before they ran, for {CALLS} decisions"
+            );
+            assert!(scripts >= CALLS, "{context}: {scripts} by EVALSHA");
+        }
+    }
+}
+
 /// A master demoted to a replica behind the address the limiter was given
 /// (a DNS name or a proxy that now leads to the new master): its
 /// connections stay open, and every call on them is refused `READONLY`, so

@@ -462,6 +462,18 @@ impl RedisServer {
     /// Calls of `commands` the server has run since the last
     /// `CONFIG RESETSTAT`, from `INFO commandstats`.
     pub async fn command_calls(&self, commands: &[&str]) -> u64 {
+        self.command_stat(commands, "calls").await
+    }
+
+    /// Calls of `commands` the server was sent, run or refused before they
+    /// ran (over `maxmemory`, say), since the last `CONFIG RESETSTAT`.
+    pub async fn commands_sent(&self, commands: &[&str]) -> u64 {
+        self.command_calls(commands).await + self.command_stat(commands, "rejected_calls").await
+    }
+
+    /// The `field` of `commands` in `INFO commandstats`, summed.
+    async fn command_stat(&self, commands: &[&str], field: &str) -> u64 {
+        let field = format!("{field}=");
         let mut connection = self.connection().await;
         let stats: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -475,8 +487,10 @@ impl RedisServer {
                     .and_then(|l| l.split(':').next())
                     .is_some_and(|name| commands.contains(&name))
             })
-            .filter_map(|l| l.split("calls=").nth(1))
-            .filter_map(|v| v.split(',').next())
+            .filter_map(|l| {
+                let (_, stats) = l.split_once(':')?;
+                stats.split(',').find_map(|stat| stat.strip_prefix(&field))
+            })
             .filter_map(|v| v.parse::<u64>().ok())
             .sum()
     }

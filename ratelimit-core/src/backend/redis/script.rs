@@ -91,6 +91,40 @@ pub(crate) struct Functions {
     /// master of a cluster, and is sent to every replica).
     loading: tokio::sync::Mutex<()>,
     loads: AtomicU64,
+    /// While the server takes no writes (see [`refuses_writes`] and
+    /// [`refused_for_now`]), it refuses the module's command, FCALL and
+    /// `FUNCTION LOAD` before they run, while the plain script still answers
+    /// denials: sent with every call, they would cost a round trip each, and
+    /// the load the whole library. (On Redis Cluster, one master refusing
+    /// pauses them on all: the script decides there as well.)
+    writes_refused: Pause,
+}
+
+/// A short while in which calls go by EVALSHA alone, set when the server
+/// refuses writes for now.
+#[derive(Debug, Default)]
+struct Pause {
+    /// Until when, in milliseconds since [`EPOCH`]; 0 when not paused.
+    until: AtomicU64,
+}
+
+/// How long calls go by EVALSHA alone after the server refused a write.
+const PAUSE_MILLIS: u64 = 1_000;
+
+impl Pause {
+    fn is_on(&self) -> bool {
+        let until = self.until.load(Ordering::Relaxed);
+        until != 0 && monotonic_millis() < until
+    }
+
+    fn start(&self) {
+        self.until
+            .store(monotonic_millis() + PAUSE_MILLIS, Ordering::Relaxed);
+    }
+}
+
+fn monotonic_millis() -> u64 {
+    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Whether a server refused a way of calling (the native module, the
@@ -428,6 +462,9 @@ pub(super) async fn invoke_once<C: Connection>(
     connection: &mut C,
     functions: &Functions,
 ) -> Result<Vec<i64>, redis::RedisError> {
+    if functions.writes_refused.is_on() {
+        return evalsha(call, connection).await;
+    }
     let native = &functions.native;
     if native.worth_asking() {
         match connection.send(call.native(), call).await {
@@ -457,6 +494,7 @@ pub(super) async fn invoke_once<C: Connection>(
             // no writes (see `refuses_writes`): the script decides, as it
             // does for a function.
             Err(error) if refuses_writes(&error) => {
+                functions.writes_refused.start();
                 return evalsha(call, connection).await;
             }
             Err(error) => return Err(error),
@@ -550,9 +588,12 @@ async fn invoke_function<C: Connection>(
                     }
                     // Refused for now (over `maxmemory`, too few
                     // replicas to write, a script running, a replica or a
-                    // server still loading): this call goes by EVALSHA,
-                    // which needs no load, and the next tries again.
-                    Err(error) if refused_for_now(&error) => break,
+                    // server still loading): this call, and those of the
+                    // next second, go by EVALSHA, which needs no load.
+                    Err(error) if refused_for_now(&error) => {
+                        functions.writes_refused.start();
+                        break;
+                    }
                     // No FUNCTION command, not allowed, or a Lua that
                     // rejects the library.
                     Err(error) => {
@@ -574,7 +615,10 @@ async fn invoke_function<C: Connection>(
             // While Redis takes no writes, it refuses a function that may
             // write before it runs, while the plain script runs until it
             // writes: a call that only denies is still answered that way.
-            Err(error) if refuses_writes(&error) => break,
+            Err(error) if refuses_writes(&error) => {
+                functions.writes_refused.start();
+                break;
+            }
             result => {
                 if result.is_ok() {
                     functions.answered();
