@@ -161,14 +161,14 @@ async fn a_killed_master_is_replaced_and_limiting_continues_on_the_new_one() {
 /// is admitted more than one burst over its bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second() {
-    switchover(false, false).await;
+    switchover(false, false, false).await;
 }
 
 /// The same with the native module on both servers: the instances decide
 /// through it on the old master and on the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second_on_the_module() {
-    switchover(true, true).await;
+    switchover(true, true, false).await;
 }
 
 /// The module loaded on the master alone, as an operator may forget it on
@@ -176,7 +176,7 @@ async fn a_switchover_moves_two_instances_to_the_new_master_within_a_second_on_t
 /// through the function, on the keys the module wrote, with no error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_to_a_master_without_the_module_goes_on_through_the_function() {
-    switchover(true, false).await;
+    switchover(true, false, false).await;
 }
 
 /// The module loaded on the replica alone: the instances decide through the
@@ -185,7 +185,16 @@ async fn a_switchover_to_a_master_without_the_module_goes_on_through_the_functio
 /// refused the module).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_to_a_master_with_the_module_decides_through_it() {
-    switchover(false, true).await;
+    switchover(false, true, false).await;
+}
+
+/// The same after each instance first decided on a runtime that then shut
+/// down (a test's, one a library made for a blocking call): the switch
+/// watcher, which ran there, is started again with the instance's next
+/// connection, on the runtime it is made on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_is_followed_after_the_runtime_first_used_shut_down() {
+    switchover(false, false, true).await;
 }
 
 /// The decisions `server` has made: calls of the native module when
@@ -206,8 +215,10 @@ async fn all_decisions(server: &RedisServer) -> u64 {
 }
 
 /// A switchover while two instances decide, with the native module loaded
-/// on the master (`on_master`) and on the replica (`on_replica`).
-async fn switchover(on_master: bool, on_replica: bool) {
+/// on the master (`on_master`) and on the replica (`on_replica`), the
+/// instances having first decided on a runtime since shut down when
+/// `runtime_gone`.
+async fn switchover(on_master: bool, on_replica: bool, runtime_gone: bool) {
     let module_path = support::native_module();
     let load = ["--loadmodule", module_path.to_str().unwrap()];
     let args = |module: bool| if module { &load[..] } else { &[][..] };
@@ -223,6 +234,20 @@ async fn switchover(on_master: bool, on_replica: bool) {
                 .unwrap()
         })
         .collect();
+    if runtime_gone {
+        for limiter in &instances {
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(limiter.ping()).unwrap();
+            })
+            .join()
+            .unwrap();
+        }
+    }
     for limiter in &instances {
         limiter.ping().await.unwrap();
     }

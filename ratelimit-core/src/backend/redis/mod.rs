@@ -38,7 +38,7 @@ pub(crate) use server::{check_server, hello};
 pub(crate) use wire::{decode_one, invocation, Request};
 // What the cluster backend shares with this one beyond the above.
 use batcher::{send_batch, Check, Work, BATCH_CONNECTIONS, MAX_IN_FLIGHT, NO_RUNTIME};
-use sentinel::watch_switches;
+use sentinel::{watch_switches, Watching};
 #[cfg(feature = "cluster")]
 pub(crate) use {
     endpoint::{over_tls, uses_tls},
@@ -110,9 +110,11 @@ pub(crate) struct RedisBackend {
     keys: KeySpace,
     timeout: Duration,
     /// Switches the Sentinels announced, counted by a watcher started with
-    /// the first lane.
+    /// the first lane (and again with the next lane made after its runtime
+    /// shut down).
     switches: Arc<AtomicU64>,
-    watching: AtomicBool,
+    /// Whether a switch watcher runs (see [`Watching`]).
+    watching: Arc<AtomicBool>,
 }
 
 /// What the making of lanes remembers between attempts.
@@ -174,7 +176,7 @@ impl RedisBackend {
             keys: KeySpace { prefix, clock },
             timeout,
             switches: Arc::new(AtomicU64::new(0)),
-            watching: AtomicBool::new(false),
+            watching: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -245,8 +247,9 @@ impl RedisBackend {
             master, sentinels, ..
         } = &self.endpoint
         {
-            if !self.watching.swap(true, Ordering::AcqRel) {
+            if let Some(running) = Watching::start(&self.watching) {
                 runtime.spawn(watch_switches(
+                    running,
                     sentinels.clone(),
                     master.clone(),
                     Arc::downgrade(&self.switches),

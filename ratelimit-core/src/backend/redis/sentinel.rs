@@ -1,6 +1,7 @@
 //! Following a Sentinel-managed master through switchovers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::RESOLVE_EVERY;
@@ -8,6 +9,24 @@ use super::RESOLVE_EVERY;
 /// The longest wait between two rounds of the Sentinels while none of them
 /// can be subscribed to.
 const MAX_WATCH_WAIT: Duration = Duration::from_secs(5);
+
+/// A switch watcher that runs: dropped when the watcher ends, or with the
+/// watcher when its runtime shuts down, so that the next lane, made on
+/// another runtime, starts a watcher anew.
+pub(super) struct Watching(Arc<AtomicBool>);
+
+impl Watching {
+    /// Marks a watcher as running, unless one is.
+    pub(super) fn start(running: &Arc<AtomicBool>) -> Option<Self> {
+        (!running.swap(true, Ordering::AcqRel)).then(|| Self(running.clone()))
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
 
 /// Follows the Sentinels' `+switch-master` announcements of `master`, as
 /// Redis's guidelines for Sentinel clients ask, so a switchover moves the
@@ -17,6 +36,7 @@ const MAX_WATCH_WAIT: Duration = Duration::from_secs(5);
 /// while none was held), bumps `switches`; lanes made before then ask the
 /// Sentinels again. Ends once the backend is gone.
 pub(super) async fn watch_switches(
+    _running: Watching,
     sentinels: Vec<redis::Client>,
     master: String,
     switches: std::sync::Weak<AtomicU64>,
