@@ -53,7 +53,18 @@ pub(crate) struct Breaker {
     /// Microseconds after `epoch` when the next probe may go.
     probe_at: AtomicU64,
     backoff_us: AtomicU64,
-    probing: AtomicBool,
+    /// The probe in flight, by number (0 when none): a probe whose caller
+    /// keeps its future without polling it (pinned beside a `select!`
+    /// loop, say) would otherwise hold the breaker half open for as long.
+    probe: AtomicU64,
+    /// The last probe's number.
+    probes: AtomicU64,
+    /// When the probe in flight was handed out, in microseconds after `epoch`.
+    probe_started: AtomicU64,
+    /// How long a probe may be in flight before the next caller probes
+    /// instead: twice the limiter's timeout, which bounds a probe polled to
+    /// its end.
+    probe_expiry_us: u64,
     /// Set when the limiter no longer calls through this breaker (a
     /// cluster node that is no longer a master): a call still in flight
     /// through it then reports no state, which nothing would ever clear.
@@ -68,8 +79,9 @@ pub(crate) struct Breaker {
 #[must_use = "a permit records the call's outcome"]
 pub(crate) struct Permit<'a> {
     breaker: &'a Breaker,
-    /// The one probe of an open breaker, rather than a call of a closed one.
-    probe: bool,
+    /// The number of the probe of an open breaker this is, or 0 for a
+    /// call of a closed one.
+    probe: u64,
     settled: bool,
 }
 
@@ -81,18 +93,21 @@ impl Permit<'_> {
     /// first backoff and a restarted server is used again within it.
     pub(crate) fn record(mut self, failed: bool, refused: bool) -> Option<CircuitState> {
         self.settled = true;
+        // A probe overtaken by a later one (its caller left it unpolled
+        // past the expiry) reports as any other call does.
+        let probe = self.probe != 0 && self.breaker.probe.load(Ordering::Acquire) == self.probe;
         if failed {
-            self.breaker.failed(self.probe, refused)
+            self.breaker.failed(probe, refused)
         } else {
-            self.breaker.succeeded(self.probe)
+            self.breaker.succeeded(probe)
         }
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        if self.probe && !self.settled {
-            self.breaker.abandon_probe();
+        if self.probe != 0 && !self.settled {
+            self.breaker.abandon_probe(self.probe);
         }
     }
 }
@@ -187,7 +202,8 @@ impl Breaker {
         result
     }
 
-    pub(crate) fn new(config: BreakerConfig) -> Self {
+    /// A breaker for calls made within `timeout` (the limiter's).
+    pub(crate) fn new(config: BreakerConfig, timeout: Duration) -> Self {
         Self {
             config,
             epoch: Instant::now(),
@@ -195,7 +211,10 @@ impl Breaker {
             failures: AtomicU32::new(0),
             probe_at: AtomicU64::new(0),
             backoff_us: AtomicU64::new(micros(config.initial_backoff)),
-            probing: AtomicBool::new(false),
+            probe: AtomicU64::new(0),
+            probes: AtomicU64::new(0),
+            probe_started: AtomicU64::new(0),
+            probe_expiry_us: micros(timeout).saturating_mul(2).max(1_000),
             retired: AtomicBool::new(false),
         }
     }
@@ -229,25 +248,38 @@ impl Breaker {
         if self.state.load(Ordering::Acquire) == CircuitState::Closed as u8 {
             return Some(Permit {
                 breaker: self,
-                probe: false,
+                probe: 0,
                 settled: false,
             });
         }
-        if self.now_us() >= self.probe_at.load(Ordering::Acquire)
-            && self
-                .probing
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        let now = self.now_us();
+        if now < self.probe_at.load(Ordering::Acquire) {
+            return None;
+        }
+        // No probe in flight, or one in flight past its expiry, whose
+        // caller stopped polling it: this call probes.
+        let current = self.probe.load(Ordering::Acquire);
+        if current != 0
+            && now.saturating_sub(self.probe_started.load(Ordering::Acquire)) < self.probe_expiry_us
         {
-            self.state
-                .store(CircuitState::HalfOpen as u8, Ordering::Release);
-            return Some(Permit {
-                breaker: self,
-                probe: true,
-                settled: false,
-            });
+            return None;
         }
-        None
+        let probe = self.probes.fetch_add(1, Ordering::AcqRel) + 1;
+        if self
+            .probe
+            .compare_exchange(current, probe, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return None;
+        }
+        self.probe_started.store(now, Ordering::Release);
+        self.state
+            .store(CircuitState::HalfOpen as u8, Ordering::Release);
+        Some(Permit {
+            breaker: self,
+            probe,
+            settled: false,
+        })
     }
 
     fn succeeded(&self, probe: bool) -> Option<CircuitState> {
@@ -257,7 +289,7 @@ impl Breaker {
                 .store(micros(self.config.initial_backoff), Ordering::Release);
             self.state
                 .store(CircuitState::Closed as u8, Ordering::Release);
-            self.probing.store(false, Ordering::Release);
+            self.probe.store(0, Ordering::Release);
             return Some(CircuitState::Closed);
         }
         None
@@ -288,7 +320,7 @@ impl Breaker {
             };
             self.backoff_us.store(next.max(1), Ordering::Release);
             let was = self.state.swap(CircuitState::Open as u8, Ordering::AcqRel);
-            self.probing.store(false, Ordering::Release);
+            self.probe.store(0, Ordering::Release);
             if was != CircuitState::Open as u8 {
                 return Some(CircuitState::Open);
             }
@@ -296,9 +328,13 @@ impl Breaker {
         None
     }
 
-    /// The probe's caller went away before the backend answered: nothing was
-    /// learnt, so the breaker is open as before and the next caller probes.
-    fn abandon_probe(&self) {
+    /// The caller of probe number `probe` went away before the backend
+    /// answered: nothing was learnt, so the breaker is open as before and the
+    /// next caller probes (unless a later probe took over meanwhile).
+    fn abandon_probe(&self, probe: u64) {
+        if self.probe.load(Ordering::Acquire) != probe {
+            return;
+        }
         self.probe_at.store(self.now_us(), Ordering::Release);
         // Only the probe moves the state out of half open, and it is this one.
         let _ = self.state.compare_exchange(
@@ -307,7 +343,9 @@ impl Breaker {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-        self.probing.store(false, Ordering::Release);
+        let _ = self
+            .probe
+            .compare_exchange(probe, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
@@ -324,14 +362,19 @@ mod tests {
     fn kind(permit: &Option<Permit<'_>>) -> &'static str {
         match permit {
             None => "skip",
-            Some(p) if p.probe => "probe",
+            Some(p) if p.probe != 0 => "probe",
             Some(_) => "call",
         }
     }
 
+    /// A breaker whose probes never outlive their expiry in these tests.
+    fn breaker(config: BreakerConfig) -> Breaker {
+        Breaker::new(config, Duration::from_secs(3600))
+    }
+
     #[test]
     fn opens_after_consecutive_failures_and_lets_one_probe_through() {
-        let breaker = Breaker::new(BreakerConfig {
+        let breaker = breaker(BreakerConfig {
             failures_to_open: 2,
             initial_backoff: Duration::ZERO,
             max_backoff: Duration::ZERO,
@@ -357,7 +400,7 @@ mod tests {
 
     #[test]
     fn an_open_breaker_skips_the_backend_until_its_backoff_has_passed() {
-        let breaker = Breaker::new(BreakerConfig {
+        let breaker = breaker(BreakerConfig {
             failures_to_open: 1,
             initial_backoff: Duration::from_secs(3600),
             max_backoff: Duration::from_secs(3600),
@@ -372,7 +415,7 @@ mod tests {
     #[test]
     fn a_backoff_of_any_length_keeps_the_breaker_open() {
         for backoff in [Duration::MAX, Duration::from_micros(u64::MAX / 2 + 1)] {
-            let breaker = Breaker::new(BreakerConfig {
+            let breaker = breaker(BreakerConfig {
                 failures_to_open: 1,
                 initial_backoff: backoff,
                 max_backoff: Duration::MAX,
@@ -385,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_failed_probe_reopens_with_a_longer_backoff() {
-        let breaker = Breaker::new(BreakerConfig {
+        let breaker = breaker(BreakerConfig {
             failures_to_open: 1,
             initial_backoff: Duration::ZERO,
             max_backoff: Duration::from_secs(3600),
@@ -400,7 +443,7 @@ mod tests {
 
     #[test]
     fn failures_of_calls_begun_before_the_breaker_opened_do_not_delay_the_probe() {
-        let breaker = Breaker::new(BreakerConfig {
+        let breaker = breaker(BreakerConfig {
             failures_to_open: 1,
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_secs(3600),
@@ -422,7 +465,7 @@ mod tests {
 
     #[test]
     fn a_probe_dropped_unrecorded_lets_the_next_caller_probe_at_once() {
-        let breaker = Breaker::new(BreakerConfig {
+        let breaker = breaker(BreakerConfig {
             failures_to_open: 1,
             initial_backoff: Duration::ZERO,
             max_backoff: Duration::from_secs(3600),
@@ -441,9 +484,54 @@ mod tests {
         );
     }
 
+    /// A probe whose caller keeps its future but stops polling it (pinned
+    /// beside a `select!` loop) neither answers nor drops its permit: once
+    /// it is in flight past twice the timeout, the next caller probes, and
+    /// the stale probe's late report is any call's.
+    #[test]
+    fn a_probe_left_unpolled_past_its_expiry_is_taken_over() {
+        let breaker = Breaker::new(
+            BreakerConfig {
+                failures_to_open: 1,
+                initial_backoff: Duration::ZERO,
+                max_backoff: Duration::from_secs(3600),
+            },
+            Duration::from_millis(10),
+        );
+        let _ = breaker.permit().unwrap().record(true, false);
+        let stalled = breaker.permit();
+        assert_eq!(kind(&stalled), "probe");
+        assert_eq!(kind(&breaker.permit()), "skip", "one probe at a time");
+        std::thread::sleep(Duration::from_millis(30));
+        let next = breaker.permit();
+        assert_eq!(kind(&next), "probe", "the stalled probe is taken over");
+        assert_eq!(kind(&breaker.permit()), "skip");
+        // The stalled probe fails late: not the probe's failure any more.
+        assert_eq!(stalled.unwrap().record(true, false), None);
+        assert_eq!(breaker.state(), CircuitState::HalfOpen);
+        assert_eq!(
+            next.unwrap().record(false, false),
+            Some(CircuitState::Closed)
+        );
+        // And one dropped after its successor answered changes nothing.
+        let _ = breaker.permit().unwrap().record(true, false);
+        let stalled = breaker.permit();
+        std::thread::sleep(Duration::from_millis(30));
+        let next = breaker.permit();
+        assert_eq!(kind(&next), "probe");
+        drop(stalled);
+        assert_eq!(
+            kind(&breaker.permit()),
+            "skip",
+            "the new probe is in flight"
+        );
+        assert_eq!(breaker.state(), CircuitState::HalfOpen);
+        drop(next);
+    }
+
     #[test]
     fn a_refused_connection_keeps_the_probes_at_the_first_backoff() {
-        let breaker = Breaker::new(BreakerConfig {
+        let breaker = breaker(BreakerConfig {
             failures_to_open: 1,
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_secs(3600),
@@ -550,7 +638,7 @@ mod tests {
         let node = "10.0.0.1:7000";
         metrics::with_local_recorder(&recorder, || {
             runtime.block_on(async {
-                let breaker = Breaker::new(BreakerConfig {
+                let breaker = breaker(BreakerConfig {
                     failures_to_open: 1,
                     ..BreakerConfig::default()
                 });

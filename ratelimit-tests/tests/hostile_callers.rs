@@ -1146,3 +1146,51 @@ async fn callers_queued_behind_a_first_connection_to_a_frozen_redis_wait_one_tim
         "30 callers took {took:?} to be answered, with a timeout of {TIMEOUT:?}"
     );
 }
+
+/// The open breaker's probe taken by a check whose caller polls it once and
+/// keeps it unpolled (pinned beside a `select!` loop that waits on something
+/// else): once Redis is back, the next callers still reach it, rather than
+/// going to the failure policy for as long as that future lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_left_unpolled_does_not_keep_the_breaker_open() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .breaker(BreakerConfig::default())
+        .build()
+        .unwrap();
+    let quota = roomy();
+    limiter.check(Request::new(&quota, "warm")).await.unwrap();
+    server.freeze();
+    for i in 0..3 {
+        let _ = limiter
+            .check(Request::new(&quota, &format!("open:{i}")))
+            .await;
+    }
+    assert_eq!(limiter.circuit_state(), CircuitState::Open);
+    // Past the first backoff: this check takes the probe.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let mut stalled = Box::pin(limiter.check(Request::new(&quota, "probe")));
+    assert!((&mut stalled).now_or_never().is_none());
+    assert_eq!(limiter.circuit_state(), CircuitState::HalfOpen);
+    server.thaw();
+    let started = Instant::now();
+    let decided_by_redis = loop {
+        let admitted = limiter.check(Request::new(&quota, "after")).await.unwrap();
+        if !admitted.decisions()[0].fallback {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < 2 * MARGIN,
+            "{:?} after Redis came back, every call still went to the failure policy \
+             (breaker {:?})",
+            started.elapsed(),
+            limiter.circuit_state()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    eprintln!("decided by Redis again {decided_by_redis:?} after it came back");
+    assert_eq!(limiter.circuit_state(), CircuitState::Closed);
+    drop(stalled);
+}

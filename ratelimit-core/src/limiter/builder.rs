@@ -410,7 +410,7 @@ impl Inner {
             closed_retry_after: builder.closed_retry_after,
             local_share: builder.local_share,
             local: MemoryBackend::bounded(clock.clone(), builder.local_max_keys),
-            breaker: Breaker::new(builder.breaker),
+            breaker: Breaker::new(builder.breaker, builder.timeout),
             deny_cache,
             leases: Leases::new(crate::lease::MAX_KEYS),
             resets: super::refund::Resets::new(),

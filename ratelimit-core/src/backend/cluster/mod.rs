@@ -288,7 +288,7 @@ impl ClusterBackend {
         if let Some(breaker) = breakers.get(node) {
             return breaker.clone();
         }
-        let breaker = Arc::new(Breaker::new(self.breaker_config));
+        let breaker = Arc::new(Breaker::new(self.breaker_config, self.timeout));
         breakers.insert(node.to_owned(), breaker.clone());
         breaker
     }
