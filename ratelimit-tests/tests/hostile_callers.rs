@@ -1194,3 +1194,77 @@ async fn a_probe_left_unpolled_does_not_keep_the_breaker_open() {
     assert_eq!(limiter.circuit_state(), CircuitState::Closed);
     drop(stalled);
 }
+
+/// A caller that takes the deny cache's probe of a key near its limit (it
+/// asks Redis for the others) and then keeps its future unpolled: the other
+/// callers of the key wait for it only until it is past the timeout, then
+/// ask Redis in its place, and get Redis's denial. They waited out their
+/// whole deadline on it, and went to the failure policy (`Open` admitted
+/// every one of them on a key Redis denies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deny_cache_probe_left_unpolled_does_not_hold_its_key() {
+    let server = RedisServer::start();
+    for policy in [FailurePolicy::Open, FailurePolicy::Closed] {
+        let limiter = limiter(&server, policy);
+        let quota = Quota::fixed_window(3, Duration::from_secs(3600)).unwrap();
+        let key = format!("stalled-probe:{policy:?}");
+        for _ in 0..2 {
+            limiter.check(Request::new(&quota, &key)).await.unwrap();
+        }
+        // The last admission's caller asks for the others, and stalls.
+        let mut stalled = Box::pin(limiter.check(Request::new(&quota, &key)));
+        assert!((&mut stalled).now_or_never().is_none());
+        let mut answers = Vec::new();
+        for _ in 0..5 {
+            answers.push(match limiter.check(Request::new(&quota, &key)).await {
+                Ok(admitted) if admitted.decisions()[0].fallback => "admitted by the policy",
+                Ok(_) => "admitted by Redis",
+                Err(denied) if denied.cause == DenialCause::Quota => "denied by Redis",
+                Err(_) => "denied by the policy",
+            });
+        }
+        // The stalled call, still wanted, went in a batch and took the
+        // last of the window, unseen.
+        assert_eq!(answers, ["denied by Redis"; 5], "{policy:?}");
+        drop(stalled);
+    }
+}
+
+/// A check made off any Tokio runtime (`futures::executor::block_on` on a
+/// plain thread) that finds another caller asking Redis for its key, where
+/// it cannot wait with a timeout, asks Redis itself rather than panicking.
+#[test]
+fn a_check_off_a_runtime_that_meets_a_probe_fails_without_a_panic() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = runtime.block_on(async { limiter(&server, FailurePolicy::Closed) });
+    let quota = Quota::fixed_window(3, Duration::from_secs(3600)).unwrap();
+    runtime.block_on(async {
+        for _ in 0..2 {
+            limiter.check(Request::new(&quota, "off")).await.unwrap();
+        }
+    });
+    // Its probe stays in flight: Redis does not answer it.
+    server.freeze();
+    let mut holder = Box::pin(limiter.check(Request::new(&quota, "off")));
+    {
+        let _on_the_runtime = runtime.enter();
+        assert!((&mut holder).now_or_never().is_none());
+    }
+    let off = limiter.clone();
+    let outcome = std::thread::spawn(move || {
+        futures::executor::block_on(off.check(Request::new(&quota, "off"))).map(|_| ())
+    })
+    .join()
+    .expect("a check off a runtime panicked");
+    // It asks Redis itself, through the connection made on the runtime,
+    // and frozen Redis does not answer it either.
+    let denied = outcome.expect_err("Redis does not answer");
+    assert_eq!(fault(&denied), Some(ErrorKind::Timeout), "{denied:?}");
+    server.thaw();
+    let _ = runtime.block_on(&mut holder);
+}

@@ -2,13 +2,11 @@
 //! or a sliding algorithm's denials, each as of the instants the reply was
 //! asked for and arrived; and the answer they give a later request.
 
-use tokio::sync::watch;
-
 use crate::algorithm::{decision, gcra};
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 
-use super::{ProbeEnd, COSTS_PER_KEY};
+use super::{Waiting, COSTS_PER_KEY};
 
 /// What is known of one key under one quota.
 pub(super) struct Known {
@@ -18,7 +16,7 @@ pub(super) struct Known {
     pub(super) learned_us: u64,
     pub(super) state: State,
     /// Set while a caller is asking the backend for the others.
-    pub(super) probe: Option<watch::Receiver<ProbeEnd>>,
+    pub(super) probe: Option<Waiting>,
 }
 
 /// What is known, each instant twice: as of the earliest the backend can

@@ -74,6 +74,13 @@ const COSTS_PER_KEY: usize = 4;
 pub(crate) struct DenyCache {
     shards: Sharded<KeyTable<Known>>,
     max_per_shard: usize,
+    /// How long a probe may be in flight before the next caller asks the
+    /// backend in its place: half the limiter's timeout (which bounds a
+    /// call polled to its end), so that a caller that waited for it that
+    /// long still has the other half to ask. A probe held longer is most
+    /// likely a future its caller keeps without polling it, which would
+    /// otherwise hold every caller of its key until their deadlines.
+    probe_for: Duration,
     /// Per stripe of keys, counts `forget`s: a reply asked for before a
     /// refund of its key may count tokens since given back, and is not
     /// learned.
@@ -118,8 +125,17 @@ enum Lookup<'a> {
     /// callers that wait too; they look again once this is dropped.
     Probe(Probe<'a>),
     /// Another caller is asking the backend: wait until the value is no
-    /// longer [`ProbeEnd::Asking`] (or its sender is gone), then look again.
-    Wait(watch::Receiver<ProbeEnd>),
+    /// longer [`ProbeEnd::Asking`] (or its sender is gone), or until the
+    /// probe is past its time, then look again.
+    Wait(Waiting),
+}
+
+/// The mark of a probe in flight, for the callers that wait on it.
+#[derive(Clone)]
+pub(super) struct Waiting {
+    end: watch::Receiver<ProbeEnd>,
+    /// When the probe is past its time (see `DenyCache::probe_for`).
+    until: tokio::time::Instant,
 }
 
 /// How the caller asking the backend for others fared.
@@ -151,7 +167,11 @@ impl Drop for Probe<'_> {
         let mine = self.end.subscribe();
         let (hash, mut shard) = self.cache.shard(self.key);
         if let Some(known) = shard.get_mut(hash, self.key) {
-            if known.probe.as_ref().is_some_and(|p| p.same_channel(&mine)) {
+            if known
+                .probe
+                .as_ref()
+                .is_some_and(|p| p.end.same_channel(&mine))
+            {
                 known.probe = None;
             }
             if let State::Denials(denials) = &mut known.state {
@@ -171,11 +191,14 @@ impl Drop for Probe<'_> {
 }
 
 impl DenyCache {
-    pub(crate) fn new(max_keys: usize) -> Self {
+    /// A cache of at most about `max_keys` keys, for calls made within
+    /// `timeout`.
+    pub(crate) fn new(max_keys: usize, timeout: Duration) -> Self {
         let counters = || (0..STRIPES).map(|_| AtomicU64::new(0)).collect();
         Self {
             shards: Sharded::new(SHARDS, KeyTable::new),
             max_per_shard: (max_keys / SHARDS).max(1),
+            probe_for: timeout / 2,
             forgets: counters(),
             admissions: counters(),
         }
@@ -203,8 +226,10 @@ impl DenyCache {
     /// Answers a request of `cost` from `key` under `quota` from the cache,
     /// or says to ask the backend. A caller that finds another asking for
     /// the key waits for that call and looks again; it waits on at most
-    /// `MAX_WAITS` probes and until `deadline` at most, then asks the
-    /// backend itself within what is left of it.
+    /// `MAX_WAITS` probes, each until it is past its time, and until
+    /// `deadline` at most, then asks the backend itself within what is left
+    /// of it. Off a Tokio runtime, where it cannot wait, it asks at once (and
+    /// the backend call says why it cannot be made).
     pub(crate) async fn consult<'a>(
         &'a self,
         quota: &Quota,
@@ -215,23 +240,31 @@ impl DenyCache {
     ) -> Consulted<'a> {
         const MAX_WAITS: u32 = 4;
         for _ in 0..MAX_WAITS {
-            let mut end = match self.lookup(quota, key, cost, clock.now_micros()) {
+            let Waiting { mut end, until } = match self.lookup(quota, key, cost, clock.now_micros())
+            {
                 Lookup::Denied(cached) => return Consulted::Denied(cached),
                 Lookup::Miss => return Consulted::Ask(None),
                 Lookup::Probe(probe) => return Consulted::Ask(Some(probe)),
-                Lookup::Wait(end) => end,
+                Lookup::Wait(waiting) => waiting,
             };
-            let ended = end.wait_for(|end| !matches!(end, ProbeEnd::Asking));
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Consulted::Ask(None);
+            }
             // The deadline is set here when this is the first wait.
-            let woken = match deadline.at() {
-                Some(deadline) => tokio::time::timeout_at(deadline, ended).await.ok(),
-                None => Some(ended.await),
-            };
+            let own = deadline.at();
+            let ended = end.wait_for(|end| !matches!(end, ProbeEnd::Asking));
+            let woken =
+                tokio::time::timeout_at(own.map_or(until, |own| own.min(until)), ended).await;
             match woken.as_ref().map(|ended| ended.as_deref()) {
-                Some(Ok(ProbeEnd::Failed(error))) => return Consulted::Failed(error.clone()),
-                Some(Ok(_)) => {}
-                // Past the deadline, or the probe is gone without a word.
-                _ => return Consulted::Ask(None),
+                Ok(Ok(ProbeEnd::Failed(error))) => return Consulted::Failed(error.clone()),
+                Ok(Ok(_)) => {}
+                // The probe is gone without a word.
+                Ok(Err(_)) => return Consulted::Ask(None),
+                // The probe is past its time: the next look takes its
+                // place.
+                Err(_) if own.is_none_or(|own| until < own) => {}
+                // Past the deadline.
+                Err(_) => return Consulted::Ask(None),
             }
         }
         match self.lookup(quota, key, cost, clock.now_micros()) {
@@ -292,11 +325,17 @@ impl DenyCache {
         if !known.contended(cost, now_us) {
             return Lookup::Miss;
         }
-        if let Some(waiting) = &known.probe {
+        let now = tokio::time::Instant::now();
+        // A probe past its time is left to its caller, and this caller asks
+        // in its place.
+        if let Some(waiting) = known.probe.as_ref().filter(|w| now < w.until) {
             return Lookup::Wait(waiting.clone());
         }
         let (end, waiting) = watch::channel(ProbeEnd::Asking);
-        known.probe = Some(waiting);
+        known.probe = Some(Waiting {
+            end: waiting,
+            until: now + self.probe_for,
+        });
         Lookup::Probe(Probe {
             cache: self,
             key,
@@ -589,7 +628,7 @@ mod tests {
         let cached: [AtomicU64; 6] = Default::default();
         proptest!(config(), |(family in 0usize..6, ops in proptest::collection::vec(op(), 1..120))| {
             let quotas = quotas()[family];
-            let cache = DenyCache::new(100);
+            let cache = DenyCache::new(100, Duration::from_secs(1));
             let mut server = Server { state: None };
             let mut now = 1_000_000_000u64;
             for (step, op) in ops.iter().enumerate() {
@@ -629,7 +668,7 @@ mod tests {
             ops in proptest::collection::vec((op(), 0u64..=100), 1..120),
         )| {
             let quotas = quotas()[family];
-            let cache = DenyCache::new(100);
+            let cache = DenyCache::new(100, Duration::from_secs(1));
             let mut server = Server { state: None };
             let mut now = 1_000_000_000u64;
             for (step, (op, decided_at)) in ops.iter().enumerate() {
@@ -691,7 +730,7 @@ mod tests {
             Quota::leaky_bucket(5, rate).unwrap(),
         ];
         for quota in &buckets {
-            let cache = DenyCache::new(100);
+            let cache = DenyCache::new(100, Duration::from_secs(1));
             let mut server = Server { state: None };
             for cost in [2, 2, 1] {
                 let (d, _) = request(&cache, &mut server, quota, t, cost, 0, 0);
@@ -709,7 +748,7 @@ mod tests {
             Quota::fixed_window(5, one_second).unwrap(),
         ];
         for quota in &windows {
-            let cache = DenyCache::new(100);
+            let cache = DenyCache::new(100, Duration::from_secs(1));
             let mut server = Server { state: None };
             let mut now = t;
             for _ in 0..3 {
@@ -731,7 +770,7 @@ mod tests {
 
     #[test]
     fn a_denial_is_answered_for_every_cost_it_knows_until_it_ends() {
-        let cache = DenyCache::new(1_000);
+        let cache = DenyCache::new(1_000, Duration::from_secs(1));
         let quota = Quota::token_bucket(5, "5/s".parse().unwrap()).unwrap();
         let mut server = Server { state: None };
         let t = 1_000_000_000;
@@ -765,12 +804,12 @@ mod tests {
         let Lookup::Wait(waiting) = cache.lookup(quota, "k", 1, now_us + 1) else {
             panic!("a second caller should wait for the first");
         };
-        (probe, waiting)
+        (probe, waiting.end)
     }
 
     #[test]
     fn an_ended_denial_lets_one_caller_ask_while_the_others_wait() {
-        let cache = DenyCache::new(1_000);
+        let cache = DenyCache::new(1_000, Duration::from_secs(1));
         let quota = Quota::per_second(5).unwrap();
         let (probe, waiting) = spent_and_asked(&cache, &quota, 1_200_000);
         assert!(matches!(*waiting.borrow(), ProbeEnd::Asking));
@@ -796,9 +835,28 @@ mod tests {
         assert_eq!(again.retry_after, Duration::from_micros(199_998));
     }
 
+    /// A probe whose caller keeps its future unpolled is taken over once
+    /// past its time; its end, when it comes, leaves the new probe's mark.
+    #[test]
+    fn a_probe_past_its_time_is_taken_over_by_the_next_caller() {
+        let cache = DenyCache::new(1_000, Duration::from_millis(20));
+        let quota = Quota::per_second(5).unwrap();
+        let (stalled, _) = spent_and_asked(&cache, &quota, 1_200_000);
+        std::thread::sleep(Duration::from_millis(15));
+        let Lookup::Probe(next) = cache.lookup(&quota, "k", 1, 1_200_002) else {
+            panic!("a probe past its time should be taken over");
+        };
+        drop(stalled);
+        assert!(
+            matches!(cache.lookup(&quota, "k", 1, 1_200_003), Lookup::Wait(_)),
+            "the new probe is in flight"
+        );
+        drop(next);
+    }
+
     #[test]
     fn a_failed_probe_hands_its_error_to_the_waiters() {
-        let cache = DenyCache::new(1_000);
+        let cache = DenyCache::new(1_000, Duration::from_secs(1));
         let quota = Quota::per_second(5).unwrap();
         let (probe, waiting) = spent_and_asked(&cache, &quota, 1_300_000);
         let failed = Err(Error::Timeout(Duration::from_millis(100)));
@@ -819,7 +877,7 @@ mod tests {
 
     #[test]
     fn answers_asked_for_before_a_refund_or_a_sliding_admission_are_not_kept() {
-        let cache = DenyCache::new(1_000);
+        let cache = DenyCache::new(1_000, Duration::from_secs(1));
         let quota = Quota::per_second(5).unwrap();
         let spent = gcra::decide_debt(&quota, quota.depth(), 0, false);
         let asked = cache.asked("k", 1_000_000);
@@ -870,7 +928,7 @@ mod tests {
 
     #[test]
     fn a_key_with_room_for_more_keeps_no_entry() {
-        let cache = DenyCache::new(1_000);
+        let cache = DenyCache::new(1_000, Duration::from_secs(1));
         let quota = Quota::per_second(5).unwrap();
         let server = Server { state: None };
         for i in 0..1_000u64 {
@@ -891,7 +949,7 @@ mod tests {
 
     #[test]
     fn stays_bounded_under_many_distinct_keys() {
-        let cache = DenyCache::new(1_600);
+        let cache = DenyCache::new(1_600, Duration::from_secs(1));
         let quota = Quota::per_second(5).unwrap();
         let spent = gcra::decide_debt(&quota, quota.depth() - 1, 0, false);
         for i in 0..100_000u64 {
@@ -921,7 +979,7 @@ mod tests {
         let w = 10_000u64;
         let base = 1_000_000_000u64;
         for slow_first in [true, false] {
-            let cache = DenyCache::new(100);
+            let cache = DenyCache::new(100, Duration::from_secs(1));
             let mut server = Server { state: None };
             // Others spend four; this process's fifth is decided at the
             // window's last microsecond, and its reply takes 6 ms.

@@ -398,7 +398,7 @@ impl LimiterBuilder {
 impl Inner {
     pub(super) fn new(backend: Backend, builder: &LimiterBuilder, clock: Arc<dyn Clock>) -> Self {
         let deny_cache = (builder.deny_cache_max_keys > 0 && backend.can_fail())
-            .then(|| DenyCache::new(builder.deny_cache_max_keys));
+            .then(|| DenyCache::new(builder.deny_cache_max_keys, builder.timeout));
         let denial_log_every = if builder.denial_log_sample <= 0.0 {
             0
         } else {
