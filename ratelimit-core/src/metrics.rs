@@ -70,7 +70,8 @@ pub struct StatsSnapshot {
     pub errors: u64,
     /// Requests let through unasked by an HTTP layer's allowlist.
     pub exempt: u64,
-    /// Admissions given back, one per limit ([`Limiter::refund`](crate::Limiter::refund)).
+    /// Admissions given back, one per limit ([`Limiter::refund`](crate::Limiter::refund)); a
+    /// refund the backend failed, or whose caller gave up before its answer, is not counted.
     pub refunded: u64,
     /// Denials answered by the local deny cache, with no backend call (also
     /// counted in `denied`, or in `shadow_denied` in shadow mode).

@@ -1032,3 +1032,46 @@ async fn a_lease_that_waited_for_another_call_is_cut_by_a_refund_asked_for_meanw
         "{admitted} admitted at once from a bucket of 20, {from_redis} of them by Redis"
     );
 }
+
+/// A refund whose caller gives up once it is sent (a tower `Timeout`, a
+/// client gone): Redis takes it all the same, and the key's cached denial,
+/// which it ends, is forgotten, rather than denying the key in process for
+/// the rest of the window. It is not counted as refunded: its caller does
+/// not know that it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_given_up_once_sent_leaves_no_cached_denial() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let quota = Quota::fixed_window(1, Duration::from_secs(3600)).unwrap();
+    let admitted = limiter
+        .check(Request::new(&quota, "given-up"))
+        .await
+        .unwrap();
+    let denied = limiter.check(Request::new(&quota, "given-up")).await;
+    assert!(denied.is_err(), "spent: {denied:?}");
+    server.freeze();
+    let given_up = tokio::time::timeout(Duration::from_millis(50), limiter.refund(admitted)).await;
+    assert!(given_up.is_err(), "Redis is frozen: {given_up:?}");
+    server.thaw();
+    // Redis takes the refund once it wakes; the next check goes to it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match limiter.check(Request::new(&quota, "given-up")).await {
+            Ok(admitted) => {
+                assert!(!admitted.decisions()[0].fallback);
+                break;
+            }
+            Err(denied) => assert!(
+                std::time::Instant::now() < deadline,
+                "Redis took the refund, and the key is still denied: {denied:?} (stats {:?})",
+                limiter.stats()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(limiter.stats().refunded, 0);
+}

@@ -107,6 +107,9 @@ impl Limiter {
     ) -> Result<(), Error> {
         let now = self.inner.cache_clock.now_micros();
         let mut remote: Vec<(&Quota, &str, Refund)> = Vec::new();
+        // The rules of the refunds sent to the backend, counted once it
+        // took them.
+        let mut remote_rules: Vec<&'static str> = Vec::new();
         for Taken {
             quota,
             key,
@@ -147,6 +150,8 @@ impl Limiter {
                         .leases
                         .refunded(quota, key, refund.units, decision.at, now);
                     remote.push((quota, key, refund));
+                    remote_rules.push(rule);
+                    continue;
                 }
             }
             self.inner.stats.refunded(rule);
@@ -157,6 +162,13 @@ impl Limiter {
         }
         let backend = &self.inner.backend;
         let deadline = Deadline::after(self.inner.timeout);
+        // A cached denial of these keys may end sooner now. Forgotten after
+        // the refund, so an answer asked for before it is not kept either,
+        // and also when the caller gives up on the refund after it went out.
+        let _cached = CachedDenials {
+            cache: self.inner.deny_cache.as_ref(),
+            refunds: &remote,
+        };
         let result = if backend.can_fail() {
             self.guarded(backend.refund(&remote, &deadline)).await
         } else {
@@ -164,13 +176,29 @@ impl Limiter {
             answered_in_process().await;
             result
         };
-        // A cached denial of these keys may end sooner now. Forgotten after
-        // the refund, so an answer asked for before it is not kept either.
-        if let Some(cache) = &self.inner.deny_cache {
-            for (_, key, _) in &remote {
-                cache.forget(key);
+        if result.is_ok() {
+            for rule in remote_rules {
+                self.inner.stats.refunded(rule);
             }
         }
         result
+    }
+}
+
+/// Forgets the deny cache's denials of the keys of `refunds` when dropped:
+/// once the backend has taken the refunds, or once their caller has given
+/// up on them (they may have reached it).
+struct CachedDenials<'a> {
+    cache: Option<&'a crate::deny_cache::DenyCache>,
+    refunds: &'a [(&'a Quota, &'a str, Refund)],
+}
+
+impl Drop for CachedDenials<'_> {
+    fn drop(&mut self) {
+        for (_, key, _) in self.refunds {
+            if let Some(cache) = self.cache {
+                cache.forget(key);
+            }
+        }
     }
 }
