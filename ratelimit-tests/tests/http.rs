@@ -9,6 +9,7 @@ mod support;
 use support::Decide;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -1630,6 +1631,47 @@ async fn a_denial_hook_shapes_the_response_and_the_layer_keeps_its_fields() {
     assert_eq!(denied.json()["message"], "slow down", "{}", denied.body);
     assert_eq!(denied.all("ratelimit-policy"), [r#""api";q=1;w=3600"#]);
     assert_eq!(denied.all("ratelimit"), [r#""api";r=0;t=3600"#]);
+}
+
+/// A hook that logs the denial it is given (`{denial:?}`) writes no
+/// credential of the request: no header value, no query.
+#[tokio::test]
+async fn a_denials_debug_shows_no_header_value_or_query() {
+    let logged = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = logged.clone();
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(stopped_limiter(), hourly(1))
+            .name("api")
+            .on_denied(move |denial| {
+                log.lock().unwrap().push(format!("{denial:?}"));
+                denial.problem().into_response()
+            }),
+    );
+    let base = serve(app).await;
+    let client = client();
+    let url = format!("{base}/?api_key=QUERYSECRET");
+    let secrets = [
+        ("authorization", "Bearer sk_live_TOKENSECRET"),
+        ("cookie", "session=COOKIESECRET"),
+    ];
+    assert_eq!(fetch_with(&client, &url, &secrets).await.status, 200);
+    assert_eq!(fetch_with(&client, &url, &secrets).await.status, 429);
+    let logged = logged.lock().unwrap();
+    let [line] = &logged[..] else {
+        panic!("one denial logged: {logged:?}");
+    };
+    for secret in ["QUERYSECRET", "TOKENSECRET", "COOKIESECRET"] {
+        assert!(!line.contains(secret), "{secret} in {line}");
+    }
+    for shown in [
+        "\"api\"",
+        "GET",
+        "path: \"/\"",
+        "\"authorization\"",
+        "\"cookie\"",
+    ] {
+        assert!(line.contains(shown), "{shown} not in {line}");
+    }
 }
 
 #[tokio::test]

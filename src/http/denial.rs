@@ -1,5 +1,7 @@
 //! What a layer's denial-response hook is given.
 
+use std::fmt;
+
 use axum::http::request::Parts;
 
 use super::problem::TooManyRequests;
@@ -11,29 +13,56 @@ use crate::{QuotaPolicy, RateLimited};
 /// advertised policy, and the request's head.
 ///
 /// ```
+/// use axum::http::StatusCode;
 /// use axum::response::{IntoResponse, Response};
 /// use ratelimit::http::{Denial, RateLimitLayer};
 /// use ratelimit::{Limiter, Quota};
 ///
 /// fn slow_down(denial: &Denial<'_>) -> Response {
+///     // An outage (`503`) or a misused limit (`500`) keeps its own answer:
+///     // only a spent quota is the client's to wait out.
+///     if denial.problem().status() != StatusCode::TOO_MANY_REQUESTS {
+///         return denial.problem().into_response();
+///     }
 ///     if denial.request().uri.path().starts_with("/api/") {
 ///         // The default problem document, with a message of our own.
 ///         return denial.problem().message("slow down, please").into_response();
 ///     }
 ///     let wait = denial.retry_after_secs().unwrap_or(60);
-///     (axum::http::StatusCode::TOO_MANY_REQUESTS, format!("come back in {wait}s")).into_response()
+///     (StatusCode::TOO_MANY_REQUESTS, format!("come back in {wait}s")).into_response()
 /// }
 ///
 /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_second(10)?).on_denied(slow_down);
 /// # let _ = layer;
 /// # Ok::<(), ratelimit::QuotaError>(())
 /// ```
-#[derive(Debug)]
 pub struct Denial<'a> {
     pub(super) limit: &'a str,
     pub(super) denied: &'a RateLimited,
     pub(super) policy: QuotaPolicy,
     pub(super) request: &'a Parts,
+}
+
+/// The request's method, path and header names only: its query and header
+/// values may hold credentials (`Authorization`, cookies, `?api_key=`), and
+/// a hook that logs `{denial:?}` must not write them.
+impl fmt::Debug for Denial<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<&str> = self
+            .request
+            .headers
+            .keys()
+            .map(|name| name.as_str())
+            .collect();
+        f.debug_struct("Denial")
+            .field("limit", &self.limit)
+            .field("denied", self.denied)
+            .field("policy", &self.policy)
+            .field("method", &self.request.method)
+            .field("path", &self.request.uri.path())
+            .field("headers", &headers)
+            .finish()
+    }
 }
 
 impl<'a> Denial<'a> {

@@ -204,6 +204,12 @@ impl RateLimitLayer {
     /// response (replacing any the hook set), and `Retry-After` when the
     /// hook set none and retrying can help.
     ///
+    /// The hook is called for every denial: a spent quota (`429`), and also
+    /// a failing backend under [`FailurePolicy::Closed`](crate::FailurePolicy::Closed)
+    /// (`503`) or a check that names a key twice (`500`), whose default
+    /// status [`Denial::problem`] keeps; answering those `429` would tell
+    /// clients an outage is theirs to wait out.
+    ///
     /// ```
     /// use axum::http::StatusCode;
     /// use axum::response::IntoResponse;
@@ -212,6 +218,9 @@ impl RateLimitLayer {
     ///
     /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_second(10)?)
     ///     .on_denied(|denial| {
+    ///         if denial.problem().status() != StatusCode::TOO_MANY_REQUESTS {
+    ///             return denial.problem().into_response();
+    ///         }
     ///         let body = format!("{{\"error\":\"slow_down\",\"limit\":\"{}\"}}", denial.limit());
     ///         (StatusCode::TOO_MANY_REQUESTS, body).into_response()
     ///     });
