@@ -71,8 +71,9 @@ impl KeyBuilder {
 
     /// Appends the whole key given by `key = <expression>`: `%`, `{` and `}` are
     /// escaped so the value cannot choose a Redis Cluster hash tag, `~` so it
-    /// cannot spell a suffix the attribute adds (`key~gcra`, `key~2`), and a
-    /// value longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its digest.
+    /// cannot spell a suffix the attribute adds (`key~gcra`, `key~2`), control
+    /// characters so it cannot write lines of its own in logs, and a value
+    /// longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its digest.
     ///
     /// The expression itself must give different callers different values:
     /// `format!("{a}/{b}")` gives `("x/y", "z")` and `("x", "y/z")` one key.
@@ -153,7 +154,9 @@ impl Escaper<'_> {
             Escaping::Value => is_value_char(char::from(b)),
             // `~` too: it separates the suffixes the attribute adds to
             // keep apart state of several algorithms or stacked limits.
-            Escaping::Whole => !matches!(b, b'%' | b'{' | b'}' | b'~'),
+            // Control characters too: a key is written in logs, where a
+            // newline would start a line of the caller's choosing.
+            Escaping::Whole => !matches!(b, b'%' | b'{' | b'}' | b'~' | 0..=0x1F | 0x7F),
         }
     }
 }
@@ -264,6 +267,18 @@ mod tests {
         assert_eq!(key.finish().len(), 34);
     }
 
+    /// A key is written in logs (a sampled denial, a backend's error): a
+    /// newline in a whole key would start a log line of the caller's choice.
+    #[test]
+    fn whole_keys_write_no_control_character() {
+        let mut key = KeyBuilder::new();
+        key.push_whole("evil\n2025-01-01T00:00:00Z INFO admin logged in\r\t\u{7f}é");
+        assert_eq!(
+            key.finish(),
+            "evil%0A2025-01-01T00:00:00Z INFO admin logged in%0D%09%7Fé"
+        );
+    }
+
     fn build(template: &[&str], values: &[String]) -> String {
         let mut key = KeyBuilder::new();
         for (i, literal) in template.iter().enumerate() {
@@ -286,7 +301,7 @@ mod tests {
         for c in value.chars() {
             let plain = match escaping {
                 Escaping::Value => is_value_char(c),
-                Escaping::Whole => !matches!(c, '%' | '{' | '}' | '~'),
+                Escaping::Whole => !matches!(c, '%' | '{' | '}' | '~') && !c.is_ascii_control(),
             };
             if plain {
                 out.push(c);
@@ -320,7 +335,7 @@ mod tests {
                 Escaping::Whole => MAX_WHOLE_KEY_LEN,
             };
             for len in max - 4..=max + 2 {
-                for last in ["", "a", "{", "é", "~"] {
+                for last in ["", "a", "{", "é", "~", "\n"] {
                     let value = format!("{}{last}", "x".repeat(len));
                     let mut out = String::new();
                     push_escaped_value(&mut out, value.as_str(), escaping);
