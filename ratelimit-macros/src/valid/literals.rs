@@ -149,8 +149,18 @@ pub(super) fn wait_limit(arg: &crate::attr::OnLimitArg) -> syn::Result<Option<u6
             let value = max.value();
             // The runtime's own spans; a unit alone is not a wait.
             let counted = value.trim().starts_with(|c: char| c.is_ascii_digit());
-            ratelimit_core::__span_micros(&value)
-                .filter(|&us| counted && us > 0 && us <= u128::from(u64::MAX))
+            let micros = ratelimit_core::__span_micros(&value).filter(|_| counted);
+            if micros == Some(0) {
+                return Err(syn::Error::new(
+                    max.span(),
+                    format!(
+                        "`max = {value:?}` would never wait; give the longest wait, above zero, \
+                         such as \"2s\", or drop `on_limit` to deny at once"
+                    ),
+                ));
+            }
+            micros
+                .filter(|&us| us > 0 && us <= u128::from(u64::MAX))
                 .map(|us| Some(us as u64))
                 .ok_or_else(|| {
                     syn::Error::new(
