@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The largest Integer a Structured Field can carry (RFC 9651, section 3.3.1).
-const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+pub(crate) const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 pub(crate) fn ratelimit_policy() -> HeaderName {
     HeaderName::from_static("ratelimit-policy")

@@ -36,9 +36,12 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
 /// assert_eq!(retry_after_secs(Duration::from_millis(1_200)), 2);
 /// assert_eq!(retry_after_secs(Duration::ZERO), 0);
+/// assert_eq!(retry_after_secs(Duration::MAX), 999_999_999_999_999);
 /// ```
 pub fn retry_after_secs(retry_after: Duration) -> u64 {
-    fields::ceil_secs(retry_after)
+    // Capped as the `RateLimit` fields' `t` is, at the largest integer a
+    // structured field holds (some 31 million years).
+    fields::ceil_secs(retry_after).min(fields::SF_INTEGER_MAX)
 }
 
 /// A [`RateLimited`] denial as an HTTP response: `429 Too Many Requests`

@@ -188,7 +188,9 @@ impl LimiterBuilder {
         self
     }
 
-    /// The `retry_after` of a denial under [`FailurePolicy::Closed`] (default 1 s).
+    /// The `retry_after` of a denial under [`FailurePolicy::Closed`] (default
+    /// 1 s), above zero: a denial that says "retry now" while the backend is
+    /// down would send every client straight back.
     pub fn closed_retry_after(mut self, retry_after: Duration) -> Self {
         self.closed_retry_after = retry_after;
         self
@@ -320,6 +322,14 @@ impl LimiterBuilder {
         if self.memory_max_keys == 0 {
             return Err(ConfigError::NotPositive {
                 setting: "memory_max_keys",
+            }
+            .into());
+        }
+        // A denial that says "retry now" while the backend is down sends
+        // every client straight back (`Retry-After: 0`).
+        if self.closed_retry_after.is_zero() {
+            return Err(ConfigError::NotPositive {
+                setting: "closed_retry_after",
             }
             .into());
         }

@@ -621,4 +621,22 @@ mod tests {
             }))
         ));
     }
+
+    /// A closed policy's denial that says "retry now" would send every
+    /// client straight back to a backend that is down.
+    #[test]
+    fn a_closed_retry_after_of_zero_is_refused() {
+        assert!(matches!(
+            Limiter::builder()
+                .closed_retry_after(Duration::ZERO)
+                .build(),
+            Err(Error::Config(ConfigError::NotPositive {
+                setting: "closed_retry_after"
+            }))
+        ));
+        assert!(Limiter::builder()
+            .closed_retry_after(Duration::from_millis(1))
+            .build()
+            .is_ok());
+    }
 }
