@@ -43,6 +43,14 @@ pub(crate) enum State {
     },
 }
 
+/// The latest instant the algorithms decide at: 2^53 µs after the epoch
+/// (the year 2255). A clock read later than that (a custom [`Clock`], a
+/// `ManualClock` set far ahead) is taken as this, so that every sum of an
+/// instant and a quota's span stays within `u64` and Lua's doubles.
+///
+/// [`Clock`]: crate::Clock
+pub(crate) const MAX_NOW: u64 = 1 << 53;
+
 /// Decides one request of `cost` tokens at `now`, updating `state` when the
 /// decision consumes. Returns the decision and whether `state` was written.
 /// The caller has checked `cost <= quota.capacity()`.
@@ -52,6 +60,7 @@ pub(crate) fn decide(
     now: u64,
     cost: u64,
 ) -> (Decision, bool) {
+    let now = now.min(MAX_NOW);
     match quota.algorithm() {
         // The token bucket kept as the instant it is full again: GCRA's state.
         Algorithm::TokenBucket | Algorithm::Gcra => gcra::decide(quota, state, now, cost, false),
@@ -99,6 +108,43 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A clock read near the end of `u64` (a custom clock, a manual one set
+    /// far ahead) decides as at [`MAX_NOW`], with no overflow, and its
+    /// refunds too.
+    #[test]
+    fn a_clock_past_the_latest_instant_decides_as_at_it() {
+        let (hour, rate) = (
+            std::time::Duration::from_secs(3600),
+            crate::quota::Rate::per_hour(5).unwrap(),
+        );
+        for quota in [
+            Quota::token_bucket(5, rate),
+            Quota::gcra(5, rate),
+            Quota::leaky_bucket(5, rate),
+            Quota::fixed_window(5, hour),
+            Quota::sliding_log(5, hour),
+            Quota::sliding_window(5, hour),
+        ] {
+            let quota = quota.unwrap();
+            let algorithm = quota.algorithm();
+            let (mut late, mut latest) = (None, None);
+            for _ in 0..6 {
+                let at_end = decide(&quota, &mut late, u64::MAX - 10, 1);
+                assert_eq!(
+                    at_end,
+                    decide(&quota, &mut latest, MAX_NOW, 1),
+                    "{algorithm}"
+                );
+            }
+            assert_eq!(late, latest, "{algorithm}");
+            let admitted = decide(&quota, &mut None, MAX_NOW, 1).0;
+            let given = Refund::of(&quota, &admitted, 1, 0).unwrap();
+            refund(&quota, &mut late, u64::MAX, &given);
+            refund(&quota, &mut latest, MAX_NOW, &given);
+            assert_eq!(late, latest, "{algorithm}");
+        }
+    }
 
     /// A million decisions, each at the earliest instant the previous denial
     /// named (plus a probe a microsecond too early): the count admitted, and

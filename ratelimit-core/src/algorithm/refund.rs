@@ -113,6 +113,7 @@ fn admission_end(now: u64, until_end: i64, window: u64) -> i128 {
 /// Applies `refund` to a key's `state` at `now`; the state becomes `None`
 /// when nothing is owed any longer.
 pub(crate) fn refund(quota: &Quota, state: &mut Option<State>, now: u64, refund: &Refund) {
+    let now = now.min(super::MAX_NOW);
     let window = quota.window_us();
     let cost = refund.cost;
     match state.as_mut() {
