@@ -4,7 +4,12 @@
 //! spliced in. Every value is escaped so that:
 //! - two different values never produce the same key: every byte outside
 //!   `[A-Za-z0-9_.-]` becomes `%XX`, and the `#[rate_limit]` attribute requires
-//!   a separator outside that set (and `%`) between two placeholders;
+//!   a separator outside that set (and `%`) on each side of a placeholder
+//!   (or the template's start or end), so that a key splits into its text and
+//!   its values one way only;
+//! - an empty value is written `%_`, never as nothing: `"{<user>}:burst"`
+//!   keeps its hash tag for an empty user (Redis Cluster reads `{}` as no
+//!   tag);
 //! - a value can never add a separator or a Redis Cluster hash tag (`{`, `}`):
 //!   those are always escaped;
 //! - a value can never make a key grow without bound: a value whose escaped
@@ -14,6 +19,10 @@
 use std::fmt::{self, Write as _};
 
 use sha2::{Digest, Sha256};
+
+/// How an empty value is written: as the start of a digest, a form no
+/// escaped value takes, and too short to be a digest.
+const EMPTY: &str = "%_";
 
 /// The longest escaped value kept as is; longer ones become a 34-byte digest.
 pub const MAX_VALUE_LEN: usize = 64;
@@ -134,6 +143,9 @@ fn push_escaped_value<T: fmt::Display + ?Sized>(out: &mut String, value: &T, esc
         let _ = write!(hasher, "{value}");
         push_digest(hasher.0.finalize().as_slice(), out);
     }
+    if escaping == Escaping::Value && out.len() == start {
+        out.push_str(EMPTY);
+    }
 }
 
 struct Escaper<'a> {
@@ -232,7 +244,11 @@ mod tests {
     fn plain_values_stand_for_themselves() {
         assert_eq!(escaped("42"), "42");
         assert_eq!(escaped("a-b_c.d"), "a-b_c.d");
-        assert_eq!(escaped(""), "");
+        assert_eq!(
+            escaped(""),
+            "%_",
+            "never nothing: it would empty a hash tag"
+        );
     }
 
     #[test]
@@ -279,6 +295,15 @@ mod tests {
         );
     }
 
+    /// Redis Cluster reads `{}` as no hash tag: an empty value written as
+    /// nothing scattered `"{<user>}:burst"` and `"{<user>}:sustained"` over
+    /// two slots.
+    #[test]
+    fn an_empty_value_keeps_its_hash_tag() {
+        let keys = ["}:burst", "}:sustained"].map(|after| build(&["{", after], &[String::new()]));
+        assert_eq!(keys, ["{%_}:burst", "{%_}:sustained"]);
+    }
+
     fn build(template: &[&str], values: &[String]) -> String {
         let mut key = KeyBuilder::new();
         for (i, literal) in template.iter().enumerate() {
@@ -312,6 +337,9 @@ mod tests {
         if out.len() > max {
             out.clear();
             push_digest(Sha256::digest(value.as_bytes()).as_slice(), &mut out);
+        }
+        if escaping == Escaping::Value && out.is_empty() {
+            out.push_str(EMPTY);
         }
         out
     }

@@ -44,6 +44,9 @@ pub(crate) enum TemplateError {
     Unclosed(String),
     InvalidPlaceholder(String),
     NoSeparator(Placeholder, Placeholder),
+    /// A placeholder with text right before (`false`) or after (`true`) it
+    /// that starts with a character a value can hold.
+    Glued(Placeholder, bool, char),
     Tilde,
 }
 
@@ -74,6 +77,19 @@ impl fmt::Display for TemplateError {
                 "placeholders `{a}` and `{b}` need a separator between them, such as `:`; \
                  otherwise two different values could build the same key"
             ),
+            TemplateError::Glued(placeholder, after, c) => {
+                let (side, example) = if *after {
+                    ("after", format!("{placeholder}:"))
+                } else {
+                    ("before", format!(":{placeholder}"))
+                };
+                write!(
+                    f,
+                    "placeholder `{placeholder}` needs a separator {side} it, such as `:` \
+                     (`{example}`): a value can hold `{c}`, so a value here could spell the text \
+                     beside it, and build the key of another template"
+                )
+            }
         }
     }
 }
@@ -131,7 +147,35 @@ impl Template {
             return Err(TemplateError::Tilde);
         }
         template.check_separators()?;
+        template.check_edges()?;
         Ok(template)
+    }
+
+    /// Each placeholder is bounded by the template's ends or by characters
+    /// no escaped value holds: then a key splits into its values and its
+    /// text one way only. Else `"api:<tenant>"` with `acme.writes` builds
+    /// the key `"api:<tenant>.writes"` builds with `acme`.
+    fn check_edges(&self) -> Result<(), TemplateError> {
+        for (i, segment) in self.segments.iter().enumerate() {
+            let Segment::Placeholder(placeholder) = segment else {
+                continue;
+            };
+            let before = match i.checked_sub(1).map(|i| &self.segments[i]) {
+                Some(Segment::Literal(text)) => text.chars().next_back(),
+                _ => None,
+            };
+            if let Some(c) = before.filter(|&c| can_appear_in_value(c)) {
+                return Err(TemplateError::Glued(placeholder.clone(), false, c));
+            }
+            let after = match self.segments.get(i + 1) {
+                Some(Segment::Literal(text)) => text.chars().next(),
+                _ => None,
+            };
+            if let Some(c) = after.filter(|&c| can_appear_in_value(c)) {
+                return Err(TemplateError::Glued(placeholder.clone(), true, c));
+            }
+        }
+        Ok(())
     }
 
     /// Escaped values only contain `[A-Za-z0-9_.-%]`, so a character outside
@@ -276,13 +320,53 @@ mod tests {
         for text in [
             "<a>:<b>",
             "<a>/<b>",
-            "<a>-x:y-<b>",
+            "<a>:x-y:<b>",
             "<a> <b>",
             "<a>{<b>}",
             "<a>é<b>",
         ] {
             assert!(Template::parse(text).is_ok(), "{text:?} must be accepted");
         }
+    }
+
+    /// Text a value could spell, right beside a placeholder, lets one
+    /// template's value build another template's key: `"api:<t>"` with
+    /// `acme.writes` and `"api:<t>.writes"` with `acme`; `"v2-<id>"` with
+    /// `x-7` and `"v2-x-<id>"` with `7`.
+    #[test]
+    fn a_placeholder_is_bounded_by_separators_or_the_ends() {
+        for (text, placeholder, after, c) in [
+            ("api:<t>.writes", "t", true, '.'),
+            ("order<id>", "id", false, 'r'),
+            ("v2-<id>", "id", false, '-'),
+            ("<a>%", "a", true, '%'),
+            ("<a>:x-y-<b>", "b", false, '-'),
+            ("{<user>}a<b>", "b", false, 'a'),
+        ] {
+            assert_eq!(
+                Template::parse(text),
+                Err(TemplateError::Glued(
+                    Placeholder {
+                        root: placeholder.into(),
+                        fields: vec![],
+                    },
+                    after,
+                    c
+                )),
+                "{text:?}"
+            );
+        }
+        for text in ["<a>", "api:<t>:writes", "{<user>}:burst", "a/<b>/c", "<a>é"] {
+            assert!(Template::parse(text).is_ok(), "{text:?} must be accepted");
+        }
+        assert_eq!(
+            Template::parse("api:<tenant>.writes")
+                .unwrap_err()
+                .to_string(),
+            "placeholder `<tenant>` needs a separator after it, such as `:` (`<tenant>:`): a \
+             value can hold `.`, so a value here could spell the text beside it, and build \
+             the key of another template"
+        );
     }
 
     #[test]
