@@ -1491,6 +1491,63 @@ fn two_unnamed_limits_in_one_layer_are_refused() {
     let _app: Router = Router::new().route("/", get(ok)).layer(layer);
 }
 
+/// A custom prefix that begins another limit's, where a value could spell
+/// the rest: a client sending `x-tenant: all` had the key of the global
+/// limit, and got a 500 (the check named one key twice) at every request,
+/// each logged as an error.
+#[test]
+#[should_panic(
+    expected = "the key prefix `tenant:` of the limit `api.tenant` begins the key prefix \
+                `tenant:all` of `api.all`"
+)]
+fn prefixes_whose_keys_could_meet_are_refused() {
+    let layer = RateLimitLayer::all(
+        Limiter::memory(),
+        [
+            Limit::per_key(
+                |request: &Parts| {
+                    let tenant = request.headers.get("x-tenant")?;
+                    Some(tenant.to_str().ok()?.to_owned())
+                },
+                hourly(100),
+            )
+            .name("tenant")
+            .key_prefix("tenant:"),
+            Limit::global(hourly(1_000))
+                .name("all")
+                .key_prefix("tenant:all"),
+        ],
+    )
+    .name("api");
+    let _app: Router = Router::new().route("/", get(ok)).layer(layer);
+}
+
+/// Prefixes one begins where a value cannot spell the rest (a separator
+/// follows), and equal ones, which share buckets.
+#[test]
+fn prefixes_apart_by_a_separator_are_kept_and_equal_ones_refused() {
+    let layer = |prefixes: [&str; 2]| {
+        RateLimitLayer::all(
+            Limiter::memory(),
+            [
+                Limit::per_peer_ip(hourly(1))
+                    .name("a")
+                    .key_prefix(prefixes[0]),
+                Limit::global(hourly(5)).name("b").key_prefix(prefixes[1]),
+            ],
+        )
+    };
+    let _app: Router = Router::new()
+        .route("/", get(ok))
+        .layer(layer(["tenant:", "tenant:all:global"]));
+    let equal = std::panic::catch_unwind(|| {
+        let _app: Router = Router::new()
+            .route("/", get(ok))
+            .layer(layer(["same:", "same:"]));
+    });
+    assert!(equal.is_err(), "equal prefixes share buckets");
+}
+
 /// Tenants by API key, as a cache or a database would answer them: after an
 /// await.
 async fn tenant_of(api_key: Option<String>) -> Option<String> {

@@ -150,7 +150,8 @@ impl RateLimitLayer {
     /// # Panics
     ///
     /// When the layer is applied (`Router::layer`), if it has no limit, or
-    /// two of its limits have the same name or the same key prefix.
+    /// two of its limits have the same name, or key prefixes whose keys
+    /// could meet (see [`Limit::key_prefix`]).
     pub fn all(limiter: Limiter, limits: impl IntoIterator<Item = Limit>) -> Self {
         Self {
             limiter,
@@ -456,14 +457,15 @@ impl RateLimitLayer {
                     self.name,
                     limit.name
                 );
-                assert!(
-                    earlier.prefix != limit.prefix,
-                    "the limits `{}` and `{}` have the same key prefix `{}`, so they would \
-                     share buckets; give each a prefix of its own",
-                    earlier.name,
-                    limit.name,
-                    limit.prefix
-                );
+                if let Some((short, long)) = keys_can_meet(earlier, limit) {
+                    panic!(
+                        "the key prefix `{}` of the limit `{}` begins the key prefix `{}` of `{}`, \
+                         and a value could spell the rest, so the limits could share buckets; \
+                         give each a prefix that no other begins, or follow the shorter with a \
+                         separator the other does not have there (such as `:`)",
+                        short.prefix, short.name, long.prefix, long.name
+                    );
+                }
             }
         }
         let exemptions = self
@@ -504,6 +506,22 @@ impl RateLimitLayer {
             fixed: limit.quota.fixed_quota().map(|q| policy_field(name, &q)),
         }
     }
+}
+
+/// Whether two limits' keys can meet: one's prefix begins the other's, and
+/// what follows is text an escaped value (or none, for a global limit's key,
+/// the prefix alone) could spell; then the limit with the shorter prefix,
+/// and the other.
+fn keys_can_meet<'a>(a: &'a Prepared, b: &'a Prepared) -> Option<(&'a Prepared, &'a Prepared)> {
+    let (short, long) = if a.prefix.len() <= b.prefix.len() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let rest = long.prefix.strip_prefix(short.prefix.as_str())?;
+    rest.chars()
+        .all(|c| ratelimit_core::key::is_value_char(c) || c == '%')
+        .then_some((short, long))
 }
 
 /// One `&'static str` per distinct name, as the runtime's rule names

@@ -366,6 +366,13 @@ impl Limit {
     /// Replaces the default key prefix (`http:<name>:<source>:`, see the
     /// [module documentation](super#keys)) with `prefix`, used as written.
     /// The limiter's own prefix (`rl:` by default) still comes first.
+    ///
+    /// The layer refuses (panics when it is built) two limits one of whose
+    /// prefixes begins the other's where a value could spell the rest:
+    /// `tenant:` beside a global limit's `tenant:all` would let a client
+    /// whose key is `all` take the global bucket. End each prefix with a
+    /// separator such as `:`. Limits of other layers on the same limiter are
+    /// not checked: give them prefixes of their own.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Some(prefix.into());
         self

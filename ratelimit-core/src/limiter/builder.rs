@@ -431,6 +431,7 @@ impl Inner {
             stats: Stats::default(),
             denial_log_every,
             last_warning: AtomicU64::new(0),
+            last_duplicate: AtomicU64::new(0),
         }
     }
 }

@@ -95,6 +95,8 @@ struct Inner {
     /// Second (since the epoch) of the last backend-failure warning, so an
     /// outage logs about once a second rather than once per call.
     last_warning: AtomicU64,
+    /// When a check that names a key twice was last logged.
+    last_duplicate: AtomicU64,
 }
 
 impl fmt::Debug for Limiter {

@@ -354,11 +354,16 @@ impl Limiter {
         for (i, r) in requests.iter().enumerate() {
             if requests[..i].iter().any(|e| e.key == r.key) {
                 let capacity = r.quota.capacity();
-                tracing::error!(
-                    key = r.key,
-                    rule = r.rule,
-                    "a check names the same key twice; denied: give each limit a key of its own"
-                );
+                // A caller's value may make keys meet (a client's header
+                // spelling another limit's key): not a log line a request.
+                if super::report::once_a_second(&self.inner.last_duplicate) {
+                    tracing::error!(
+                        key = r.key,
+                        rule = r.rule,
+                        "a check names the same key twice; denied: give each limit a key of its \
+                         own (logged at most once a second)"
+                    );
+                }
                 let denied = RateLimited::new(r.key, capacity, 0, Duration::MAX)
                     .with_cause(DenialCause::DuplicateKey);
                 return Some(self.denied(r, denied, Outcome::Error, shadow));

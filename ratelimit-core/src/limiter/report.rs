@@ -1,7 +1,7 @@
 //! Reporting what the limiter did beyond the counters: sampled denial logs,
 //! and throttled warnings while the backend fails.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{FailurePolicy, Limiter};
@@ -42,17 +42,7 @@ impl Limiter {
     }
 
     pub(super) fn warn_throttled(&self, key: &str, error: &Error, policy: FailurePolicy) {
-        let second = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let last = self.inner.last_warning.load(Ordering::Relaxed);
-        if last != second
-            && self
-                .inner
-                .last_warning
-                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if once_a_second(&self.inner.last_warning) {
             let backend = self.inner.backend.name();
             let kind = error.kind();
             if kind.is_misconfiguration() {
@@ -77,4 +67,17 @@ impl Limiter {
             }
         }
     }
+}
+
+/// Whether a log kept to once a second, whose last second `last` holds, is
+/// written now: by one caller a second, however many call.
+pub(super) fn once_a_second(last: &AtomicU64) -> bool {
+    let second = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let seen = last.load(Ordering::Relaxed);
+    seen != second
+        && last
+            .compare_exchange(seen, second, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
