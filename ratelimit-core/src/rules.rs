@@ -212,11 +212,11 @@ impl FromStr for Quota {
             let (option, value) = part
                 .split_once('=')
                 .filter(|(option, value)| !option.is_empty() && !value.is_empty())
-                .ok_or_else(|| RuleError::Malformed(part.to_owned()))?;
+                .ok_or_else(|| RuleError::Malformed(quoted(part)))?;
             let index = OPTIONS
                 .iter()
                 .position(|known| *known == option)
-                .ok_or_else(|| RuleError::UnknownOption(option.to_owned()))?;
+                .ok_or_else(|| RuleError::UnknownOption(quoted(option)))?;
             if values[index].replace(value).is_some() {
                 return Err(RuleError::DuplicateOption(OPTIONS[index]));
             }
@@ -246,11 +246,27 @@ impl FromStr for Quota {
     }
 }
 
+/// A part of a rule's text as an error quotes it: escaped, so a rule read
+/// from Redis cannot write lines of its own where the error is logged, and
+/// cut to 64 bytes, so a huge one is not logged whole.
+fn quoted(part: &str) -> String {
+    const MAX: usize = 64;
+    let escaped: String = part.escape_debug().collect();
+    if escaped.len() <= MAX {
+        return escaped;
+    }
+    let cut = (0..=MAX)
+        .rev()
+        .find(|&i| escaped.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}… ({} bytes)", &escaped[..cut], part.len())
+}
+
 fn whole_number(option: &'static str, value: &str) -> Result<u64, RuleError> {
     if !value.bytes().all(|b| b.is_ascii_digit()) {
         return Err(RuleError::InvalidNumber {
             option,
-            value: value.to_owned(),
+            value: quoted(value),
         });
     }
     value.parse().map_err(|_| QuotaError::TooLarge.into())
@@ -309,6 +325,20 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A rule's text comes from Redis, where anyone who can write the hash
+    /// writes it: its errors quote it escaped and cut.
+    #[test]
+    fn errors_quote_a_rules_text_escaped_and_cut() {
+        let forged = "capacity=10\u{1b}[2K rate=1/s".parse::<Quota>();
+        assert_eq!(
+            forged.unwrap_err().to_string(),
+            "invalid `capacity` value `10\\u{1b}[2K`; expected a whole number greater than 0"
+        );
+        let huge = format!("burst={}", "x".repeat(5_000_000)).parse::<Quota>();
+        let message = huge.unwrap_err().to_string();
+        assert!(message.len() < 200, "{} bytes", message.len());
+    }
 
     fn parse(text: &str) -> Result<Quota, RuleError> {
         text.parse()

@@ -412,7 +412,7 @@ impl Follower {
                     if self.rejected.get(name) != Some(text) {
                         tracing::error!(
                             hash = %self.config.hash,
-                            rule = %String::from_utf8_lossy(&name[..name.len().min(200)]),
+                            rule = %logged(name),
                             "rule source ignores a field that is not a valid rule name; use 1 to \
                              128 letters, digits and `_`, `-`, `.`, `:`, `/`"
                         );
@@ -467,7 +467,7 @@ impl Follower {
                 if self.rejected.get(name.as_bytes()).map(Vec::as_slice) != Some(raw) {
                     tracing::error!(
                         rule = name,
-                        text = %text,
+                        text = %logged(raw),
                         %error,
                         kept = ?self.rules.get(name),
                         "invalid rule in Redis rejected; the rule in force stays"
@@ -480,9 +480,37 @@ impl Follower {
     }
 }
 
+/// Text from the hash as logged: escaped, so that a newline in it cannot
+/// start a log line, and at most 200 bytes of it, with its length when
+/// longer (a value of megabytes would be logged by every instance).
+fn logged(text: &[u8]) -> String {
+    const MAX: usize = 200;
+    let escaped: String = String::from_utf8_lossy(&text[..text.len().min(MAX)])
+        .escape_debug()
+        .collect();
+    if text.len() <= MAX {
+        escaped
+    } else {
+        format!("{escaped}… ({} bytes)", text.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value or a field a hostile or careless writer left in the hash is
+    /// logged escaped and cut: it cannot forge log lines or flood them.
+    #[test]
+    fn text_from_the_hash_is_logged_escaped_and_cut() {
+        assert_eq!(logged(b"capacity=10 rate=5/s"), "capacity=10 rate=5/s");
+        assert_eq!(
+            logged(b"capacity=10\n2030-01-01T00:00:00Z INFO admin"),
+            "capacity=10\\n2030-01-01T00:00:00Z INFO admin"
+        );
+        let huge = logged(&vec![b'x'; 5_000_000]);
+        assert_eq!(huge, format!("{}… (5000000 bytes)", "x".repeat(200)));
+    }
     use crate::rule_source::RedisRuleSource;
 
     #[test]
