@@ -182,7 +182,7 @@ impl Breaker {
             if self.retired.load(Ordering::Acquire) {
                 return result;
             }
-            crate::metrics::circuit_state(backend, node, state);
+            self.report_state(backend, node);
             // Retired meanwhile: its last report must be the one that
             // closes it (see `retire`).
             if self.retired.load(Ordering::Acquire) {
@@ -200,6 +200,24 @@ impl Breaker {
             }
         }
         result
+    }
+
+    /// Sets the state gauge to the breaker's state, read after each setting:
+    /// a transition that raced the one reported here (a call begun before
+    /// the breaker opened, closing it) reports too, and whichever reports
+    /// last reads and reports the state left. (Reported as the transition
+    /// made, a late report of `Open` could land after the report of the
+    /// close that followed it, and show a closed breaker open for good.)
+    fn report_state(&self, backend: &'static str, node: Option<&str>) {
+        let mut state = self.state();
+        loop {
+            crate::metrics::circuit_state(backend, node, state);
+            let now = self.state();
+            if now == state {
+                return;
+            }
+            state = now;
+        }
     }
 
     /// A breaker for calls made within `timeout` (the limiter's).
@@ -557,6 +575,130 @@ mod tests {
             kind(&breaker.permit()),
             "skip",
             "a timeout doubles the backoff"
+        );
+    }
+
+    /// A call begun before the breaker opened, succeeding just after it
+    /// opened, closes it: the gauge must end at the state left, whichever
+    /// report lands last. (Reported as each transition made, the report of
+    /// `Open` landed after that of the close, and showed the closed breaker
+    /// open until its next transition, which a healthy backend never makes.)
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_state_gauge_ends_at_the_state_left_by_racing_transitions() {
+        use std::sync::{Arc, Mutex, OnceLock};
+        use std::task::{Context, Poll, Waker};
+
+        /// Runs `future`, which never waits, to its end.
+        fn run<T>(future: impl std::future::Future<Output = T>) -> T {
+            let mut future = std::pin::pin!(future);
+            match future
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+            {
+                Poll::Ready(value) => value,
+                Poll::Pending => unreachable!("nothing here waits"),
+            }
+        }
+
+        /// The gauge's last value; on the first report of `Open`, the call
+        /// begun before the breaker opened succeeds, and its report lands
+        /// first.
+        struct Gauge {
+            value: Mutex<Option<f64>>,
+            breaker: OnceLock<Arc<Breaker>>,
+            late_success: Mutex<Option<Permit<'static>>>,
+        }
+        impl metrics::GaugeFn for Gauge {
+            fn increment(&self, _: f64) {}
+            fn decrement(&self, _: f64) {}
+            fn set(&self, value: f64) {
+                if value == CircuitState::Open as u8 as f64 {
+                    let late = self.late_success.lock().unwrap().take();
+                    if let (Some(permit), Some(breaker)) = (late, self.breaker.get()) {
+                        run(breaker
+                            .guard_permitted(permit, "redis", None, async { Ok::<_, Error>(()) }))
+                        .unwrap();
+                    }
+                }
+                *self.value.lock().unwrap() = Some(value);
+            }
+        }
+        struct Recorder(Arc<Gauge>);
+        impl metrics::Recorder for Recorder {
+            fn describe_counter(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn describe_gauge(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn describe_histogram(
+                &self,
+                _: metrics::KeyName,
+                _: Option<metrics::Unit>,
+                _: metrics::SharedString,
+            ) {
+            }
+            fn register_counter(
+                &self,
+                _: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Counter {
+                metrics::Counter::noop()
+            }
+            fn register_gauge(
+                &self,
+                _: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Gauge {
+                metrics::Gauge::from_arc(self.0.clone())
+            }
+            fn register_histogram(
+                &self,
+                _: &metrics::Key,
+                _: &metrics::Metadata<'_>,
+            ) -> metrics::Histogram {
+                metrics::Histogram::noop()
+            }
+        }
+
+        // Leaked, so that the late call's permit may borrow it for good.
+        let breaker: &'static Arc<Breaker> =
+            Box::leak(Box::new(Arc::new(breaker(BreakerConfig {
+                failures_to_open: 1,
+                initial_backoff: Duration::from_secs(3600),
+                max_backoff: Duration::from_secs(3600),
+            }))));
+        let gauge = Arc::new(Gauge {
+            value: Mutex::new(None),
+            breaker: OnceLock::new(),
+            late_success: Mutex::new(breaker.permit()),
+        });
+        let _ = gauge.breaker.set(breaker.clone());
+        let recorder = Recorder(gauge.clone());
+        metrics::with_local_recorder(&recorder, || {
+            let failed = run(breaker.guard("redis", None, async {
+                Err::<(), _>(Error::Timeout(Duration::from_millis(1)))
+            }));
+            assert!(failed.is_err());
+        });
+        assert_eq!(
+            breaker.state(),
+            CircuitState::Closed,
+            "the late success closed it"
+        );
+        assert_eq!(
+            *gauge.value.lock().unwrap(),
+            Some(CircuitState::Closed as u8 as f64),
+            "the gauge shows the breaker open"
         );
     }
 
