@@ -313,7 +313,23 @@ impl ClusterBackend {
         call: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
         let breaker = self.breaker(node);
-        breaker.guard("cluster", Some(node), call).await
+        let Some(permit) = breaker.permit() else {
+            return Err(self.circuit_open());
+        };
+        breaker
+            .guard_permitted(permit, "cluster", Some(node), call)
+            .await
+    }
+
+    /// A call refused by an open breaker: its master may have been replaced
+    /// (a frozen master's replica promoted), which only a new read of the
+    /// slot map shows. Only the breaker's probe reaches a master whose
+    /// breaker is open, and a probe sent by address to a master that froze
+    /// with its connections open times out, not redirected; without this,
+    /// its slots stayed with it until the map's periodic read, ten seconds.
+    fn circuit_open(&self) -> Error {
+        self.stale.store(true, std::sync::atomic::Ordering::Release);
+        Error::CircuitOpen
     }
 
     fn live_connection(&self) -> Option<ClusterConnection> {
@@ -457,7 +473,7 @@ impl ClusterBackend {
                 // twice, the second could be refused (another caller took
                 // the probe) while the batch sends the decision anyway.
                 let Some(permit) = breaker.permit() else {
-                    return Err(Error::CircuitOpen);
+                    return Err(self.circuit_open());
                 };
                 match queue.try_send(job) {
                     Ok(()) => {
