@@ -269,7 +269,7 @@ impl<'a> Call<'a> {
         cost: u64,
     ) -> Self {
         let shown = key.len();
-        crate::keys::keep_apart(&mut key, rule.algorithm, &quota);
+        ratelimit_core::key::__keep_apart(&mut key, rule.algorithm, &quota);
         if rule.apart != 0 {
             use std::fmt::Write as _;
             let _ = write!(key, "~{}", rule.apart);

@@ -75,4 +75,3 @@ pub mod http;
 /// change in any release.
 #[doc(hidden)]
 pub mod __private;
-mod keys;

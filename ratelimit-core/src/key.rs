@@ -20,6 +20,8 @@ use std::fmt::{self, Write as _};
 
 use sha2::{Digest, Sha256};
 
+use crate::quota::{Algorithm, Quota};
+
 /// How an empty value is written: as the start of a digest, a form no
 /// escaped value takes, and too short to be a digest.
 const EMPTY: &str = "%_";
@@ -34,6 +36,28 @@ pub const MAX_WHOLE_KEY_LEN: usize = 256;
 /// a template between two placeholders separates them unambiguously.
 pub const fn is_value_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'
+}
+
+/// Gives a key decided under a quota of an algorithm other than `home`
+/// (the one its attribute or HTTP limit was written with: a named rule or a
+/// quota expression can change it at run time) the suffix `~<algorithm>`:
+/// each algorithm keeps state of its own shape, and a key never meets
+/// another algorithm's state. Escaped values never hold `~`, so no value
+/// can forge the suffix. [`Limiter::reset`](crate::Limiter::reset) resets a
+/// key's variants too.
+#[doc(hidden)]
+pub fn __keep_apart(key: &mut String, home: Algorithm, quota: &Quota) {
+    if quota.algorithm() != home {
+        key.push('~');
+        key.push_str(quota.algorithm().name());
+    }
+}
+
+/// The keys `__keep_apart` can make of `key`, one per algorithm.
+pub(crate) fn algorithm_variants(key: &str) -> impl Iterator<Item = String> + '_ {
+    Algorithm::ALL
+        .into_iter()
+        .map(move |algorithm| format!("{key}~{}", algorithm.name()))
 }
 
 /// Builds one key from literal text and escaped values.

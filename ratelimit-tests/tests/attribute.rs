@@ -397,6 +397,28 @@ async fn a_named_rule_set_at_run_time_applies_from_the_next_call() {
     assert_eq!(admitted(|| export_report(&clone, 5)).await, 9);
 }
 
+/// A named rule that moved a key to another algorithm keeps its state
+/// under `key~<algorithm>`; the denial names the key as written, and a
+/// reset of that key (as an operator's tool makes it) gives the quota back.
+/// It deleted nothing before, and the next call was denied.
+#[tokio::test]
+async fn a_reset_of_a_denied_key_applies_whatever_algorithm_a_rule_moved_it_to() {
+    let limiter = Limiter::memory();
+    limiter.rules().set(
+        "export_report",
+        ratelimit::Quota::fixed_window(3, Duration::from_secs(3_600)).unwrap(),
+    );
+    assert_eq!(admitted(|| export_report(&limiter, 7)).await, 3);
+    let denied = limited(export_report(&limiter, 7).await);
+    assert_eq!(denied.key, "export:7");
+    limiter.reset(&denied.key).await.unwrap();
+    assert_eq!(
+        admitted(|| export_report(&limiter, 7)).await,
+        3,
+        "the reset gave the key its quota back"
+    );
+}
+
 struct Account {
     id: u32,
     vip: bool,

@@ -1774,3 +1774,42 @@ async fn a_reset_dropped_before_its_answer_forgets_what_the_limiter_keeps_of_the
         "a key Redis made whole was denied from the cache: {after:?}"
     );
 }
+
+/// A reset deletes the key's variants under other algorithms
+/// (`key~<algorithm>`, which the attribute and the HTTP layer keep when a
+/// rule moves a key to another algorithm than its own) and forgets what the
+/// limiter keeps of them, and nothing else.
+#[tokio::test]
+async fn a_reset_deletes_the_keys_variants_under_other_algorithms() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let window = Quota::fixed_window(1, Duration::from_secs(3600)).unwrap();
+    let bucket = Quota::per_hour(1).unwrap();
+    for (quota, key) in [
+        (&bucket, "v"),
+        (&window, "v~fixed_window"),
+        (&window, "w~fixed_window"),
+    ] {
+        assert!(limiter.decide(quota, key, 1).await.unwrap().allowed);
+    }
+    // Denied, and the denial cached.
+    assert!(
+        !limiter
+            .decide(&window, "v~fixed_window", 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    limiter.reset("v").await.unwrap();
+    let mut redis = server.connection().await;
+    let keys: Vec<String> = redis.keys("*").await.unwrap();
+    assert_eq!(keys, ["rl:w~fixed_window"]);
+    assert!(
+        limiter
+            .decide(&window, "v~fixed_window", 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(limiter.decide(&bucket, "v", 1).await.unwrap().allowed);
+}

@@ -132,7 +132,7 @@ impl Shared {
             }
             let quota = spec.quota.resolve(&self.limiter, parts);
             let mut key = key.finish();
-            crate::keys::keep_apart(&mut key, limit.home, &quota);
+            ratelimit_core::key::__keep_apart(&mut key, limit.home, &quota);
             asked.push(Asked { limit, quota, key });
         }
         asked

@@ -238,22 +238,24 @@ impl Backend {
         }
     }
 
-    /// Deletes a key's state.
+    /// Deletes the state of `keys`.
     #[cfg_attr(not(feature = "redis"), allow(unused_variables))]
-    pub(crate) async fn reset(&self, key: &str, deadline: &Deadline) -> Result<(), Error> {
+    pub(crate) async fn reset(&self, keys: &[String], deadline: &Deadline) -> Result<(), Error> {
         match self {
             Backend::Memory(memory) => {
-                memory.reset(key);
+                for key in keys {
+                    memory.reset(key);
+                }
                 Ok(())
             }
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => {
-                let call: Remote<'_, _> = Box::pin(redis.reset(key, deadline));
+                let call: Remote<'_, _> = Box::pin(redis.reset(keys, deadline));
                 call.await
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => {
-                let call: Remote<'_, _> = Box::pin(cluster.reset(key, deadline));
+                let call: Remote<'_, _> = Box::pin(cluster.reset(keys, deadline));
                 call.await
             }
         }

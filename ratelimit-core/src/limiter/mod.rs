@@ -384,7 +384,10 @@ impl Limiter {
     }
 
     /// Gives `key` its whole quota back, under any quota: deletes its state
-    /// in the backend, and forgets what this limiter keeps of it in process
+    /// in the backend (and that of the variants `key~<algorithm>` that the
+    /// attribute and the HTTP layer keep when a rule moves a key to another
+    /// algorithm than its own, so a denial's key resets whatever the rule),
+    /// and forgets what this limiter keeps of them in process
     /// (cached denials, leased tokens, a lease a check in flight would
     /// bring, and what the [`FailurePolicy::Local`] limiter counted), even
     /// when the call fails or is dropped before Redis answers, as the reset
@@ -399,10 +402,16 @@ impl Limiter {
         // gone before the answer: what this limiter keeps of the key is
         // forgotten before it is sent, and again when it ends or is dropped,
         // for what a check in flight brings back before the reset landed.
-        let _forgotten = Forgotten::now(&self.inner, key);
+        let keys: Vec<String> = std::iter::once(key.to_owned())
+            .chain(crate::key::algorithm_variants(key))
+            .collect();
+        let _forgotten: Vec<Forgotten<'_>> = keys
+            .iter()
+            .map(|key| Forgotten::now(&self.inner, key))
+            .collect();
         self.inner
             .backend
-            .reset(key, &Deadline::after(self.inner.timeout))
+            .reset(&keys, &Deadline::after(self.inner.timeout))
             .await
     }
 

@@ -533,9 +533,19 @@ impl ClusterBackend {
         decode_one(&reply, quota, &request, &key)
     }
 
-    /// Deletes `key`'s state: its quota is whole again.
-    pub(crate) async fn reset(&self, key: &str, deadline: &Deadline) -> Result<(), Error> {
+    /// Deletes the state of `keys`: their quotas are whole again. Each goes
+    /// to its own slot's master, all at once.
+    pub(crate) async fn reset(&self, keys: &[String], deadline: &Deadline) -> Result<(), Error> {
         on_a_runtime()?;
+        let resets = keys.iter().map(|key| self.reset_one(key, deadline));
+        futures_util::future::join_all(resets)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Deletes `key`'s state.
+    async fn reset_one(&self, key: &str, deadline: &Deadline) -> Result<(), Error> {
         let key = self.full_key(key);
         let routing = self.routing().await;
         let node = routing

@@ -538,12 +538,14 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// Deletes `key`'s state: its quota is whole again.
-    pub(crate) async fn reset(&self, key: &str, deadline: &Deadline) -> Result<(), Error> {
+    /// Deletes the state of `keys`: their quotas are whole again.
+    pub(crate) async fn reset(&self, keys: &[String], deadline: &Deadline) -> Result<(), Error> {
         let lane = self.lane().await?;
         let mut connection = lane.connection.clone();
         let mut del = redis::cmd("DEL");
-        del.arg(self.full_key(key));
+        for key in keys {
+            del.arg(self.full_key(key));
+        }
         let deleted = async {
             del.query_async::<i64>(&mut connection)
                 .await
