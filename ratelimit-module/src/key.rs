@@ -11,9 +11,19 @@ use redis_module::{raw, Context, KeyType, RedisError, RedisString};
 pub(crate) struct Key {
     ctx: *mut raw::RedisModuleCtx,
     key: NonNull<raw::RedisModuleKey>,
-    /// Whether it was written: only then is it signalled as modified (a
-    /// denial changes nothing a `WATCH` or client-side cache should see).
-    modified: bool,
+    /// How it was last written, if at all: only then is it signalled as
+    /// modified (a denial changes nothing a `WATCH` or client-side cache
+    /// should see), and its keyspace events sent.
+    written: Option<Written>,
+}
+
+/// How a key was written, for its keyspace events.
+#[derive(Clone, Copy)]
+enum Written {
+    /// Set with an expiry: `set` and `expire`, as `SET .. PXAT` sends.
+    Set,
+    /// Deleted: `del`.
+    Deleted,
 }
 
 impl Key {
@@ -27,7 +37,7 @@ impl Key {
             .map(|key| Self {
                 ctx: ctx.ctx,
                 key,
-                modified: false,
+                written: None,
             })
             .ok_or(RedisError::Str("RLFAIL the key could not be opened"))
     }
@@ -67,7 +77,7 @@ impl Key {
         if !(self.kind() == KeyType::String && self.rewrite(value)) {
             self.replace(value)?;
         }
-        self.modified = true;
+        self.written = Some(Written::Set);
         let at = c_longlong::try_from(at).unwrap_or(c_longlong::MAX);
         // SAFETY: an open key of this context, opened for writing. The
         // function exists from Redis 6.2 on; the module loads on 7.0 and up.
@@ -119,17 +129,37 @@ impl Key {
     pub(crate) fn delete(&mut self) {
         // SAFETY: an open key of this context, opened for writing.
         unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key.as_ptr()) };
-        self.modified = true;
+        self.written = Some(Written::Deleted);
     }
 }
 
 impl Drop for Key {
     fn drop(&mut self) {
-        // SAFETY: opened by `open`, closed once; the name is the key's own.
+        // SAFETY: opened by `open`, closed once; the name is the key's own,
+        // and the events' names are C strings.
         unsafe {
-            if self.modified {
-                let name = raw::RedisModule_GetKeyNameFromModuleKey.unwrap()(self.key.as_ptr());
-                raw::RedisModule_SignalModifiedKey.unwrap()(self.ctx, name.cast_mut());
+            if let Some(written) = self.written {
+                let name =
+                    raw::RedisModule_GetKeyNameFromModuleKey.unwrap()(self.key.as_ptr()).cast_mut();
+                raw::RedisModule_SignalModifiedKey.unwrap()(self.ctx, name);
+                // The events the function's `SET .. PX` and `DEL` send, so
+                // that listeners see the same writes on either path. (The
+                // key API sends none of its own; with no listener, each is
+                // a test of a flag.)
+                let notify = raw::RedisModule_NotifyKeyspaceEvent.unwrap();
+                let (string, generic) = (
+                    raw::NotifyEvent::STRING.bits(),
+                    raw::NotifyEvent::GENERIC.bits(),
+                );
+                match written {
+                    Written::Set => {
+                        notify(self.ctx, string, c"set".as_ptr(), name);
+                        notify(self.ctx, generic, c"expire".as_ptr(), name);
+                    }
+                    Written::Deleted => {
+                        notify(self.ctx, generic, c"del".as_ptr(), name);
+                    }
+                }
             }
             raw::RedisModule_CloseKey.unwrap()(self.key.as_ptr());
         }

@@ -1174,3 +1174,45 @@ async fn a_sliding_log_with_a_score_no_admission_has_still_expires() {
         );
     }
 }
+
+/// A listener on keyspace events (`notify-keyspace-events`) sees the same
+/// events from decisions and refunds on the module as on the function:
+/// `set` and `expire` for each write, `del` for a key a refund empties. (The
+/// module's in-place writes sent none.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_sends_the_keyspace_events_the_function_sends() {
+    use futures::StreamExt as _;
+    let mut seen = Vec::new();
+    for server in [RedisServer::start(), with_module()] {
+        let mut redis = server.connection().await;
+        support::config_set(&mut redis, "notify-keyspace-events", "K$g").await;
+        let mut events = server.client().get_async_pubsub().await.unwrap();
+        events
+            .psubscribe("__keyspace@0__:rl:events*")
+            .await
+            .unwrap();
+        let limiter = uncached(&server);
+        for (quota, key) in [
+            (bucket(Algorithm::TokenBucket, 5, "1/h"), "events"),
+            (window(Algorithm::FixedWindow, 5, "1h"), "events:window"),
+        ] {
+            let admitted = limiter.check(Request::new(&quota, key)).await.unwrap();
+            limiter.refund(admitted).await.unwrap();
+        }
+        let mut stream = events.on_message();
+        let mut names = Vec::new();
+        while let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_millis(500), stream.next()).await
+        {
+            names.push(message.get_payload::<String>().unwrap());
+        }
+        seen.push(names);
+    }
+    assert_eq!(
+        seen[0],
+        ["set", "expire", "set", "expire", "set", "expire", "del"],
+        "the function's events: the bucket's and the window's decisions and refunds \
+         (which empties the window)"
+    );
+    assert_eq!(seen[1], seen[0], "the module's events");
+}
