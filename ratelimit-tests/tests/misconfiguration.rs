@@ -172,3 +172,24 @@ async fn a_refused_connection_or_an_unknown_host_is_unavailable_and_named() {
     }
     assert!(Limiter::memory().ping().await.is_ok());
 }
+
+/// An invalid URL among several (a Cluster's seeds, a Sentinel set) is
+/// named alone, without its password, so the error says which one to fix.
+#[test]
+fn an_invalid_url_among_several_is_named_alone() {
+    let urls = [
+        "redis://127.0.0.1:7000".to_owned(),
+        "redis://:s3cret@127.0.0.1:99999".to_owned(),
+    ];
+    for built in [
+        Limiter::builder().cluster(urls.clone()).build(),
+        Limiter::builder()
+            .sentinel("mymaster", urls.clone())
+            .build(),
+    ] {
+        let error = built.expect_err("port 99999 does not parse").to_string();
+        assert!(error.contains("127.0.0.1:99999"), "{error}");
+        assert!(!error.contains("7000"), "names the valid URL too: {error}");
+        assert!(!error.contains("s3cret"), "{error}");
+    }
+}

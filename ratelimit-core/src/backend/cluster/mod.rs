@@ -234,15 +234,11 @@ impl ClusterBackend {
             }
             .into());
         }
+        let infos = super::redis::parse_each(urls, "Redis Cluster URL")?;
         // Only certificates need it: the client reads `rediss://` itself.
         #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
         let secure = super::redis::uses_tls(
-            urls.iter().any(|url| {
-                use redis::IntoConnectionInfo as _;
-                url.as_str()
-                    .into_connection_info()
-                    .is_ok_and(|info| super::redis::over_tls(&info))
-            }),
+            infos.iter().any(super::redis::over_tls),
             tls,
             "Redis Cluster URLs",
         )?;

@@ -117,6 +117,27 @@ pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
     settings
 }
 
+/// The connection information of each of `urls` (the `what` of a limiter);
+/// an invalid one is a configuration error that names it alone, without its
+/// password, rather than the whole list.
+pub(crate) fn parse_each(
+    urls: &[String],
+    what: &'static str,
+) -> Result<Vec<redis::ConnectionInfo>, Error> {
+    use redis::IntoConnectionInfo as _;
+    urls.iter()
+        .map(|url| {
+            url.as_str().into_connection_info().map_err(|source| {
+                Error::from(ConfigError::InvalidUrl {
+                    what,
+                    urls: vec![redacted(url)],
+                    source,
+                })
+            })
+        })
+        .collect()
+}
+
 /// A client for `url`, with `tls`'s certificates for a `rediss://` URL; an
 /// invalid URL is a configuration error that names the URL without its
 /// password.
@@ -196,7 +217,6 @@ impl Endpoint {
         tls: &crate::tls::TlsConfig,
     ) -> Result<Self, Error> {
         use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-        use redis::IntoConnectionInfo as _;
         let invalid = |source| {
             Error::from(ConfigError::InvalidUrl {
                 what: "Redis Sentinel URLs",
@@ -212,11 +232,7 @@ impl Endpoint {
             }
             .into());
         }
-        let infos = sentinels
-            .iter()
-            .map(|url| url.as_str().into_connection_info())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(invalid)?;
+        let infos = parse_each(sentinels, "Redis Sentinel URL")?;
         let secure = infos.iter().filter(|info| over_tls(info)).count();
         if secure != 0 && secure != infos.len() {
             return Err(ConfigError::Unsupported {

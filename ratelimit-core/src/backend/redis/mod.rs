@@ -29,6 +29,8 @@ use crate::quota::Quota;
 
 pub(crate) use batcher::{await_answer, run_batches, Job, MAX_QUEUED};
 #[cfg(feature = "cluster")]
+pub(crate) use endpoint::parse_each;
+#[cfg(feature = "cluster")]
 pub(crate) use endpoint::tcp_settings;
 pub(crate) use endpoint::{open_client, redacted, Endpoint, KeySpace};
 #[cfg(feature = "cluster")]
