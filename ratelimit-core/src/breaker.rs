@@ -578,6 +578,52 @@ mod tests {
         );
     }
 
+    /// A recorder of gauges alone, each made by its function of the key.
+    #[cfg(feature = "metrics")]
+    struct Gauges<F>(F);
+
+    #[cfg(feature = "metrics")]
+    impl<F: Fn(&metrics::Key) -> metrics::Gauge> metrics::Recorder for Gauges<F> {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            (self.0)(key)
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
     /// A call begun before the breaker opened, succeeding just after it
     /// opened, closes it: the gauge must end at the state left, whichever
     /// report lands last. (Reported as each transition made, the report of
@@ -624,51 +670,6 @@ mod tests {
                 *self.value.lock().unwrap() = Some(value);
             }
         }
-        struct Recorder(Arc<Gauge>);
-        impl metrics::Recorder for Recorder {
-            fn describe_counter(
-                &self,
-                _: metrics::KeyName,
-                _: Option<metrics::Unit>,
-                _: metrics::SharedString,
-            ) {
-            }
-            fn describe_gauge(
-                &self,
-                _: metrics::KeyName,
-                _: Option<metrics::Unit>,
-                _: metrics::SharedString,
-            ) {
-            }
-            fn describe_histogram(
-                &self,
-                _: metrics::KeyName,
-                _: Option<metrics::Unit>,
-                _: metrics::SharedString,
-            ) {
-            }
-            fn register_counter(
-                &self,
-                _: &metrics::Key,
-                _: &metrics::Metadata<'_>,
-            ) -> metrics::Counter {
-                metrics::Counter::noop()
-            }
-            fn register_gauge(
-                &self,
-                _: &metrics::Key,
-                _: &metrics::Metadata<'_>,
-            ) -> metrics::Gauge {
-                metrics::Gauge::from_arc(self.0.clone())
-            }
-            fn register_histogram(
-                &self,
-                _: &metrics::Key,
-                _: &metrics::Metadata<'_>,
-            ) -> metrics::Histogram {
-                metrics::Histogram::noop()
-            }
-        }
 
         // Leaked, so that the late call's permit may borrow it for good.
         let breaker: &'static Arc<Breaker> =
@@ -683,7 +684,8 @@ mod tests {
             late_success: Mutex::new(breaker.permit()),
         });
         let _ = gauge.breaker.set(breaker.clone());
-        let recorder = Recorder(gauge.clone());
+        let shown = gauge.clone();
+        let recorder = Gauges(move |_: &metrics::Key| metrics::Gauge::from_arc(shown.clone()));
         metrics::with_local_recorder(&recorder, || {
             let failed = run(breaker.guard("redis", None, async {
                 Err::<(), _>(Error::Timeout(Duration::from_millis(1)))
@@ -712,7 +714,6 @@ mod tests {
         use std::sync::{Arc, Mutex};
 
         type Seen = Arc<Mutex<HashMap<String, f64>>>;
-        struct Gauges(Seen);
         struct One(String, Seen);
         impl metrics::GaugeFn for One {
             fn increment(&self, _: f64) {}
@@ -721,58 +722,17 @@ mod tests {
                 self.1.lock().unwrap().insert(self.0.clone(), value);
             }
         }
-        impl metrics::Recorder for Gauges {
-            fn describe_counter(
-                &self,
-                _: metrics::KeyName,
-                _: Option<metrics::Unit>,
-                _: metrics::SharedString,
-            ) {
-            }
-            fn describe_gauge(
-                &self,
-                _: metrics::KeyName,
-                _: Option<metrics::Unit>,
-                _: metrics::SharedString,
-            ) {
-            }
-            fn describe_histogram(
-                &self,
-                _: metrics::KeyName,
-                _: Option<metrics::Unit>,
-                _: metrics::SharedString,
-            ) {
-            }
-            fn register_counter(
-                &self,
-                _: &metrics::Key,
-                _: &metrics::Metadata<'_>,
-            ) -> metrics::Counter {
-                metrics::Counter::noop()
-            }
-            fn register_gauge(
-                &self,
-                key: &metrics::Key,
-                _: &metrics::Metadata<'_>,
-            ) -> metrics::Gauge {
-                let node = key
-                    .labels()
-                    .find(|label| label.key() == "node")
-                    .map(|label| label.value().to_owned())
-                    .unwrap_or_default();
-                metrics::Gauge::from_arc(Arc::new(One(node, self.0.clone())))
-            }
-            fn register_histogram(
-                &self,
-                _: &metrics::Key,
-                _: &metrics::Metadata<'_>,
-            ) -> metrics::Histogram {
-                metrics::Histogram::noop()
-            }
-        }
 
         let seen: Seen = Arc::default();
-        let recorder = Gauges(seen.clone());
+        let into = seen.clone();
+        let recorder = Gauges(move |key: &metrics::Key| {
+            let node = key
+                .labels()
+                .find(|label| label.key() == "node")
+                .map(|label| label.value().to_owned())
+                .unwrap_or_default();
+            metrics::Gauge::from_arc(Arc::new(One(node, into.clone())))
+        });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
