@@ -29,9 +29,16 @@ const POLICIES: [FailurePolicy; 3] = [
 ];
 
 fn limiter(server: &RedisServer, policy: FailurePolicy) -> Limiter {
+    patient_limiter(server, policy, TIMEOUT)
+}
+
+/// A limiter with a `timeout` of its own: long enough that a loaded
+/// machine's scheduling delays do not open the breaker where a test needs
+/// Redis's answers.
+fn patient_limiter(server: &RedisServer, policy: FailurePolicy, timeout: Duration) -> Limiter {
     Limiter::builder()
         .redis(server.url())
-        .timeout(TIMEOUT)
+        .timeout(timeout)
         .failure_policy(policy)
         .build()
         .unwrap()
@@ -1200,7 +1207,7 @@ async fn a_probe_left_unpolled_does_not_keep_the_breaker_open() {
 async fn a_deny_cache_probe_left_unpolled_does_not_hold_its_key() {
     let server = RedisServer::start();
     for policy in [FailurePolicy::Open, FailurePolicy::Closed] {
-        let limiter = limiter(&server, policy);
+        let limiter = patient_limiter(&server, policy, Duration::from_secs(1));
         let quota = Quota::fixed_window(3, Duration::from_secs(3600)).unwrap();
         let key = format!("stalled-probe:{policy:?}");
         for _ in 0..2 {
@@ -1236,7 +1243,9 @@ fn a_check_off_a_runtime_that_meets_a_probe_fails_without_a_panic() {
         .enable_all()
         .build()
         .unwrap();
-    let limiter = runtime.block_on(async { limiter(&server, FailurePolicy::Closed) });
+    let limiter = runtime.block_on(async {
+        patient_limiter(&server, FailurePolicy::Closed, Duration::from_secs(1))
+    });
     let quota = Quota::fixed_window(3, Duration::from_secs(3600)).unwrap();
     runtime.block_on(async {
         for _ in 0..2 {
