@@ -41,8 +41,10 @@ pub(crate) fn redacted(url: &str) -> String {
     // with none though it holds an `@` (a password beginning with digits
     // and a `/` reads as a port and a path), may hold a password with any
     // of those in it: all up to its last `@` is hidden.
-    let parsed = redis::parse_redis_url(url)
-        .filter(|parsed| !parsed.username().is_empty() || parsed.password().is_some());
+    let parsed = redis::parse_redis_url(url);
+    let parses = parsed.is_some();
+    let parsed =
+        parsed.filter(|parsed| !parsed.username().is_empty() || parsed.password().is_some());
     let (at, user) = if parsed.is_some() {
         let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
         let Some(at) = authority.rfind('@') else {
@@ -55,7 +57,20 @@ pub(crate) fn redacted(url: &str) -> String {
     } else {
         match rest.rfind('@') {
             Some(at) => (at, None),
-            None => return url.to_owned(),
+            None if parses => return url.to_owned(),
+            // Not a URL, with no `@`: it may be a password alone (given
+            // where the URL goes), or a user and password with the host
+            // left out (`redis://user:secret`). A host shows up to its
+            // first `:`; the rest is hidden.
+            None => {
+                let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+                return match authority.split_once(':') {
+                    Some((host, _)) if scheme_end > 0 => {
+                        format!("{}{host}:***", &url[..scheme_end])
+                    }
+                    _ => format!("{}***", &url[..scheme_end]),
+                };
+            }
         }
     };
     format!(
@@ -411,7 +426,12 @@ mod url_tests {
                 "redis://host/0?protocol=resp3",
                 "redis://host/0?protocol=resp3",
             ),
-            ("not a url", "not a url"),
+            // Not a URL: no password shows, even with no `@` to end it.
+            ("not a url", "***"),
+            ("s3cret", "***"),
+            ("redis://user:s3cret", "redis://user:***"),
+            ("redis://127.0.0.1:99999", "redis://127.0.0.1:***"),
+            ("redis://:s3cret", "redis://:***"),
             // Unparsable, a password holding a `/`, `#` or `?` would be cut
             // where a URL's user part ends.
             ("redis://:ab/cd@host:6379", "redis://***@host:6379"),
