@@ -425,3 +425,47 @@ async fn unreachable_sentinels_are_tried_again_less_and_less_often() {
         "{tries} connections to an unreachable Sentinel in 3 s"
     );
 }
+
+/// A Sentinel user that may not subscribe to `+switch-master` cannot be
+/// told of switchovers: the limiter says so once, as an error naming the
+/// permission, where it said nothing and followed a switchover only once a
+/// call failed on the old master.
+// Current-thread: the watcher logs on this thread, where `logged` listens.
+#[tokio::test]
+async fn a_sentinel_user_that_may_not_subscribe_is_named() {
+    let (master, _replica, sentinels) = sentinel_set();
+    let acl = |server: &RedisServer, rules: &[&str]| {
+        let mut connection = server.client().get_connection().unwrap();
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg("watcher").arg(rules);
+        let _: () = setuser.query(&mut connection).unwrap();
+    };
+    let no_subscribe = ["on", ">pw", "~*", "&*", "+@all", "-subscribe", "-psubscribe"];
+    acl(&master, &["on", ">pw", "~*", "&*", "+@all"]);
+    for sentinel in &sentinels {
+        acl(sentinel, &no_subscribe);
+    }
+    let urls: Vec<String> = sentinels
+        .iter()
+        .map(|s| format!("redis://watcher:pw@127.0.0.1:{}", s.port()))
+        .collect();
+    let limiter = Limiter::builder()
+        .sentinel(MASTER, urls)
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let (pinged, log) = support::logged(async {
+        let pinged = limiter.ping().await;
+        // The watcher asks each Sentinel in turn.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        pinged
+    })
+    .await;
+    pinged.expect("the master is reached");
+    assert_eq!(
+        log.matches("may not subscribe to `+switch-master`").count(),
+        1,
+        "named once: {log}"
+    );
+    assert!(log.contains("kind=permission") && !log.contains("pw@"), "{log}");
+}

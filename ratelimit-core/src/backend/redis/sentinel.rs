@@ -51,6 +51,8 @@ pub(super) async fn watch_switches(
         None => false,
     };
     let mut wait = RESOLVE_EVERY;
+    // Whether a refused subscription was logged: once a watcher.
+    let mut refusal_logged = false;
     loop {
         let mut reached = false;
         for client in &sentinels {
@@ -60,8 +62,28 @@ pub(super) async fn watch_switches(
             };
             let (mut sink, mut messages) = pubsub.split();
             let subscribed = tokio::time::timeout(timeout, sink.subscribe("+switch-master")).await;
-            if !matches!(subscribed, Ok(Ok(()))) {
-                continue;
+            match subscribed {
+                Ok(Ok(())) => {}
+                // A user without SUBSCRIBE or the channel: no switchover is
+                // seen until a call fails on the old master, which a manual
+                // failover leaves answering for seconds. Said once, as the
+                // misconfiguration it is.
+                Ok(Err(error))
+                    if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+                {
+                    if !std::mem::replace(&mut refusal_logged, true) {
+                        tracing::error!(
+                            %master,
+                            sentinel = %super::redacted(&client.get_connection_info().addr().to_string()),
+                            kind = %crate::ErrorKind::Permission,
+                            "the Sentinel user may not subscribe to `+switch-master`: switchovers \
+                             are followed only once a call fails on the old master; grant it \
+                             `+subscribe` and `&+switch-master`"
+                        );
+                    }
+                    continue;
+                }
+                _ => continue,
             }
             reached = true;
             if !bump(&switches) {
