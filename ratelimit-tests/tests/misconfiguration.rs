@@ -193,3 +193,38 @@ fn an_invalid_url_among_several_is_named_alone() {
         assert!(!error.contains("s3cret"), "{error}");
     }
 }
+
+/// A user who may read the keys but not run a command the scripts write
+/// with (`SET` for the buckets and windows, `ZADD` for the log, `DEL` for
+/// resets and refunds) is named by `ping`, with the commands it lacks. The
+/// ping's peek runs only reads, and passed: the first admission failed.
+#[tokio::test]
+async fn a_user_without_a_command_the_script_writes_with_is_named_by_ping() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    for (user, refused, named) in [
+        ("no-set", &["-set", "-psetex"][..], &["SET", "PSETEX"][..]),
+        ("no-zadd", &["-zadd"], &["ZADD"]),
+        ("no-del", &["-del"], &["DEL"]),
+    ] {
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg(&["on", ">pw", "~*", "+@all"])
+            .arg(refused)
+            .query_async::<()>(&mut connection)
+            .await
+            .unwrap();
+        let url = server
+            .url()
+            .replace("redis://", &format!("redis://{user}:pw@"));
+        let error = limiter(&url).ping().await.expect_err(user);
+        assert_eq!(error.kind(), ErrorKind::Permission, "{user}: {error}");
+        for command in named {
+            assert!(error.to_string().contains(command), "{user}: {error}");
+        }
+    }
+    // The line the setup guide gives passes.
+    let url = server.url().replace("redis://", "redis://default@");
+    limiter(&url).ping().await.unwrap();
+}

@@ -440,7 +440,15 @@ async fn a_sentinel_user_that_may_not_subscribe_is_named() {
         setuser.arg("SETUSER").arg("watcher").arg(rules);
         let _: () = setuser.query(&mut connection).unwrap();
     };
-    let no_subscribe = ["on", ">pw", "~*", "&*", "+@all", "-subscribe", "-psubscribe"];
+    let no_subscribe = [
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-subscribe",
+        "-psubscribe",
+    ];
     acl(&master, &["on", ">pw", "~*", "&*", "+@all"]);
     for sentinel in &sentinels {
         acl(sentinel, &no_subscribe);
@@ -467,5 +475,8 @@ async fn a_sentinel_user_that_may_not_subscribe_is_named() {
         1,
         "named once: {log}"
     );
-    assert!(log.contains("kind=permission") && !log.contains("pw@"), "{log}");
+    assert!(
+        log.contains("kind=permission") && !log.contains("pw@"),
+        "{log}"
+    );
 }

@@ -427,6 +427,15 @@ impl ClusterBackend {
             // of many masters is not one decision.
             self.peek(&PING_QUOTA, &key, 0, &Deadline::after(self.timeout))
                 .await?;
+            // The peek runs only reads: the writes' commands are asked of
+            // ACL, on the master of the key's slot.
+            let mut connection = self.connection().await?;
+            Deadline::after(self.timeout)
+                .bound(super::redis::check_commands(
+                    &mut connection,
+                    &self.full_key(&key),
+                ))
+                .await?;
         }
         Ok(())
     }

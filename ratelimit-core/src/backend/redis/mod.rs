@@ -34,6 +34,8 @@ pub(crate) use endpoint::parse_each;
 pub(crate) use endpoint::tcp_settings;
 pub(crate) use endpoint::{open_client, redacted, Endpoint, KeySpace};
 #[cfg(feature = "cluster")]
+pub(crate) use script::check_commands;
+#[cfg(feature = "cluster")]
 pub(crate) use script::Connection;
 pub(crate) use script::{invoke, Functions, ScriptCall};
 pub(crate) use server::{check_server, hello};
@@ -512,7 +514,11 @@ impl RedisBackend {
                 &Deadline::after(self.timeout),
             )
             .await?;
-        decode_one(&reply, &PING_QUOTA, &request, &key).map(|_| ())
+        decode_one(&reply, &PING_QUOTA, &request, &key)?;
+        // The peek runs only reads: the writes' commands are asked of ACL.
+        Deadline::after(self.timeout)
+            .bound(script::check_commands(&mut connection, &key))
+            .await
     }
 
     /// Gives back what admissions took, in one script call (see

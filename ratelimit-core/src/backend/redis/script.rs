@@ -14,6 +14,58 @@ use crate::error::refuses_writes;
 pub(crate) static SCRIPT: Lazy<redis::Script> =
     Lazy::new(|| redis::Script::new(concat!(script_body!(), eval_call!())));
 
+/// For `Limiter::ping`: whether the user may run, on a key of the limiter's,
+/// each command the scripts run (`redis.acl_check_cmd`, Redis 7.0 and
+/// later), as the peek that pings runs only the reads. Refused, it answers
+/// `NOPERM` with the commands it lacks.
+static ACL_CHECK: Lazy<redis::Script> = Lazy::new(|| {
+    redis::Script::new(&format!(
+        r#"local k = KEYS[1]
+local checks = {{ {{'GET', k}}, {{'MGET', k}}, {{'EXISTS', k}}, {{'SET', k, '0'}},
+  {{'PSETEX', k, '1', '0'}}, {{'PEXPIRE', k, '1'}}, {{'DEL', k}}, {{'ZADD', k, '0', '0'}},
+  {{'ZCOUNT', k, '0', '0'}}, {{'ZRANGE', k, '0', '0'}}, {{'ZRANGEBYSCORE', k, '0', '0'}},
+  {{'ZREM', k, '0'}}, {{'ZREMRANGEBYSCORE', k, '0', '0'}}, {{'TIME'}} }}
+local missing = {{}}
+for _, check in ipairs(checks) do
+  if not redis.acl_check_cmd(unpack(check)) then missing[#missing + 1] = check[1] end
+end
+if #missing > 0 then
+  return redis.error_reply("NOPERM {ACL_REFUSED}" .. table.concat(missing, ", ") ..
+    " on " .. k .. " (the limiter's script runs them)")
+end
+return 0"#
+    ))
+});
+
+/// How [`ACL_CHECK`]'s refusal begins, after its code.
+const ACL_REFUSED: &str = "this user may not run ";
+
+/// Whether the user may run each command the scripts run on `key` (a full
+/// key): a `Permission` error naming those it may not. Where the check
+/// cannot run (Redis before 7.0, a user who may not run `EVALSHA` or
+/// `SCRIPT LOAD`), nothing is known, and nothing is said.
+pub(crate) async fn check_commands(
+    connection: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+) -> Result<(), crate::error::Error> {
+    match ACL_CHECK
+        .key(key)
+        .invoke_async::<redis::Value>(connection)
+        .await
+    {
+        Err(error)
+            if is_no_perm(&error)
+                && error
+                    .detail()
+                    .is_some_and(|detail| detail.starts_with(ACL_REFUSED)) =>
+        {
+            Err(error.into())
+        }
+        Err(error) if error.is_io_error() || error.is_timeout() => Err(error.into()),
+        _ => Ok(()),
+    }
+}
+
 /// The script's text, file by file: one list for the standalone script, the
 /// cluster's flagged one and the function library (a macro, as `concat!`
 /// takes only literals).
