@@ -1272,3 +1272,46 @@ fn a_check_off_a_runtime_that_meets_a_probe_fails_without_a_panic() {
     server.thaw();
     let _ = runtime.block_on(&mut holder);
 }
+
+/// A slow Redis (each reply takes two thirds of the timeout) and callers of
+/// a key near its limit waiting for one caller's probe: those that wait past
+/// the probe's time and ask in its place ask within a timeout of their own,
+/// and get Redis's denial. With what was left of their own, they timed out,
+/// and `Open` admitted them on a key Redis denies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_take_a_slow_probes_place_still_get_redis_s_answer() {
+    let server = RedisServer::start();
+    let relay = support::Relay::start(server.port()).await;
+    let limiter = Limiter::builder()
+        .redis(relay.url())
+        .timeout(Duration::from_millis(300))
+        .failure_policy(FailurePolicy::Open)
+        .build()
+        .unwrap();
+    let quota = Quota::fixed_window(3, Duration::from_secs(3600)).unwrap();
+    for _ in 0..2 {
+        limiter.check(Request::new(&quota, "slow")).await.unwrap();
+    }
+    relay.delay_replies(Duration::from_millis(200));
+    let calls = (0..6).map(|_| async {
+        match limiter.check(Request::new(&quota, "slow")).await {
+            Ok(admitted) if admitted.decisions()[0].fallback => "admitted by the policy",
+            Ok(_) => "admitted by Redis",
+            Err(denied) if denied.cause == DenialCause::Quota => "denied by Redis",
+            Err(_) => "denied by the policy",
+        }
+    });
+    let mut answers = futures::future::join_all(calls).await;
+    answers.sort_unstable();
+    assert_eq!(
+        answers,
+        [
+            "admitted by Redis",
+            "denied by Redis",
+            "denied by Redis",
+            "denied by Redis",
+            "denied by Redis",
+            "denied by Redis"
+        ]
+    );
+}

@@ -100,6 +100,10 @@ pub(crate) enum Consulted<'a> {
     Failed(Error),
     /// Ask the backend; with a probe, for the callers waiting on it too.
     Ask(Option<Probe<'a>>),
+    /// The same, within a timeout of its own: the caller waited for a probe
+    /// past that one's time (see `DenyCache::probe_for`), and what is left
+    /// of its own may not cover a backend that is only slow.
+    AskAnew(Option<Probe<'a>>),
 }
 
 /// Taken just before a backend call on a key, for `record`: replies asked
@@ -134,8 +138,9 @@ enum Lookup<'a> {
 #[derive(Clone)]
 pub(super) struct Waiting {
     end: watch::Receiver<ProbeEnd>,
-    /// When the probe is past its time (see `DenyCache::probe_for`).
-    until: tokio::time::Instant,
+    /// When the probe is past its time (see `DenyCache::probe_for`); `None`
+    /// when too far to name (a timeout of `Duration::MAX`).
+    until: Option<tokio::time::Instant>,
 }
 
 /// How the caller asking the backend for others fared.
@@ -253,16 +258,24 @@ impl DenyCache {
             // The deadline is set here when this is the first wait.
             let own = deadline.at();
             let ended = end.wait_for(|end| !matches!(end, ProbeEnd::Asking));
-            let woken =
-                tokio::time::timeout_at(own.map_or(until, |own| own.min(until)), ended).await;
+            let woken = match own.into_iter().chain(until).min() {
+                Some(limit) => tokio::time::timeout_at(limit, ended).await,
+                None => Ok(ended.await),
+            };
             match woken.as_ref().map(|ended| ended.as_deref()) {
                 Ok(Ok(ProbeEnd::Failed(error))) => return Consulted::Failed(error.clone()),
                 Ok(Ok(_)) => {}
                 // The probe is gone without a word.
                 Ok(Err(_)) => return Consulted::Ask(None),
-                // The probe is past its time: the next look takes its
-                // place.
-                Err(_) if own.is_none_or(|own| until < own) => {}
+                // The probe is past its time: this caller asks itself, and
+                // takes the probe's place unless another has.
+                Err(_) if until.is_some_and(|until| own.is_none_or(|own| until < own)) => {
+                    return match self.lookup(quota, key, cost, clock.now_micros()) {
+                        Lookup::Denied(cached) => Consulted::Denied(cached),
+                        Lookup::Probe(probe) => Consulted::AskAnew(Some(probe)),
+                        Lookup::Miss | Lookup::Wait(_) => Consulted::AskAnew(None),
+                    };
+                }
                 // Past the deadline.
                 Err(_) => return Consulted::Ask(None),
             }
@@ -328,13 +341,17 @@ impl DenyCache {
         let now = tokio::time::Instant::now();
         // A probe past its time is left to its caller, and this caller asks
         // in its place.
-        if let Some(waiting) = known.probe.as_ref().filter(|w| now < w.until) {
+        if let Some(waiting) = known
+            .probe
+            .as_ref()
+            .filter(|waiting| waiting.until.is_none_or(|until| now < until))
+        {
             return Lookup::Wait(waiting.clone());
         }
         let (end, waiting) = watch::channel(ProbeEnd::Asking);
         known.probe = Some(Waiting {
             end: waiting,
-            until: now + self.probe_for,
+            until: now.checked_add(self.probe_for),
         });
         Lookup::Probe(Probe {
             cache: self,
@@ -852,6 +869,20 @@ mod tests {
             "the new probe is in flight"
         );
         drop(next);
+    }
+
+    /// A timeout too long to name (`Duration::MAX`, which the builder
+    /// takes): a probe is never past its time, where adding half of it to
+    /// the clock overflowed, and panicked.
+    #[test]
+    fn a_probe_under_a_timeout_too_long_to_name_is_never_past_its_time() {
+        let cache = DenyCache::new(1_000, Duration::MAX);
+        let quota = Quota::per_second(5).unwrap();
+        let (_probe, _) = spent_and_asked(&cache, &quota, 1_200_000);
+        assert!(matches!(
+            cache.lookup(&quota, "k", 1, 1_200_002),
+            Lookup::Wait(_)
+        ));
     }
 
     #[test]
