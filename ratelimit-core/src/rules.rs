@@ -226,7 +226,9 @@ impl FromStr for Quota {
             return Err(RuleError::Empty);
         }
         let algorithm = match algorithm {
-            Some(name) => name.parse::<Algorithm>()?,
+            Some(name) => name
+                .parse::<Algorithm>()
+                .map_err(|error| requoted(error, name))?,
             None => Algorithm::TokenBucket,
         };
         let mut builder = Quota::builder(algorithm);
@@ -234,13 +236,14 @@ impl FromStr for Quota {
             builder = builder.capacity(whole_number("capacity", value)?);
         }
         if let Some(value) = rate {
-            builder = builder.rate(rate_value(value)?);
+            builder = builder.rate(rate_value(value).map_err(|error| requoted(error, value))?);
         }
         if let Some(value) = limit {
             builder = builder.limit(whole_number("limit", value)?);
         }
         if let Some(value) = window {
-            builder = builder.window(Quota::parse_window(value)?);
+            builder =
+                builder.window(Quota::parse_window(value).map_err(|error| requoted(error, value))?);
         }
         Ok(builder.build()?)
     }
@@ -260,6 +263,16 @@ fn quoted(part: &str) -> String {
         .find(|&i| escaped.is_char_boundary(i))
         .unwrap_or(0);
     format!("{}… ({} bytes)", &escaped[..cut], part.len())
+}
+
+/// `error`, quoting `value` as [`quoted`] does where it quotes it whole.
+fn requoted(error: QuotaError, value: &str) -> QuotaError {
+    match error {
+        QuotaError::UnknownAlgorithm(_) => QuotaError::UnknownAlgorithm(quoted(value)),
+        QuotaError::InvalidRate(_) => QuotaError::InvalidRate(quoted(value)),
+        QuotaError::InvalidWindow(_) => QuotaError::InvalidWindow(quoted(value)),
+        other => other,
+    }
 }
 
 fn whole_number(option: &'static str, value: &str) -> Result<u64, RuleError> {
@@ -335,9 +348,28 @@ mod tests {
             forged.unwrap_err().to_string(),
             "invalid `capacity` value `10\\u{1b}[2K`; expected a whole number greater than 0"
         );
-        let huge = format!("burst={}", "x".repeat(5_000_000)).parse::<Quota>();
-        let message = huge.unwrap_err().to_string();
-        assert!(message.len() < 200, "{} bytes", message.len());
+        for huge in [
+            format!("burst={}", "x".repeat(5_000_000)),
+            format!("capacity=1 rate={}", "x".repeat(100_000)),
+            format!("algorithm={}", "x".repeat(100_000)),
+            format!(
+                "algorithm=fixed_window limit=1 window={}",
+                "x".repeat(100_000)
+            ),
+        ] {
+            let message = huge.parse::<Quota>().unwrap_err().to_string();
+            assert!(
+                message.len() < 300,
+                "{} bytes: {}",
+                message.len(),
+                &message[..80]
+            );
+        }
+        let escape = "capacity=1 rate=1\u{1b}[2K/s".parse::<Quota>();
+        assert!(
+            !escape.unwrap_err().to_string().contains('\u{1b}'),
+            "an escape character is quoted escaped"
+        );
     }
 
     fn parse(text: &str) -> Result<Quota, RuleError> {

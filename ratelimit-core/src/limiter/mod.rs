@@ -386,7 +386,9 @@ impl Limiter {
     /// Gives `key` its whole quota back, under any quota: deletes its state
     /// in the backend (and that of the variants `key~<algorithm>` that the
     /// attribute and the HTTP layer keep when a rule moves a key to another
-    /// algorithm than its own, so a denial's key resets whatever the rule),
+    /// algorithm than its own, so a denial's key resets whatever the rule;
+    /// not `key~<position>`, which a stacked attribute whose key repeats an
+    /// earlier one's keeps its state under),
     /// and forgets what this limiter keeps of them in process
     /// (cached denials, leased tokens, a lease a check in flight would
     /// bring, and what the [`FailurePolicy::Local`] limiter counted), even
