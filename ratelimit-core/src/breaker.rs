@@ -283,6 +283,12 @@ impl Breaker {
             return None;
         }
         let probe = self.probes.fetch_add(1, Ordering::AcqRel) + 1;
+        // The start before the number, so that whoever sees the number sees
+        // its start (seen with an older start, the new probe would look past
+        // its time, and be taken over at once). A caller that loses the race
+        // below has made the probe in flight look younger: never taken over
+        // early.
+        self.probe_started.fetch_max(now, Ordering::AcqRel);
         if self
             .probe
             .compare_exchange(current, probe, Ordering::AcqRel, Ordering::Acquire)
@@ -290,7 +296,6 @@ impl Breaker {
         {
             return None;
         }
-        self.probe_started.store(now, Ordering::Release);
         self.state
             .store(CircuitState::HalfOpen as u8, Ordering::Release);
         Some(Permit {

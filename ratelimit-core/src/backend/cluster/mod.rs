@@ -80,6 +80,10 @@ pub(crate) struct ClusterBackend {
     /// Set by a batch that met a key its node does not serve, or a failed
     /// batch: the next decision reads the slot map again.
     stale: Arc<AtomicBool>,
+    /// The second (since `epoch`, plus one) in which a call refused by an
+    /// open breaker last set `stale`.
+    stale_for_open: std::sync::atomic::AtomicU64,
+    epoch: Instant,
     /// Whether the masters run the script as a function.
     functions: Arc<Functions>,
     /// Connections to masters the cluster client keeps none to.
@@ -269,6 +273,8 @@ impl ClusterBackend {
             routing: RwLock::new(None),
             refreshing: tokio::sync::Mutex::new(None),
             stale: Arc::new(AtomicBool::new(false)),
+            stale_for_open: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
             functions: Arc::new(Functions::default()),
             direct,
             keys: KeySpace { prefix, clock },
@@ -324,7 +330,14 @@ impl ClusterBackend {
     /// with its connections open times out, not redirected; without this,
     /// its slots stayed with it until the map's periodic read, ten seconds.
     fn circuit_open(&self) -> Error {
-        self.stale.store(true, std::sync::atomic::Ordering::Release);
+        use std::sync::atomic::Ordering;
+        // Once a second at most: a master with no replica to promote keeps
+        // its breaker open for as long as it is down, and every call it
+        // refuses would have the map read (every `REFRESH_GAP`).
+        let second = self.epoch.elapsed().as_secs() + 1;
+        if self.stale_for_open.swap(second, Ordering::AcqRel) != second {
+            self.stale.store(true, Ordering::Release);
+        }
         Error::CircuitOpen
     }
 
