@@ -40,9 +40,13 @@ impl Resets {
         }
     }
 
+    /// The slot of `key`, and of its variants (`key~<algorithm>`,
+    /// `key~<position>`, which the attribute and the HTTP layer make): a
+    /// reset, which resets a key's variants with it, marks one slot.
     fn slot(&self, key: &str) -> &AtomicU64 {
         use std::hash::BuildHasher;
-        let hash = self.hasher.hash_one(key);
+        let base = key.split('~').next().unwrap_or(key);
+        let hash = self.hasher.hash_one(base);
         &self.ended[(hash >> 32) as usize % RESET_SLOTS]
     }
 
@@ -200,5 +204,29 @@ impl Drop for CachedDenials<'_> {
                 cache.forget(key);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reset marks a key and its variants, which share one slot: the
+    /// variants' refunds know of it, and no other slot is marked (marked
+    /// apart, the seven keys of a reset made seven slots skip refunds).
+    #[test]
+    fn a_key_and_its_variants_share_one_slot() {
+        let resets = Resets::new();
+        for key in ["k", "k~gcra", "k~fixed_window", "k~2"] {
+            resets.mark(key, 10);
+        }
+        assert!(resets.since("k~sliding_log", 5));
+        assert!(resets.since("k~gcra~2", 9));
+        let marked = resets
+            .ended
+            .iter()
+            .filter(|slot| slot.load(Ordering::SeqCst) != 0)
+            .count();
+        assert_eq!(marked, 1);
     }
 }
