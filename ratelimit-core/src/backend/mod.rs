@@ -40,6 +40,8 @@ type Remote<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>
 pub(crate) struct Deadline {
     timeout: Duration,
     at: OnceLock<Option<tokio::time::Instant>>,
+    /// Set once, by [`renew`](Self::renew): the instant that replaces `at`.
+    renewed: OnceLock<Option<tokio::time::Instant>>,
 }
 
 impl Deadline {
@@ -48,14 +50,29 @@ impl Deadline {
         Self {
             timeout,
             at: OnceLock::new(),
+            renewed: OnceLock::new(),
         }
     }
 
     /// The instant, set now if no wait has begun (`None`: too far to name).
     pub(crate) fn at(&self) -> Option<tokio::time::Instant> {
+        if let Some(renewed) = self.renewed.get() {
+            return *renewed;
+        }
         *self
             .at
             .get_or_init(|| tokio::time::Instant::now().checked_add(self.timeout))
+    }
+
+    /// Moves the deadline to one timeout from now, once: for a caller that
+    /// waited for another caller's call past that call's time (see the deny
+    /// cache's probes), whose own call would otherwise have what is left,
+    /// which a backend that is only slow may not answer within. Whether it
+    /// was moved now.
+    pub(crate) fn renew(&self) -> bool {
+        self.renewed
+            .set(tokio::time::Instant::now().checked_add(self.timeout))
+            .is_ok()
     }
 
     /// The timeout it was made with.

@@ -100,10 +100,6 @@ pub(crate) enum Consulted<'a> {
     Failed(Error),
     /// Ask the backend; with a probe, for the callers waiting on it too.
     Ask(Option<Probe<'a>>),
-    /// The same, within a timeout of its own: the caller waited for a probe
-    /// past that one's time (see `DenyCache::probe_for`), and what is left
-    /// of its own may not cover a backend that is only slow.
-    AskAnew(Option<Probe<'a>>),
 }
 
 /// Taken just before a backend call on a key, for `record`: replies asked
@@ -267,14 +263,13 @@ impl DenyCache {
                 Ok(Ok(_)) => {}
                 // The probe is gone without a word.
                 Ok(Err(_)) => return Consulted::Ask(None),
-                // The probe is past its time: this caller asks itself, and
-                // takes the probe's place unless another has.
+                // The probe is past its time: the next look takes its place,
+                // or waits for the caller that did. The first time, within a
+                // timeout from now (a backend that is only slow answered the
+                // probe late, and may answer this caller as late): at most
+                // one and a half timeouts in all.
                 Err(_) if until.is_some_and(|until| own.is_none_or(|own| until < own)) => {
-                    return match self.lookup(quota, key, cost, clock.now_micros()) {
-                        Lookup::Denied(cached) => Consulted::Denied(cached),
-                        Lookup::Probe(probe) => Consulted::AskAnew(Some(probe)),
-                        Lookup::Miss | Lookup::Wait(_) => Consulted::AskAnew(None),
-                    };
+                    deadline.renew();
                 }
                 // Past the deadline.
                 Err(_) => return Consulted::Ask(None),

@@ -118,7 +118,7 @@ impl Limiter {
                 .await;
             return result.map(|decision| decision.asked_at(asked));
         };
-        let (probe, anew) = match cache.consult(quota, key, cost, clock, deadline).await {
+        let probe = match cache.consult(quota, key, cost, clock, deadline).await {
             Consulted::Denied(cached) => {
                 if answer {
                     self.inner.stats.cache_hit();
@@ -132,18 +132,7 @@ impl Limiter {
             // calls waited on count themselves); a probe it was handed goes
             // to the next caller.
             Consulted::Ask(_) if deadline.has_passed() => return Err(deadline.timed_out()),
-            Consulted::Ask(probe) => (probe, false),
-            Consulted::AskAnew(probe) => (probe, true),
-        };
-        // A caller that waited for a probe past its time asks within a
-        // timeout of its own (see `Consulted::AskAnew`): at most one and a
-        // half times the timeout in all.
-        let own;
-        let deadline = if anew {
-            own = Deadline::after(deadline.timeout());
-            &own
-        } else {
-            deadline
+            Consulted::Ask(probe) => probe,
         };
         // The backend decides between these two instants; the cache keeps
         // both (see `deny_cache`).
