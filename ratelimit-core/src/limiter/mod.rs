@@ -290,8 +290,9 @@ impl Limiter {
     /// since gives nothing back, as the reset deleted what it took; a key
     /// reset by another instance cannot be known here, and its refund gives
     /// the cost to the count begun since. (Keys are told apart by a hash
-    /// into 1,024 slots: a key that shares a reset key's slot gives nothing
-    /// back either, which admits less, never more.)
+    /// into 1,024 slots of the part before any `~`, the mark of a key's
+    /// variants: a key that shares a reset key's slot gives nothing back
+    /// either, which admits less, never more.)
     ///
     /// An admission made by another limiter (not this one or a clone) is
     /// [`Error::OtherLimiter`], and nothing is given back.

@@ -66,7 +66,7 @@ impl Announced {
                 // The start of it: a message can be as long as Redis allows.
                 self.first_unnamed.get_or_insert_with(|| {
                     let shown = &payload[..payload.len().min(64)];
-                    (String::from_utf8_lossy(shown).into_owned(), payload.len())
+                    (logged(shown), payload.len())
                 });
             }
         }

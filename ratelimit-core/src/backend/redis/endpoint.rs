@@ -64,9 +64,14 @@ pub(crate) fn redacted(url: &str) -> String {
             // first `:`; the rest is hidden.
             None => {
                 let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-                return match authority.split_once(':') {
-                    Some((host, _)) if scheme_end > 0 => {
-                        format!("{}{host}:***", &url[..scheme_end])
+                // An IPv6 host is written in brackets, with `:` inside.
+                let host_end = match authority.strip_prefix('[') {
+                    Some(inside) => inside.find(']').map(|end| end + 2),
+                    None => authority.find(':'),
+                };
+                return match host_end.filter(|&end| authority[end..].starts_with(':')) {
+                    Some(end) if scheme_end > 0 => {
+                        format!("{}{}:***", &url[..scheme_end], &authority[..end])
                     }
                     _ => format!("{}***", &url[..scheme_end]),
                 };
@@ -432,6 +437,7 @@ mod url_tests {
             ("redis://user:s3cret", "redis://user:***"),
             ("redis://127.0.0.1:99999", "redis://127.0.0.1:***"),
             ("redis://:s3cret", "redis://:***"),
+            ("redis://[::1]:99999", "redis://[::1]:***"),
             // Unparsable, a password holding a `/`, `#` or `?` would be cut
             // where a URL's user part ends.
             ("redis://:ab/cd@host:6379", "redis://***@host:6379"),

@@ -43,7 +43,9 @@ const ACL_REFUSED: &str = "this user may not run ";
 /// Whether the user may run each command the scripts run on `key` (a full
 /// key): a `Permission` error naming those it may not. Where the check
 /// cannot run (Redis before 7.0, a user who may not run `EVALSHA` or
-/// `SCRIPT LOAD`), nothing is known, and nothing is said.
+/// `SCRIPT LOAD`, a Cluster replica that does not take the script's load,
+/// a server that does not answer it, which the ping's own call has found
+/// answering), nothing is known, and nothing is said.
 pub(crate) async fn check_commands(
     connection: &mut impl redis::aio::ConnectionLike,
     key: &str,
@@ -61,7 +63,6 @@ pub(crate) async fn check_commands(
         {
             Err(error.into())
         }
-        Err(error) if error.is_io_error() || error.is_timeout() => Err(error.into()),
         _ => Ok(()),
     }
 }

@@ -74,7 +74,7 @@ pub(super) async fn watch_switches(
                     if !std::mem::replace(&mut refusal_logged, true) {
                         tracing::error!(
                             %master,
-                            sentinel = %super::redacted(&client.get_connection_info().addr().to_string()),
+                            sentinel = %client.get_connection_info().addr(),
                             kind = %crate::ErrorKind::Permission,
                             "the Sentinel user may not subscribe to `+switch-master`: switchovers \
                              are followed only once a call fails on the old master; grant it \
