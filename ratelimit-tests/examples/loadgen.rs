@@ -4,7 +4,9 @@
 //!     cargo run --release -p ratelimit-tests --example loadgen -- --workload w2 --capacity 10 --rate 2 \
 //!         --keys 100000 --concurrency 64 --seconds 10 --redis redis://127.0.0.1:7379
 //!
-//! Flags (unknown ones are ignored): `--workload`, `--capacity`, `--rate`,
+//! `--redis` (or `--cluster`) is required: it never loads a Redis of its
+//! own choosing. Flags (unknown ones are ignored, as the shared harness's
+//! contract asks): `--workload`, `--capacity`, `--rate`,
 //! `--keys` (1 = one hot key, otherwise keys drawn uniformly from 0..keys),
 //! `--concurrency`, `--seconds`, `--redis`, `--threads` (Tokio workers,
 //! default 1), `--algorithm` (default `token_bucket`; window algorithms get
@@ -56,7 +58,7 @@ fn parse_args() -> Result<Args, String> {
         keys: 1,
         concurrency: 64,
         seconds: 10.0,
-        redis: "redis://127.0.0.1:6379".into(),
+        redis: String::new(),
         threads: 1,
         algorithm: Algorithm::TokenBucket,
         stats: false,
@@ -93,12 +95,18 @@ fn parse_args() -> Result<Args, String> {
             "--algorithm" => a.algorithm = value.parse().map_err(|e| bad(&e))?,
             "--cluster" => a.cluster = value.split(',').map(str::to_owned).collect(),
             "--dimensions" => a.dimensions = value.parse().map_err(|e| bad(&e))?,
+            // The harness's contract: more flags may come.
             other => eprintln!("ignoring unknown flag {other}"),
         }
         i += 2;
     }
     if a.dimensions != 1 && a.dimensions != 3 {
         return Err(format!("--dimensions {}: 1 or 3", a.dimensions));
+    }
+    // Never a server of its own choosing: a load sent to the wrong Redis
+    // writes keys and loads a function library there.
+    if a.redis.is_empty() && a.cluster.is_empty() {
+        return Err("name the Redis to load: --redis URL (or --cluster URL,URL,...)".to_owned());
     }
     Ok(a)
 }
