@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use ratelimit_core::key::__in_escaped_value as in_escaped_value;
+
 /// A template as written in `key = "..."`, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Template {
@@ -94,13 +96,6 @@ impl fmt::Display for TemplateError {
     }
 }
 
-/// Whether `c` can appear in an escaped value: the runtime's value
-/// characters, plus `%`, which starts escapes and digests. A separator must
-/// be none of these.
-fn can_appear_in_value(c: char) -> bool {
-    ratelimit_core::key::is_value_char(c) || c == '%'
-}
-
 impl Template {
     /// Parses the value of a `key = "..."` literal.
     pub(crate) fn parse(text: &str) -> Result<Self, TemplateError> {
@@ -164,14 +159,14 @@ impl Template {
                 Some(Segment::Literal(text)) => text.chars().next_back(),
                 _ => None,
             };
-            if let Some(c) = before.filter(|&c| can_appear_in_value(c)) {
+            if let Some(c) = before.filter(|&c| in_escaped_value(c)) {
                 return Err(TemplateError::Glued(placeholder.clone(), false, c));
             }
             let after = match self.segments.get(i + 1) {
                 Some(Segment::Literal(text)) => text.chars().next(),
                 _ => None,
             };
-            if let Some(c) = after.filter(|&c| can_appear_in_value(c)) {
+            if let Some(c) = after.filter(|&c| in_escaped_value(c)) {
                 return Err(TemplateError::Glued(placeholder.clone(), true, c));
             }
         }
@@ -187,7 +182,7 @@ impl Template {
         for segment in &self.segments {
             match segment {
                 Segment::Literal(text) => {
-                    separated |= text.chars().any(|c| !can_appear_in_value(c));
+                    separated |= text.chars().any(|c| !in_escaped_value(c));
                 }
                 Segment::Placeholder(placeholder) => {
                     if let (Some(previous), false) = (previous, separated) {

@@ -520,7 +520,7 @@ fn keys_can_meet<'a>(a: &'a Prepared, b: &'a Prepared) -> Option<(&'a Prepared, 
     };
     let rest = long.prefix.strip_prefix(short.prefix.as_str())?;
     rest.chars()
-        .all(|c| ratelimit_core::key::is_value_char(c) || c == '%')
+        .all(ratelimit_core::key::__in_escaped_value)
         .then_some((short, long))
 }
 
