@@ -384,6 +384,16 @@ fn timeline_of_faults(module: bool) {
 
 /// Opens the breaker of `limiter` on a frozen `server` with three timed-out
 /// calls.
+/// A limiter whose breaker opens after three failures (the default).
+fn breaking_limiter(server: &RedisServer) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .timeout(TIMEOUT)
+        .breaker(BreakerConfig::default())
+        .build()
+        .unwrap()
+}
+
 async fn open_breaker(limiter: &Limiter, quota: &Quota) {
     for i in 0..3 {
         let _ = limiter.decide(quota, &format!("open:{i}"), 1).await;
@@ -394,12 +404,7 @@ async fn open_breaker(limiter: &Limiter, quota: &Quota) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_dropped_mid_call_lets_the_next_call_probe() {
     let server = RedisServer::start();
-    let limiter = Limiter::builder()
-        .redis(server.url())
-        .timeout(TIMEOUT)
-        .breaker(BreakerConfig::default())
-        .build()
-        .unwrap();
+    let limiter = breaking_limiter(&server);
     let quota = roomy();
     limiter.decide(&quota, "warm", 1).await.unwrap();
     server.freeze();
@@ -1161,12 +1166,7 @@ async fn callers_queued_behind_a_first_connection_to_a_frozen_redis_wait_one_tim
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_left_unpolled_does_not_keep_the_breaker_open() {
     let server = RedisServer::start();
-    let limiter = Limiter::builder()
-        .redis(server.url())
-        .timeout(TIMEOUT)
-        .breaker(BreakerConfig::default())
-        .build()
-        .unwrap();
+    let limiter = breaking_limiter(&server);
     let quota = roomy();
     limiter.check(Request::new(&quota, "warm")).await.unwrap();
     server.freeze();
