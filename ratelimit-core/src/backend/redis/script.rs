@@ -18,8 +18,11 @@ pub(crate) static SCRIPT: Lazy<redis::Script> =
 /// each command the scripts run (`redis.acl_check_cmd`, Redis 7.0 and
 /// later), as the peek that pings runs only the reads. Refused, it answers
 /// `NOPERM` with the commands it lacks.
-static ACL_CHECK: Lazy<redis::Script> = Lazy::new(|| {
-    redis::Script::new(&format!(
+static ACL_CHECK: Lazy<redis::Script> = Lazy::new(|| redis::Script::new(&ACL_CHECK_TEXT));
+
+/// [`ACL_CHECK`]'s text.
+static ACL_CHECK_TEXT: Lazy<String> = Lazy::new(|| {
+    format!(
         r#"local k = KEYS[1]
 local checks = {{ {{'GET', k}}, {{'MGET', k}}, {{'EXISTS', k}}, {{'SET', k, '0'}},
   {{'PSETEX', k, '1', '0'}}, {{'PEXPIRE', k, '1'}}, {{'DEL', k}}, {{'ZADD', k, '0', '0'}},
@@ -34,7 +37,7 @@ if #missing > 0 then
     " on " .. k .. " (the limiter's script runs them)")
 end
 return 0"#
-    ))
+    )
 });
 
 /// How [`ACL_CHECK`]'s refusal begins, after its code.
@@ -754,6 +757,26 @@ mod tests {
         ] {
             assert!(!not_called(&server_error(line)), "{line}");
         }
+    }
+
+    /// `ping`'s ACL check asks about every command the scripts run: one
+    /// the scripts come to run, missing from the check, would pass `ping`
+    /// and fail the first decision that runs it.
+    #[test]
+    fn the_acl_check_names_every_command_the_scripts_run() {
+        let scripts = script_body!();
+        let check = ACL_CHECK_TEXT.as_str();
+        let mut named = 0;
+        for (at, _) in scripts.match_indices("call('") {
+            let rest = &scripts[at + 6..];
+            let command = &rest[..rest.find('\'').unwrap()];
+            assert!(
+                check.contains(&format!("{{'{command}'")),
+                "{command} is not checked"
+            );
+            named += 1;
+        }
+        assert!(named > 10, "the scripts' commands were found: {named}");
     }
 
     /// The native module decides in the format of these scripts, and a
