@@ -18,6 +18,18 @@ pub enum Error {
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The limiter could not open a connection to a Redis server: refused,
+    /// reset, a name that does not resolve, a refused password or
+    /// certificate. [`kind`](Self::kind) sorts the cause as for
+    /// [`Error::Redis`].
+    #[cfg(feature = "redis")]
+    #[error("could not connect to the Redis at {address}: {source}")]
+    Connect {
+        /// The server's address, with no password.
+        address: String,
+        /// Why the connection failed.
+        source: redis::RedisError,
+    },
     /// The circuit breaker is open: the backend failed repeatedly and is
     /// skipped until a probe call succeeds.
     #[error("the rate limit backend is failing; calls skip it until a probe succeeds")]
@@ -366,7 +378,7 @@ impl Error {
         match self {
             Error::Timeout(_) => ErrorKind::Timeout,
             #[cfg(feature = "redis")]
-            Error::Redis(error) => redis_kind(error),
+            Error::Redis(error) | Error::Connect { source: error, .. } => redis_kind(error),
             Error::CircuitOpen => ErrorKind::CircuitOpen,
             Error::UnexpectedReply(_) => ErrorKind::Protocol,
             Error::ForeignValue { .. } => ErrorKind::ForeignValue,
@@ -385,7 +397,9 @@ impl Error {
     pub(crate) fn is_refusal(&self) -> bool {
         match self {
             #[cfg(feature = "redis")]
-            Error::Redis(error) => error.is_connection_refusal(),
+            Error::Redis(error) | Error::Connect { source: error, .. } => {
+                error.is_connection_refusal()
+            }
             _ => false,
         }
     }
@@ -401,7 +415,7 @@ impl Error {
             | Error::WrongServer { .. }
             | Error::Overloaded(_) => true,
             #[cfg(feature = "redis")]
-            Error::Redis(_) => true,
+            Error::Redis(_) | Error::Connect { .. } => true,
             _ => false,
         }
     }
@@ -415,8 +429,21 @@ impl Error {
         match self {
             Error::Timeout(_) | Error::UnexpectedReply(_) | Error::WrongServer { .. } => true,
             #[cfg(feature = "redis")]
-            Error::Redis(_) => true,
+            Error::Redis(_) | Error::Connect { .. } => true,
             _ => false,
+        }
+    }
+
+    /// `self`, naming `address` if it is a Redis error met while
+    /// connecting there.
+    #[cfg(feature = "redis")]
+    pub(crate) fn connecting_to(self, address: impl fmt::Display) -> Self {
+        match self {
+            Error::Redis(source) => Error::Connect {
+                address: address.to_string(),
+                source,
+            },
+            other => other,
         }
     }
 }

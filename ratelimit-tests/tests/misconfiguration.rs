@@ -71,6 +71,10 @@ async fn a_wrong_password_or_none_is_an_authentication_error() {
         !error.contains("nope"),
         "the password stays secret: {error}"
     );
+    assert!(
+        error.contains(&format!("127.0.0.1:{port}")),
+        "names the server: {error}"
+    );
     let missing = limiter(&format!("redis://127.0.0.1:{port}"));
     named(&missing, ErrorKind::Authentication, "NOAUTH").await;
     let right = limiter(&format!("redis://:s3cret@127.0.0.1:{port}"));
@@ -154,15 +158,21 @@ async fn a_refused_connection_or_an_unknown_host_is_unavailable_and_named() {
     let mut server = RedisServer::start();
     let url = server.url();
     server.kill();
-    for (url, says) in [
-        (url.as_str(), "refused"),
-        ("redis://no-such-host.invalid:6379", "lookup"),
+    let address = url.trim_start_matches("redis://").to_owned();
+    for (url, says, at) in [
+        (url.as_str(), "refused", address.as_str()),
+        (
+            "redis://no-such-host.invalid:6379",
+            "lookup",
+            "no-such-host.invalid:6379",
+        ),
     ] {
         let limiter = limiter(url);
         let error = limiter.ping().await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
         assert!(!error.kind().is_misconfiguration());
         assert!(error.to_string().contains(says), "{error}");
+        assert!(error.to_string().contains(at), "names the server: {error}");
         let error = limiter.decide(&quota(), "k", 1).await.unwrap_err();
         assert_eq!(
             fault(&error),
@@ -170,6 +180,18 @@ async fn a_refused_connection_or_an_unknown_host_is_unavailable_and_named() {
             "named, not a timeout: {error}"
         );
     }
+    // A cluster whose first node refuses names that node.
+    let as_cluster = Limiter::builder()
+        .cluster([url.clone()])
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let error = as_cluster.ping().await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(
+        error.to_string().contains(&address),
+        "names the node: {error}"
+    );
     assert!(Limiter::memory().ping().await.is_ok());
 }
 

@@ -74,7 +74,7 @@ async fn mutual_tls_needs_the_client_certificate() {
     let without = limiter(server.url(), trusting(&files));
     let refused = without.inspect(&quota, "mtls", 1).await;
     assert!(
-        matches!(refused, Err(Error::Redis(_) | Error::Timeout(_))),
+        matches!(refused, Err(Error::Connect { .. } | Error::Timeout(_))),
         "a server requiring client certificates refused none: {refused:?}"
     );
     let with = limiter(
@@ -93,7 +93,7 @@ async fn a_certificate_the_client_cannot_verify_is_an_error_never_plaintext() {
     // The platform's roots do not know the test's CA.
     let untrusted = limiter(server.url(), TlsConfig::new());
     match untrusted.inspect(&quota, "k", 1).await {
-        Err(Error::Redis(error)) => {
+        Err(Error::Connect { source: error, .. }) => {
             let text = error.to_string().to_lowercase();
             assert!(
                 text.contains("certificate") || text.contains("issuer"),

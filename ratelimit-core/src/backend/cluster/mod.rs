@@ -423,9 +423,14 @@ impl ClusterBackend {
                 .get_multiplexed_async_connection_with_config(&config),
         )
         .await
-        .map_err(|_| Error::Timeout(self.timeout))??;
+        .map_err(|_| Error::Timeout(self.timeout))?
+        .map_err(|error| {
+            Error::from(error).connecting_to(self.seed.get_connection_info().addr())
+        })?;
         let address = self.seed.get_connection_info().addr().to_string();
-        let traits = super::redis::hello(&mut seed, self.timeout).await?;
+        let traits = super::redis::hello(&mut seed, self.timeout)
+            .await
+            .map_err(|error| error.connecting_to(&address))?;
         super::redis::check_server(&address, traits, "cluster", false)?;
         // A key of a slot of each master: every master is asked.
         let mut masters: Vec<(u16, u16, String)> = self.read_slots().await?;

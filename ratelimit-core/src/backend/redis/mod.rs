@@ -317,7 +317,9 @@ impl RedisBackend {
         // limiter expects (not a cluster node, not a replica). The
         // connection is made here too, so a refused password or certificate
         // is this call's error rather than a timeout.
-        let traits = hello(&mut connections[0].clone(), self.timeout).await?;
+        let traits = hello(&mut connections[0].clone(), self.timeout)
+            .await
+            .map_err(|error| error.connecting_to(&address))?;
         check_server(
             &address.to_string(),
             traits,
