@@ -1101,6 +1101,44 @@ async fn a_check_dropped_at_its_yield_takes_nothing() {
     }
 }
 
+/// A check polled to its end by an executor other than Tokio's, inside a
+/// Tokio task whose budget is spent (a synchronous helper that calls
+/// `futures::executor::block_on`), is answered: it yields once, and its next
+/// poll answers. It was polled forever at full speed, as the budget comes
+/// back only when the task returns to Tokio, which that executor never lets
+/// it do.
+#[test]
+fn a_check_polled_by_another_executor_inside_a_task_is_answered() {
+    let (answered, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let limiter = Limiter::memory();
+            let quota = roomy();
+            spend_the_budget().await;
+            for call in 0..1_000 {
+                futures::executor::block_on(limiter.check(Request::new(&quota, "k"))).unwrap();
+                let _ = answered.send(call);
+            }
+        });
+    });
+    let mut last = None;
+    while let Ok(call) = seen.recv_timeout(Duration::from_secs(10)) {
+        last = Some(call);
+        if call == 999 {
+            break;
+        }
+    }
+    assert_eq!(
+        last,
+        Some(999),
+        "a check polled by another executor inside a task with its budget spent never answered"
+    );
+}
+
 /// A waiting call whose denial asks it to wait past any instant (a local
 /// fallback's denial with a `closed_retry_after` of `Duration::MAX`) gives
 /// up with the denial: it never panics computing when to wake.

@@ -774,6 +774,59 @@ async fn only_the_limiter_that_admitted_takes_the_refund() {
     );
 }
 
+/// A limiter made after another was dropped, whose shared state the
+/// allocator may put at the dropped one's address, refuses the dropped
+/// one's admissions: it named its limiter by that address, and took them.
+#[tokio::test]
+async fn a_new_limiter_refuses_the_refund_of_a_dropped_ones_admission() {
+    let quota = Quota::fixed_window(1, Duration::from_secs(3_600)).unwrap();
+    for round in 0..50 {
+        let dropped = Limiter::memory();
+        let admitted = dropped.check(Request::new(&quota, "k")).await.unwrap();
+        drop(dropped);
+        let limiter = Limiter::memory();
+        limiter.check(Request::new(&quota, "k")).await.unwrap();
+        let refunded = limiter.refund(admitted).await;
+        assert!(
+            matches!(refunded, Err(ratelimit::Error::OtherLimiter)),
+            "round {round}: a new limiter took the refund of a dropped one's admission: \
+             {refunded:?}, then {}",
+            outcome(&limiter.check(Request::new(&quota, "k")).await)
+        );
+    }
+}
+
+/// A reset made after an admission, on a clock that stepped back between
+/// the two (a wall clock set back), still makes the admission's refund give
+/// nothing: the reset was told from the admission by the clock's readings,
+/// and the refund gave the old token to the count begun after the reset.
+#[tokio::test]
+async fn a_reset_after_the_clock_stepped_back_still_voids_older_refunds() {
+    let clock = ManualClock::new(1_760_000_000_000_000);
+    let limiter = Limiter::builder()
+        .memory()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for quota in daily() {
+        let key = format!("stepped-back:{}", quota.algorithm());
+        clock.set(1_760_000_000_000_000);
+        let before = limiter.check(Request::new(&quota, &key)).await.unwrap();
+        clock.set(1_760_000_000_000_000 - 5_000_000);
+        limiter.reset(&key).await.unwrap();
+        for _ in 0..quota.capacity() {
+            limiter.check(Request::new(&quota, &key)).await.unwrap();
+        }
+        limiter.refund(before).await.unwrap();
+        let after = limiter.check(Request::new(&quota, &key)).await;
+        assert!(
+            after.is_err(),
+            "{quota:?}: a refund from before the reset admitted one more: {}",
+            outcome(&after)
+        );
+    }
+}
+
 /// A rule changed to a shorter window while an admission of the old one is
 /// out: its refund leaves the new window's count, which never held it, so
 /// the new window admits no more than its limit; changed to a longer one, a

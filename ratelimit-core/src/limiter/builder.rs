@@ -414,7 +414,10 @@ impl Inner {
         } else {
             (1.0 / builder.denial_log_sample).round().max(1.0) as u64
         };
+        /// The next limiter's number.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Inner {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             backend,
             failure_policy: builder.failure_policy,
             closed_retry_after: builder.closed_retry_after,

@@ -66,6 +66,8 @@ pub struct Limiter {
 }
 
 struct Inner {
+    /// Unique in the process (see [`request::Origin`]).
+    id: u64,
     backend: Backend,
     failure_policy: FailurePolicy,
     closed_retry_after: Duration,
@@ -427,10 +429,14 @@ impl Limiter {
             .record(rule, crate::metrics::Outcome::Exempt);
     }
 
-    /// This limiter's identity, shared by its clones: what its admissions
-    /// name, so that only it takes their refunds.
-    pub(crate) fn origin(&self) -> usize {
-        Arc::as_ptr(&self.inner) as usize
+    /// What an admission of a check beginning now names: this limiter
+    /// (shared by its clones), so that only it takes their refunds, and the
+    /// resets it has begun so far. Read before the check decides.
+    pub(crate) fn origin(&self) -> request::Origin {
+        request::Origin {
+            limiter: self.inner.id,
+            resets: self.inner.resets.begun(),
+        }
     }
 
     /// Whether `self` and `other` are clones of one limiter.
@@ -466,8 +472,27 @@ fn unreachable_config() -> Limiter {
 /// Where the answer takes something (a token of the memory backend or of a
 /// lease), it is called before: a caller that drops its future at the
 /// yield has taken nothing.
+///
+/// It yields once at most, and wakes its task itself: the next poll goes
+/// on, budget or not. A future polled by another executor inside a Tokio
+/// task (`futures::executor::block_on` in a synchronous helper) never hands
+/// the task back to Tokio, which alone gives the budget back and wakes the
+/// tasks that yielded for it; such a check was never answered. Tokio puts a
+/// task that wakes itself with its budget spent behind the others.
 async fn answered_in_process() {
-    tokio::task::consume_budget().await;
+    use std::future::Future as _;
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if std::mem::replace(&mut yielded, true) {
+            return std::task::Poll::Ready(());
+        }
+        let polled = std::pin::pin!(tokio::task::consume_budget()).poll(cx);
+        if polled.is_pending() {
+            cx.waker().wake_by_ref();
+        }
+        polled
+    })
+    .await;
 }
 
 /// What a [`Limiter::reset`] forgets of its key in process, once when made
@@ -487,7 +512,7 @@ impl<'a> Forgotten<'a> {
     fn forget(&self) {
         let Self { inner, key } = *self;
         // Admissions asked for until now give nothing back (see `Resets`).
-        inner.resets.mark(key, inner.cache_clock.now_micros());
+        inner.resets.mark(key);
         // A lease kept would serve tokens the backend no longer counts, and
         // a cached denial deny a key made whole.
         inner.leases.remove(key);

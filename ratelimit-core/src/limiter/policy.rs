@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument as _;
 
-use super::request::{Admitted, Decisions, Request};
+use super::request::{Admitted, Decisions, Origin, Request};
 use super::round_trip::Answer;
 use super::{answered_in_process, Limiter};
 use crate::backend::memory::MemoryBackend;
@@ -84,19 +84,19 @@ impl Limiter {
         memory: &MemoryBackend,
         requests: &[Request<'a>],
     ) -> Result<Admitted<'a>, RateLimited> {
+        let origin = self.origin();
         match requests {
             // The check of one enforced request, the most common of all,
             // decided straight into its admission or denial.
             [one] if !one.shadow && one.cost <= one.quota.capacity() => {
                 let decision = memory.decide(one.quota, one.key, one.cost);
-                self.settle_one(one, decision).map(|decision| {
-                    Admitted::new(Decisions::One(decision), requests, self.origin())
-                })
+                self.settle_one(one, decision)
+                    .map(|decision| Admitted::new(Decisions::One(decision), requests, origin))
             }
             _ => match group_of(requests) {
                 Some(shadow) => {
                     let decided = self.decided_in_memory(memory, requests, shadow);
-                    self.outcome(requests, decided, shadow)
+                    self.outcome(requests, decided, shadow, origin)
                 }
                 None => {
                     if let Some(denied) = self.named_twice(requests, false) {
@@ -105,7 +105,13 @@ impl Limiter {
                     let (enforced, shadowed) = enforced_and_shadowed(requests);
                     let enforced_decisions = self.decided_in_memory(memory, &enforced, false)?;
                     let shadow_decided = self.decided_in_memory(memory, &shadowed, true);
-                    self.merged(requests, &enforced, enforced_decisions, shadow_decided)
+                    self.merged(
+                        requests,
+                        &enforced,
+                        enforced_decisions,
+                        shadow_decided,
+                        origin,
+                    )
                 }
             },
         }
@@ -118,21 +124,18 @@ impl Limiter {
         &self,
         requests: &[Request<'a>],
     ) -> Result<Admitted<'a>, RateLimited> {
+        let origin = self.origin();
         if requests.is_empty() {
-            return Ok(Admitted::new(
-                Decisions::Many(Vec::new()),
-                &[],
-                self.origin(),
-            ));
+            return Ok(Admitted::new(Decisions::Many(Vec::new()), &[], origin));
         }
         let Some(shadow) = group_of(requests) else {
             // Boxed, as it holds two groups' futures: rare, and not carried
             // by every check.
-            return Box::pin(self.check_enforced_then_shadowed(requests)).await;
+            return Box::pin(self.check_enforced_then_shadowed(requests, origin)).await;
         };
         let deadline = Deadline::after(self.inner.timeout);
         let decided = self.decide_group(requests, shadow, &deadline).await;
-        self.outcome(requests, decided, shadow)
+        self.outcome(requests, decided, shadow, origin)
     }
 
     /// The outcome of a check whose requests are all enforced or all in
@@ -142,14 +145,12 @@ impl Limiter {
         requests: &[Request<'a>],
         decided: Result<Decisions, RateLimited>,
         shadow: bool,
+        origin: Origin,
     ) -> Result<Admitted<'a>, RateLimited> {
         match decided {
-            Ok(decisions) => Ok(Admitted::new(decisions, requests, self.origin())),
+            Ok(decisions) => Ok(Admitted::new(decisions, requests, origin)),
             Err(denied) if shadow => {
-                Ok(
-                    Admitted::new(Decisions::Many(Vec::new()), &[], self.origin())
-                        .with_would_deny(denied),
-                )
+                Ok(Admitted::new(Decisions::Many(Vec::new()), &[], origin).with_would_deny(denied))
             }
             Err(denied) => Err(denied),
         }
@@ -160,6 +161,7 @@ impl Limiter {
     async fn check_enforced_then_shadowed<'a>(
         &self,
         requests: &[Request<'a>],
+        origin: Origin,
     ) -> Result<Admitted<'a>, RateLimited> {
         if let Some(denied) = self.named_twice(requests, false) {
             answered_in_process().await;
@@ -175,7 +177,13 @@ impl Limiter {
         let shadow_decided = self
             .decide_group(&shadowed, true, &Deadline::after(self.inner.timeout))
             .await;
-        self.merged(requests, &enforced, enforced_decisions, shadow_decided)
+        self.merged(
+            requests,
+            &enforced,
+            enforced_decisions,
+            shadow_decided,
+            origin,
+        )
     }
 
     /// The outcome of a check mixing enforced requests (admitted, with
@@ -188,6 +196,7 @@ impl Limiter {
         enforced: &[Request<'a>],
         enforced_decisions: Decisions,
         shadow_decided: Result<Decisions, RateLimited>,
+        origin: Origin,
     ) -> Result<Admitted<'a>, RateLimited> {
         match shadow_decided {
             Ok(shadow_decisions) => {
@@ -207,15 +216,10 @@ impl Limiter {
                     })
                     .copied()
                     .collect();
-                Ok(Admitted::new(
-                    Decisions::Many(decisions),
-                    requests,
-                    self.origin(),
-                ))
+                Ok(Admitted::new(Decisions::Many(decisions), requests, origin))
             }
             Err(denied) => {
-                Ok(Admitted::new(enforced_decisions, enforced, self.origin())
-                    .with_would_deny(denied))
+                Ok(Admitted::new(enforced_decisions, enforced, origin).with_would_deny(denied))
             }
         }
     }

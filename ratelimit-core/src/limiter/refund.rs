@@ -17,26 +17,33 @@ use crate::sharded::KeyHasher;
 /// share their last reset.
 const RESET_SLOTS: usize = 1024;
 
-/// When this limiter last reset keys, by slots a hash of the key chooses.
-/// An admission asked for before its key's reset ended holds nothing of the
-/// state after it (the reset deleted what it took), so its refund gives
-/// nothing back: given to the count or debt begun after the reset, it would
-/// admit a request over the quota. A key sharing the slot of a key reset
-/// since its admission gives nothing back either, which admits less, never
-/// more. Refunds are only taken from admissions of this limiter, so its own
-/// resets are the ones that can be known here.
+/// Which resets this limiter has begun, by slots a hash of the key chooses.
+/// An admission whose check began before its key's reset ended holds
+/// nothing of the state after it (the reset deleted what it took), so its
+/// refund gives nothing back: given to the count or debt begun after the
+/// reset, it would admit a request over the quota. A key sharing the slot of
+/// a key reset since its admission gives nothing back either, which admits
+/// less, never more. Refunds are only taken from admissions of this limiter,
+/// so its own resets are the ones that can be known here.
+///
+/// Resets are told apart from admissions by a count, not by the clock: a
+/// clock may step back between an admission and a reset, and the reset
+/// would then seem to come first.
 pub(super) struct Resets {
     hasher: KeyHasher,
-    /// Per slot, the latest instant (on the limiter's clock) a reset of one
-    /// of its keys was under way, plus one; 0 for none.
-    ended: Box<[AtomicU64]>,
+    /// Marks made so far (see [`mark`](Self::mark)).
+    begun: AtomicU64,
+    /// Per slot, the count of marks when one of its keys was last marked;
+    /// 0 for none.
+    marked: Box<[AtomicU64]>,
 }
 
 impl Resets {
     pub(super) fn new() -> Self {
         Self {
             hasher: KeyHasher::default(),
-            ended: (0..RESET_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            begun: AtomicU64::new(0),
+            marked: (0..RESET_SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -47,20 +54,26 @@ impl Resets {
         use std::hash::BuildHasher;
         let base = key.split('~').next().unwrap_or(key);
         let hash = self.hasher.hash_one(base);
-        &self.ended[(hash >> 32) as usize % RESET_SLOTS]
+        &self.marked[(hash >> 32) as usize % RESET_SLOTS]
     }
 
-    /// Marks `key` as reset at `now`, as a reset does when it starts and
-    /// again when it ends or its caller is gone (it may land later still,
-    /// which no instant here can tell).
-    pub(super) fn mark(&self, key: &str, now: u64) {
-        self.slot(key)
-            .fetch_max(now.saturating_add(1), Ordering::SeqCst);
+    /// Marks `key` as reset, as a reset does when it starts and again when
+    /// it ends or its caller is gone (it may land later still, which
+    /// nothing here can tell).
+    pub(super) fn mark(&self, key: &str) {
+        let mark = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
+        self.slot(key).fetch_max(mark, Ordering::SeqCst);
     }
 
-    /// Whether `key` was reset at or after `at`.
-    fn since(&self, key: &str, at: u64) -> bool {
-        self.slot(key).load(Ordering::SeqCst) > at
+    /// The marks made so far: what an admission's check notes before it
+    /// decides.
+    pub(super) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
+    }
+
+    /// Whether `key` was marked after `begun` marks had been made.
+    fn since(&self, key: &str, begun: u64) -> bool {
+        self.slot(key).load(Ordering::SeqCst) > begun
     }
 }
 
@@ -75,7 +88,8 @@ pub(super) struct Taken<'a> {
 
 impl Limiter {
     pub(super) async fn give_back(&self, admitted: &Admitted<'_>) -> Result<(), Error> {
-        if admitted.origin() != self.origin() {
+        let origin = admitted.origin();
+        if origin.limiter != self.inner.id {
             return Err(Error::OtherLimiter);
         }
         let taken = admitted.taken().map(|(request, decision)| Taken {
@@ -85,14 +99,14 @@ impl Limiter {
             rule: request.rule,
             decision,
         });
-        self.give_back_each(taken).await
+        self.give_back_each(taken, origin.resets).await
     }
 
     /// [`refund`](Self::refund) of an admission whose keys and quotas it
     /// owns (`#[rate_limit(refund_on = ...)]` keeps one while the body runs).
     #[doc(hidden)]
     pub async fn __refund_owned(&self, admitted: OwnedAdmitted) -> Result<(), Error> {
-        if admitted.origin != self.origin() {
+        if admitted.origin.limiter != self.inner.id {
             return Err(Error::OtherLimiter);
         }
         let taken = admitted.taken.iter().map(|t| Taken {
@@ -102,12 +116,15 @@ impl Limiter {
             rule: t.rule,
             decision: &t.decision,
         });
-        self.give_back_each(taken).await
+        self.give_back_each(taken, admitted.origin.resets).await
     }
 
+    /// Gives back each of `taken`, whose check began after `resets` resets
+    /// had begun.
     async fn give_back_each<'a>(
         &self,
         taken: impl Iterator<Item = Taken<'a>>,
+        resets: u64,
     ) -> Result<(), Error> {
         let now = self.inner.cache_clock.now_micros();
         let mut remote: Vec<(&Quota, &str, Refund)> = Vec::new();
@@ -122,7 +139,7 @@ impl Limiter {
             decision,
         } in taken
         {
-            if self.inner.resets.since(key, decision.at) {
+            if self.inner.resets.since(key, resets) {
                 continue;
             }
             let elapsed = now.saturating_sub(decision.at);
@@ -218,12 +235,13 @@ mod tests {
     fn a_key_and_its_variants_share_one_slot() {
         let resets = Resets::new();
         for key in ["k", "k~gcra", "k~fixed_window", "k~2"] {
-            resets.mark(key, 10);
+            resets.mark(key);
         }
-        assert!(resets.since("k~sliding_log", 5));
-        assert!(resets.since("k~gcra~2", 9));
+        assert!(resets.since("k~sliding_log", 1));
+        assert!(resets.since("k~gcra~2", 3));
+        assert!(!resets.since("k~gcra~2", 4));
         let marked = resets
-            .ended
+            .marked
             .iter()
             .filter(|slot| slot.load(Ordering::SeqCst) != 0)
             .count();

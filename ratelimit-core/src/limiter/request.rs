@@ -131,9 +131,20 @@ pub struct Admitted<'a> {
     taken: Taken<'a>,
     /// Boxed: only shadow mode has one, and every check returns the rest.
     would_deny: Option<Box<RateLimited>>,
-    /// The limiter that made it (its shared state's address), so that no
-    /// other limiter takes its refund.
-    origin: usize,
+    /// The limiter that made it, and its resets as of the check.
+    origin: Origin,
+}
+
+/// Which limiter made an admission, and how many resets it had begun when
+/// the admission's check began: what its refund is checked against.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin {
+    /// The limiter's number, unique in the process and shared by its
+    /// clones: no other limiter takes the refund (an address would be
+    /// taken again by a limiter made after this one is dropped).
+    pub(crate) limiter: u64,
+    /// The limiter's count of resets begun (see `Resets`).
+    pub(crate) resets: u64,
 }
 
 /// One decision inline: most checks are of one request.
@@ -161,7 +172,7 @@ enum Taken<'a> {
 
 impl<'a> Admitted<'a> {
     /// `decisions` of `requests`, one each, in order, by the limiter `origin`.
-    pub(crate) fn new(decisions: Decisions, requests: &[Request<'a>], origin: usize) -> Self {
+    pub(crate) fn new(decisions: Decisions, requests: &[Request<'a>], origin: Origin) -> Self {
         let taken = match requests {
             [one] => Taken::One(*one),
             many => Taken::Many(many.to_vec()),
@@ -200,7 +211,7 @@ impl<'a> Admitted<'a> {
     }
 
     /// The limiter that made it.
-    pub(crate) fn origin(&self) -> usize {
+    pub(crate) fn origin(&self) -> Origin {
         self.origin
     }
 
@@ -254,7 +265,7 @@ impl<'a> Admitted<'a> {
 #[derive(Debug)]
 pub struct OwnedAdmitted {
     pub(crate) taken: Vec<OwnedTaken>,
-    pub(crate) origin: usize,
+    pub(crate) origin: Origin,
 }
 
 #[derive(Debug)]
