@@ -125,9 +125,14 @@ impl ManualClock {
         }
     }
 
-    /// Moves the clock forward.
+    /// Moves the clock forward, to `u64::MAX` at most.
     pub fn advance(&self, by: Duration) {
-        self.now.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
+        let by = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        let _ = self
+            .now
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(now.saturating_add(by))
+            });
     }
 
     /// Sets the clock, forward or backward.
@@ -150,6 +155,19 @@ mod tests {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64)
+    }
+
+    /// A manual clock moved past the last instant it can name stays there:
+    /// it wrapped to the start of the epoch, or stepped back when moved by
+    /// `Duration::MAX`.
+    #[test]
+    fn a_manual_clock_moved_past_its_last_instant_stays_there() {
+        let clock = ManualClock::new(u64::MAX - 5);
+        clock.advance(Duration::from_micros(10));
+        assert_eq!(clock.now_micros(), u64::MAX);
+        let clock = ManualClock::new(1_000);
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now_micros(), u64::MAX);
     }
 
     #[test]
