@@ -1398,7 +1398,7 @@ async fn a_master_gone_from_the_slot_map_leaves_no_open_circuit_in_the_metrics()
     let victim = cluster.masters()[0];
     let key = keys_on(&cluster, victim, "user").next().unwrap();
     let gauge = format!(
-        "ratelimit_circuit_state{{backend=\"cluster\",node=\"127.0.0.1:{}\"}}",
+        "ratelimit_circuit_state{{backend=\"redis-cluster\",node=\"127.0.0.1:{}\"}}",
         cluster.nodes[victim].port()
     );
     let other = (0..)
@@ -1435,6 +1435,64 @@ async fn a_master_gone_from_the_slot_map_leaves_no_open_circuit_in_the_metrics()
         Some("0"),
         "the gone master's circuit, in:\n{}",
         exposition.render()
+    );
+}
+
+/// Each backend call on a cluster is counted once, under the backend name
+/// the limiter gives (`redis-cluster`), as on one Redis: a failed call is
+/// one backend error, and a call an open breaker skips is none. Each was
+/// counted twice, under `redis-cluster` and `cluster`, and a skipped call
+/// once, as a `circuit_open` error.
+// Current-thread: the metrics recorder below is this thread's.
+#[tokio::test]
+async fn a_failed_call_on_a_cluster_is_counted_once_under_one_backend_name() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let exposition = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let mut cluster = start(3, 0, false);
+    let limiter = uncached(&cluster, Duration::from_millis(300));
+    let quota = Quota::per_hour(100).unwrap();
+    let victim = cluster.masters()[0];
+    let key = keys_on(&cluster, victim, "user").next().unwrap();
+    assert!(limiter.decide(&quota, &key, 1).await.unwrap().allowed);
+    cluster.nodes[victim].kill();
+    let (mut failed, mut skipped) = (0, 0);
+    for _ in 0..8 {
+        match limiter.decide(&quota, &key, 1).await {
+            Err(denied) if fault(&denied) == Some(ratelimit::ErrorKind::CircuitOpen) => {
+                skipped += 1
+            }
+            Err(_) => failed += 1,
+            Ok(decision) => panic!("decided by a killed master: {decision:?}"),
+        }
+    }
+    assert!(
+        failed > 0 && skipped > 0,
+        "{failed} failed, {skipped} skipped"
+    );
+    let text = exposition.render();
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("ratelimit_backend_errors_total{"))
+        .collect();
+    let counted: f64 = errors
+        .iter()
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        errors
+            .iter()
+            .all(|line| line.contains("backend=\"redis-cluster\"")
+                && !line.contains("kind=\"circuit_open\"")),
+        "{errors:#?}"
+    );
+    assert_eq!(
+        counted, failed as f64,
+        "{failed} failed calls ({skipped} skipped) counted as: {errors:#?}"
+    );
+    assert!(
+        !text.contains("backend=\"cluster\""),
+        "a second backend name:\n{text}"
     );
 }
 

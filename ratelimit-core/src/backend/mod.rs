@@ -298,7 +298,7 @@ impl Backend {
             #[cfg(feature = "redis")]
             Backend::Redis(_) => "redis",
             #[cfg(feature = "cluster")]
-            Backend::Cluster(_) => "redis-cluster",
+            Backend::Cluster(_) => cluster::NAME,
         }
     }
 }

@@ -172,7 +172,8 @@ impl Limiter {
         }
     }
 
-    /// The backend's name: `"memory"` or `"redis"`.
+    /// The backend's name, as metrics and logs give it: `"memory"`, `"redis"`
+    /// (one Redis, or a master named by Sentinels) or `"redis-cluster"`.
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.name()
     }

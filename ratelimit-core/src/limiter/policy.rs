@@ -9,7 +9,7 @@
 //! looping on a socket, so timers, the batching task and reconnection keep
 //! running on its thread.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::Instrument as _;
 
@@ -61,10 +61,8 @@ impl Limiter {
     ) -> Result<T, Error> {
         let backend = self.inner.backend.name();
         if self.inner.backend.guards_nodes() {
-            let started = Instant::now();
-            let result = call.await;
-            crate::breaker::observed(backend, started, &result);
-            return result;
+            // Each node's call is timed and counted by its breaker, once.
+            return call.await;
         }
         match self.inner.breaker.guard(backend, None, call).await {
             Err(Error::CircuitOpen) => {

@@ -62,6 +62,9 @@ mod routing;
 pub(crate) use routing::slot;
 use routing::Routing;
 
+/// The backend's name in metrics and logs (see `Limiter::backend_name`).
+pub(crate) const NAME: &str = "redis-cluster";
+
 pub(crate) struct ClusterBackend {
     client: ClusterClient,
     /// The first node given, on a connection of its own: a ping asks it
@@ -319,7 +322,7 @@ impl ClusterBackend {
             return Err(self.circuit_open());
         };
         breaker
-            .guard_permitted(permit, "cluster", Some(node), call)
+            .guard_permitted(permit, NAME, Some(node), call)
             .await
     }
 
@@ -506,7 +509,7 @@ impl ClusterBackend {
                         return breaker
                             .guard_permitted(
                                 permit,
-                                "cluster",
+                                NAME,
                                 Some(node),
                                 await_answer(deadline, answer),
                             )

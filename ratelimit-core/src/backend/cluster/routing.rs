@@ -166,7 +166,7 @@ impl ClusterBackend {
                 if !kept {
                     // Its gauge would keep the state it was left in, and an
                     // alert on it would fire while nothing is wrong.
-                    breaker.retire("cluster", node);
+                    breaker.retire(super::NAME, node);
                 }
                 kept
             });
