@@ -358,12 +358,97 @@ const FACADE_LIBRARY: &str = "ratelimit";
 fn facade_path() -> TokenStream {
     use proc_macro_crate::{crate_name, FoundCrate};
     let name = match crate_name(FACADE_PACKAGE) {
-        // Named after the package, not renamed: known by its library's name.
         Ok(FoundCrate::Name(name)) if name != FACADE_PACKAGE.replace('-', "_") => name,
+        // Named after the package: renamed only if its entry says so
+        // (`distributed_ratelimit = { package = "distributed-ratelimit" }`,
+        // the rename of a crate that also depends on crates.io's
+        // `ratelimit`), else known by its library's name.
+        Ok(FoundCrate::Name(name)) if renamed_to(&name) => name,
         _ => FACADE_LIBRARY.to_owned(),
     };
     let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
     quote!(::#name)
+}
+
+/// Whether the crate being compiled renames the facade `name` with a
+/// `package` key, in its own `Cargo.toml` or, for `{ workspace = true }`,
+/// in its workspace's.
+fn renamed_to(name: &str) -> bool {
+    let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from) else {
+        return false;
+    };
+    let read = |dir: &std::path::Path| std::fs::read_to_string(dir.join("Cargo.toml")).ok();
+    match read(&dir).and_then(|manifest| entry_of(&manifest, name, false)) {
+        Some(Entry::Renamed) => true,
+        Some(Entry::FromWorkspace) => {
+            dir.ancestors()
+                .filter_map(read)
+                .find(|manifest| manifest_has_workspace(manifest))
+                .and_then(|manifest| entry_of(&manifest, name, true))
+                == Some(Entry::Renamed)
+        }
+        _ => false,
+    }
+}
+
+/// What a manifest's dependency entry `name` says of the facade.
+#[derive(Debug, PartialEq, Eq)]
+enum Entry {
+    /// `package = "distributed-ratelimit"`: renamed to `name`.
+    Renamed,
+    /// `workspace = true`: as the workspace's entry says.
+    FromWorkspace,
+    /// Named without a `package` key.
+    Plain,
+}
+
+/// The entry `name` of `manifest`'s dependencies (of any kind, any target),
+/// or of its `[workspace.dependencies]` when `workspace`.
+fn entry_of(manifest: &str, name: &str, workspace: bool) -> Option<Entry> {
+    let document = manifest.parse::<toml_edit::DocumentMut>().ok()?;
+    let root = document.as_table();
+    let tables: Vec<&dyn toml_edit::TableLike> = if workspace {
+        root.get("workspace")
+            .and_then(|w| w.as_table_like())
+            .and_then(|w| w.get("dependencies"))
+            .and_then(|d| d.as_table_like())
+            .into_iter()
+            .collect()
+    } else {
+        let targets = root
+            .get("target")
+            .and_then(|t| t.as_table_like())
+            .into_iter()
+            .flat_map(|t| t.iter().filter_map(|(_, target)| target.as_table_like()));
+        std::iter::once(root as &dyn toml_edit::TableLike)
+            .chain(targets)
+            .flat_map(|table| {
+                ["dependencies", "dev-dependencies", "build-dependencies"]
+                    .into_iter()
+                    .filter_map(|kind| table.get(kind).and_then(|d| d.as_table_like()))
+            })
+            .collect()
+    };
+    tables.into_iter().find_map(|table| {
+        let entry = table.get(name)?;
+        let field = |key: &str| entry.as_table_like().and_then(|e| e.get(key));
+        Some(
+            if field("package").and_then(|p| p.as_str()) == Some(FACADE_PACKAGE) {
+                Entry::Renamed
+            } else if field("workspace").and_then(|w| w.as_bool()) == Some(true) {
+                Entry::FromWorkspace
+            } else {
+                Entry::Plain
+            },
+        )
+    })
+}
+
+/// Whether `manifest` is a workspace's root.
+fn manifest_has_workspace(manifest: &str) -> bool {
+    manifest
+        .parse::<toml_edit::DocumentMut>()
+        .is_ok_and(|document| document.as_table().contains_key("workspace"))
 }
 
 #[cfg(test)]
@@ -375,6 +460,37 @@ mod tests {
 
     fn fraction(rate: Result<Rate, RateError>) -> Result<(u64, u64), RateError> {
         rate.map(|rate| (rate.tokens(), period_us(&rate)))
+    }
+
+    /// A dependency renamed to the package's own name (with `_`) is told
+    /// from one not renamed, in every table a dependency may be in.
+    #[test]
+    fn a_rename_to_the_packages_own_name_is_told_from_none() {
+        let name = "distributed_ratelimit";
+        for (manifest, expected) in [
+            (
+                "[dependencies]\ndistributed_ratelimit = { package = \"distributed-ratelimit\", version = \"0.1\" }",
+                Some(Entry::Renamed),
+            ),
+            (
+                "[target.'cfg(unix)'.dev-dependencies.distributed_ratelimit]\npackage = \"distributed-ratelimit\"",
+                Some(Entry::Renamed),
+            ),
+            (
+                "[dependencies]\ndistributed_ratelimit = { workspace = true }",
+                Some(Entry::FromWorkspace),
+            ),
+            ("[dependencies]\ndistributed_ratelimit = \"0.1\"", Some(Entry::Plain)),
+            ("[dependencies]\ndistributed-ratelimit = \"0.1\"", None),
+            ("not toml [", None),
+        ] {
+            assert_eq!(entry_of(manifest, name, false), expected, "{manifest}");
+        }
+        let workspace = "[workspace]\n[workspace.dependencies]\n\
+                         distributed_ratelimit = { package = \"distributed-ratelimit\", path = \"x\" }";
+        assert_eq!(entry_of(workspace, name, true), Some(Entry::Renamed));
+        assert!(manifest_has_workspace(workspace));
+        assert!(!manifest_has_workspace("[package]\nname = \"a\""));
     }
 
     #[test]
