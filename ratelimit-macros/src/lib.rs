@@ -106,7 +106,7 @@ use proc_macro::TokenStream;
 /// | `refund_on` | `err`: give the call's tokens back when the body returns `Err` (only successes count); `ok`: when it returns `Ok` (only failures count). Stacked attributes must agree | none |
 /// | `mode` | `enforce`, or `shadow`: decide and record as usual, but never deny | `enforce` |
 /// | `lease` | an integer literal: take up to this many tokens per backend call and serve them in process until they run out or the lease expires (the global bound holds; unused leased tokens are lost at expiry) | none |
-/// | `limiter` | an expression giving a `Limiter`, `&Limiter`, `Arc<Limiter>` or anything that is `Borrow<Limiter>` | the limiter installed with `ratelimit::install` |
+/// | `limiter` | an expression giving a `Limiter`, `&Limiter`, `Arc<Limiter>` or anything that derefs to a `Limiter` | the limiter installed with `ratelimit::install` |
 /// | `crate` | the path of the `ratelimit` crate, for a crate that re-exports it (a dependency renamed in `Cargo.toml` is found by itself) | the name `Cargo.toml` gives it |
 ///
 /// Quotas are checked at compile time: a zero or negative capacity or rate,
