@@ -52,9 +52,10 @@
 #![forbid(unsafe_code)]
 
 pub use ratelimit_core::{
-    global, install, key, Admitted, Algorithm, BreakerConfig, CircuitState, Clock, ConfigError,
+    global, install, Admitted, Algorithm, BreakerConfig, CircuitState, Clock, ConfigError,
     Decision, DenialCause, Error, ErrorKind, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder,
-    ManualClock, MonotonicClock, Quota, QuotaError, QuotaPolicy, Rate, RateLimited, Request,
+    ManualClock, MonotonicClock, Quota, QuotaBuilder, QuotaError, QuotaPolicy, Rate, RateLimited,
+    Request,
     RuleError, Rules, StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS,
     DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };

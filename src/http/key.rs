@@ -501,7 +501,7 @@ impl KeySource {
 /// outside the value characters becoming `%XX`; bytes that are not UTF-8
 /// are escaped the same way here. No text escapes to a lone `%FF` or to
 /// `%C3` before a byte that cannot follow it, so these keys never meet the
-/// key of any text. Past [`MAX_VALUE_LEN`](crate::key::MAX_VALUE_LEN)
+/// key of any text. Past [`MAX_VALUE_LEN`](ratelimit_core::key::MAX_VALUE_LEN)
 /// escaped bytes the value is its digest, `%_` and 128 bits of the bytes'
 /// SHA-256, as text's is.
 fn push_raw_value(key: &mut KeyBuilder, raw: &[u8]) {
@@ -518,14 +518,14 @@ fn escape_bytes(raw: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = String::with_capacity(raw.len());
     for &b in raw {
-        if b.is_ascii() && crate::key::is_value_char(char::from(b)) {
+        if b.is_ascii() && ratelimit_core::key::is_value_char(char::from(b)) {
             out.push(char::from(b));
         } else {
             out.push('%');
             out.push(char::from(HEX[usize::from(b >> 4)]));
             out.push(char::from(HEX[usize::from(b & 0xF)]));
         }
-        if out.len() > crate::key::MAX_VALUE_LEN {
+        if out.len() > ratelimit_core::key::MAX_VALUE_LEN {
             return format!("%_{}", hex_digest(raw));
         }
     }
