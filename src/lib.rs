@@ -55,8 +55,7 @@ pub use ratelimit_core::{
     global, install, Admitted, Algorithm, BreakerConfig, CircuitState, Clock, ConfigError,
     Decision, DenialCause, Error, ErrorKind, FailurePolicy, KeyBuilder, Limiter, LimiterBuilder,
     ManualClock, MonotonicClock, Quota, QuotaBuilder, QuotaError, QuotaPolicy, Rate, RateLimited,
-    Request,
-    RuleError, Rules, StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS,
+    Request, RuleError, Rules, StatsSnapshot, SystemClock, TlsConfig, DEFAULT_MEMORY_MAX_KEYS,
     DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 #[cfg(feature = "redis")]

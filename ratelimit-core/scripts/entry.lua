@@ -38,10 +38,11 @@
 
 -- Redis TIME in µs, read once a call (set by each call, as the prelude's state).
 local time_now = nil
+-- A request's instant: its own (a number), or Redis TIME for ''.
 local function now_of(arg)
   if arg ~= '' then
     grace_ms = 1000
-    return tonumber(arg)
+    return arg
   end
   if not time_now then
     local t = call('TIME')
@@ -51,14 +52,14 @@ local function now_of(arg)
 end
 
 -- The values of KEYS[from..to], the keys of an all-or-nothing run whose
--- groups start at ARGV[g], by one MGET. MGET reads a key of another type as
+-- groups start at the g-th, by one MGET. MGET reads a key of another type as
 -- absent, and 'each' mode finds those when it writes (with NX); all or
 -- nothing must know before anything is written: one EXISTS for the absent
 -- keys, and only when some of them exist after all (another type, or the
 -- sliding log's sorted sets, which the log reads itself), one a key for the
 -- absent keys of the other algorithms, found by walking the run's groups
--- (their requests' fields start at ARGV[requests]).
-local function read_whole(from, to, ARGV, g, requests)
+-- (`sizes`, `places` and `requests`: see check_call).
+local function read_whole(from, to, g, sizes, places, requests)
   local values = call('MGET', unpack(KEYS, from, to))
   local absent, n_absent = {}, 0
   for j = from, to do
@@ -70,18 +71,82 @@ local function read_whole(from, to, ARGV, g, requests)
   if n_absent == 0 or call('EXISTS', unpack(absent, 1, n_absent)) == 0 then return values end
   local i = from
   while i <= to do
-    local count = tonumber(ARGV[g])
-    if tonumber(ARGV[requests + 6 * (tonumber(ARGV[g + 1]) - 1)]) ~= SLIDING_LOG then
+    local count = sizes[g]
+    if requests[places[g]][1] ~= SLIDING_LOG then
       for j = i, i + count - 1 do
         if not values[j - from + 1] and call('EXISTS', KEYS[j]) == 1 then
           values[j - from + 1] = FOREIGN
         end
       end
     end
-    i, g = i + count, g + 2
+    i, g = i + count, g + 1
   end
   return values
 end
+-- Every number a call sends stays below 2^53 (see the prelude).
+local BOUND = 9007199254740992
+-- The longest sliding log (`Quota::MAX_LOG_LIMIT`): an admission adds its
+-- cost in members, at most the limit.
+local MAX_LOG_LIMIT = 10000
+
+-- Refuses the call's arguments, before anything is written, as the module
+-- does (`RLARGS`): a call no limiter sends (another program's, or garbage)
+-- must neither loop past its keys nor write a value or an expiry no
+-- decision can make.
+local function refuse(what)
+  error(redis.error_reply('RLARGS ' .. what))
+end
+
+-- `text` as a whole number in [lo, hi] (never NaN or infinite), or the call
+-- is refused.
+local function whole(text, lo, hi, what)
+  local x = tonumber(text)
+  if not x or x ~= floor(x) or x < lo or x > hi then refuse(what) end
+  return x
+end
+
+-- Reads and checks the requests (from ARGV[at], `count` of them) and the
+-- groups (from ARGV[first_group]) of a call over `keys` keys in `mode`,
+-- whose runs end at `run_last` (in 'runs' mode), each number once: the
+-- requests, each {algorithm, cost, instant or '', p1, p2, p3}; and each
+-- group's count of keys and its request's place among them.
+local function check_call(ARGV, mode, at, count, first_group, keys, run_last)
+  local requests = {}
+  for r = 1, count do
+    local f = at + 6 * (r - 1)
+    local algorithm = tonumber(ARGV[f])
+    if not ALGORITHMS[algorithm] then refuse('a request names no quota') end
+    local cost = whole(ARGV[f + 1], 0, BOUND, 'a cost was expected')
+    -- A clock past 2^53 µs (year 2255) is the caller's to keep.
+    local now = ARGV[f + 2]
+    if now ~= '' then now = whole(now, 0, 2 ^ 64, 'an instant was expected') end
+    local p1 = whole(ARGV[f + 3], 0, BOUND, "a quota's number was expected")
+    local p2 = whole(ARGV[f + 4], 0, BOUND, "a quota's number was expected")
+    -- Signed: a refund's `until_end`.
+    local p3 = whole(ARGV[f + 5], -BOUND, BOUND, "a quota's number was expected")
+    -- A log's admission adds its cost in members, and its refund removes
+    -- them one by one: never more than the limit.
+    if algorithm == SLIDING_LOG and (p1 > MAX_LOG_LIMIT or mode == 'refund' and cost > p1) then
+      refuse('a sliding log longer than ' .. MAX_LOG_LIMIT .. ', or a refund above its limit')
+    end
+    requests[r] = { algorithm, cost, now, p1, p2, p3 }
+  end
+  local sizes, places, named, run = {}, {}, 0, 1
+  for g = first_group, #ARGV, 2 do
+    local first = named + 1
+    local size = whole(ARGV[g], 0, keys, "a group's count of keys was expected")
+    named = named + size
+    if named > keys then refuse('the groups name more keys than the call') end
+    sizes[#sizes + 1] = size
+    places[#places + 1] = whole(ARGV[g + 1], 1, count, 'a group names no request of the call')
+    if run_last and named >= first then
+      while run_last[run] and run_last[run] < first do run = run + 1 end
+      if not run_last[run] or named > run_last[run] then refuse('a group spans two runs') end
+    end
+  end
+  return requests, sizes, places
+end
+
 -- One call: the keys, and the arguments described above. Everything above is
 -- defined once when the script is loaded as a Redis function library, and
 -- only this runs per FCALL (by EVALSHA, the whole script runs each call).
@@ -95,7 +160,7 @@ local function decide_call(keys, ARGV)
   -- In 'batch' mode, each key's value read up front, and the keys read since.
   local batch, read_first, reread = mode == 'batch', nil, nil
   if batch then
-    local count = tonumber(ARGV[2])
+    local count = whole(ARGV[2], 0, #ARGV - 2, 'a count of keys was expected')
     KEYS = { unpack(ARGV, 3, 2 + count) }
     first_group = 3 + count
     mode = 'each'
@@ -126,32 +191,35 @@ local function decide_call(keys, ARGV)
     end
     out[1], n = 0, 1
   end
-  -- An all-or-nothing run's values, once read.
-  local run_values, run_group = nil, first_group
+  -- An all-or-nothing run's values, once read, and the run's first group.
+  local run_values, run_group = nil, 1
 
   -- In 'runs' mode, the last key of each run and whether it is all or
   -- nothing; the run being decided, and its first key.
   local run_last, run_all, run, run_first = nil, nil, 1, 1
   if mode == 'runs' then
-    local count = tonumber(ARGV[2])
+    local count = whole(ARGV[2], 0, #ARGV, 'a count of runs was expected')
     run_last, run_all = {}, {}
     local through = 0
     for r = 1, count do
-      local keys = tonumber(ARGV[2 + r])
+      local keys = whole(ARGV[2 + r], -#KEYS, #KEYS, "a run's length was expected")
       run_all[r] = keys < 0
       through = through + (keys < 0 and -keys or keys)
+      if through > #KEYS then refuse('the runs name more keys than the call') end
       run_last[r] = through
     end
     first_group = 3 + count
   end
   -- The requests' fields, then the groups.
-  local requests = first_group + 1
-  first_group = requests + 6 * tonumber(ARGV[first_group])
+  local count = whole(ARGV[first_group], 0, (#ARGV - first_group) / 6,
+    'a count of requests was expected')
+  local requests, sizes, places = check_call(ARGV, mode, first_group + 1, count,
+    first_group + 1 + 6 * count, #KEYS, run_last)
   local commit = mode == 'each' or mode == 'runs'
   local last = 0
-  for g = first_group, #ARGV, 2 do
+  for g = 1, #sizes do
     local first = last + 1
-    last = last + tonumber(ARGV[g])
+    last = last + sizes[g]
     -- The run's first group, where read_whole starts.
     if first == run_first then run_group = g end
     if run_last then
@@ -159,9 +227,9 @@ local function decide_call(keys, ARGV)
       -- An all-or-nothing run is denied by its own keys alone.
       if first == run_first then denied = false end
     end
-    local f = requests + 6 * (tonumber(ARGV[g + 1]) - 1)
-    local algorithm, cost, now = tonumber(ARGV[f]), tonumber(ARGV[f + 1]), now_of(ARGV[f + 2])
-    local p1, p2, p3 = tonumber(ARGV[f + 3]), tonumber(ARGV[f + 4]), tonumber(ARGV[f + 5])
+    local request = requests[places[g]]
+    local algorithm, cost, now = request[1], request[2], now_of(request[3])
+    local p1, p2, p3 = request[4], request[5], request[6]
     if mode == 'refund' then
       local refund = REFUNDS[algorithm]
       for i = first, last do
@@ -192,8 +260,8 @@ local function decide_call(keys, ARGV)
           -- An all-or-nothing run's keys are distinct and read together, at
           -- its first group.
           if not run_values then
-            run_values = read_whole(run_first, run_last and run_last[run] or #KEYS, ARGV, run_group,
-              requests)
+            run_values = read_whole(run_first, run_last and run_last[run] or #KEYS, run_group,
+              sizes, places, requests)
           end
           for i = first, last do
             values[i - first + 1] = run_values[i - run_first + 1]

@@ -855,6 +855,12 @@ async fn a_denial_leaves_a_watched_key_unmodified_and_an_admission_modifies_it()
     );
 }
 
+/// The key of the hostile calls the module refuses and the function
+/// decides: a bucket's cost above its capacity (a denial, which the client
+/// never asks for), a rate not reduced (which it never sends), and an
+/// instant past 2^53 µs (a caller's clock set past the year 2255).
+const DECIDABLE: &str = "decidable";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
     let server = with_module();
@@ -870,9 +876,10 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
         owned(&["1", "k", "runs", "1", "-9223372036854775808"]),
         owned(&["1", "k", "each", "99999999999999999"]),
         // A cost above the capacity, for a bucket and a sliding log's
-        // refund (whose member names would be built by the billion).
+        // refund (whose member names would be built by the billion). The
+        // function decides the first, a denial (see `DECIDABLE`).
         one_key_call(
-            "k",
+            DECIDABLE,
             "each",
             "1",
             ["1", "11", "", "1", "500000", "10"],
@@ -904,7 +911,7 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
         // An instant no double holds exactly, an unknown algorithm, a
         // rate not reduced, a group across runs.
         one_key_call(
-            "k",
+            DECIDABLE,
             "each",
             "1",
             ["1", "1", &max, "1", "500000", "10"],
@@ -918,7 +925,7 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
             &["1", "1"],
         ),
         one_key_call(
-            "k",
+            DECIDABLE,
             "each",
             "1",
             ["1", "1", "", "2", "1000000", "10"],
@@ -934,7 +941,78 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
             ]
             .concat(),
         ),
+        // A bucket's key, then a group of a sliding log naming vastly more
+        // keys than the call: the function looped over the missing keys,
+        // growing its reply, for good (`FUNCTION KILL`: unkillable, as the
+        // bucket's key was written).
+        owned(
+            &[
+                &["1", "k", "each", "2"][..],
+                &bucket,
+                &["3", "1", "", "10", "1000000", "0"],
+                &["1", "1", "1000000000000000", "2"],
+            ]
+            .concat(),
+        ),
+        // The same with refunds, whose untagged log refunds return at once.
+        owned(
+            &[
+                &["1", "k", "refund", "2"][..],
+                &["1", "1", "", "1", "500000", "500000"],
+                &["3", "1", "", "10", "1000000", "0"],
+                &["1", "1", "1000000000000000", "2"],
+            ]
+            .concat(),
+        ),
+        // A sliding log longer than any quota makes, adding its cost in
+        // members whatever the server's memory.
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["3", "300000", "", "1000000", "1000000", "0"],
+            &["1", "1"],
+        ),
+        // Numbers no quota holds: NaN, a window past 2^53 µs (the log's
+        // expiry failed after its `ZADD`, leaving it none; a window's was
+        // 292 million years).
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["2", "nan", "", "10", "1000000", "0"],
+            &["1", "1"],
+        ),
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["2", "1", "0", "10", "9223300000000000000000", "0"],
+            &["1", "1"],
+        ),
+        one_key_call(
+            "k",
+            "each",
+            "1",
+            ["3", "1", "0", "10", "9223371000000000000000", "0"],
+            &["1", "1"],
+        ),
     ];
+    // The same calls to the function, on a server without the module.
+    let plain = RedisServer::start();
+    Limiter::builder()
+        .redis(plain.url())
+        .build()
+        .unwrap()
+        .decide(&support::bucket(Algorithm::Gcra, 1, "1/s"), "load", 1)
+        .await
+        .unwrap();
+    let mut plain_connection = plain.connection().await;
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut plain_connection)
+        .await
+        .unwrap();
+    let function = function_name(&plain).await;
     for args in &calls {
         let reply: redis::RedisResult<redis::Value> = redis::cmd("RATELIMIT.DECIDE")
             .arg(WIRE_VERSION)
@@ -946,18 +1024,46 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
             matches!(error.code(), Some("RLARGS" | "ERR")),
             "{args:?}: {error}"
         );
+        // The function may decide what the module refuses (a cost above
+        // the capacity is a denial there), but writes nothing either.
+        let by_function = tokio::time::timeout(
+            Duration::from_secs(10),
+            redis::cmd("FCALL")
+                .arg(&function)
+                .arg(&args[..])
+                .query_async::<redis::Value>(&mut plain_connection),
+        )
+        .await;
+        let answered = match &by_function {
+            Ok(Ok(_)) => true,
+            Ok(Err(error)) => error.code().is_some(),
+            Err(_) => false,
+        };
+        assert!(
+            answered,
+            "the function never answered {args:?}: {by_function:?}"
+        );
     }
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert!(keys.is_empty(), "refused calls wrote {keys:?}");
-    let pong: String = redis::cmd("PING")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert_eq!(pong, "PONG");
+    for (server, connection) in [
+        ("module", &mut connection),
+        ("function", &mut plain_connection),
+    ] {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(connection)
+            .await
+            .unwrap();
+        let written: Vec<&String> = keys
+            .iter()
+            .filter(|key| server == "module" || key.as_str() != DECIDABLE)
+            .collect();
+        assert!(
+            written.is_empty(),
+            "refused calls wrote {written:?} ({server})"
+        );
+        let pong: String = redis::cmd("PING").query_async(connection).await.unwrap();
+        assert_eq!(pong, "PONG");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,7 +65,10 @@ impl<'a> Request<'a> {
     }
 
     /// Names the rule: the `rule` label of the metrics, and
-    /// [`RateLimited::rule`] of a denial.
+    /// [`RateLimited::rule`] of a denial. It names the request's quota; it
+    /// does not choose it: a quota kept in [`Limiter::rules`](crate::Limiter::rules)
+    /// is the request's when it is given, as
+    /// `limiter.rules().get("search").unwrap_or(default)`.
     pub const fn rule(mut self, rule: &'static str) -> Self {
         self.rule = rule;
         self
