@@ -148,7 +148,8 @@ impl Leases {
     /// lease's tokens that much sooner: the lease is owed that much less
     /// time, and never serves a token the bucket holds again. An admission
     /// asked for after the lease is owed after it, and its refund leaves
-    /// the lease as it is.
+    /// the lease as it is. The refund of an admission under another quota
+    /// drops the lease.
     pub(crate) fn refunded(
         &self,
         quota: &Quota,
@@ -164,7 +165,17 @@ impl Leases {
         let Some(lease) = shard.get_mut(hash, key) else {
             return;
         };
-        if lease.quota != *quota || asked_at_us > lease.asked_at_us {
+        if asked_at_us > lease.asked_at_us {
+            return;
+        }
+        if lease.quota != *quota {
+            // An admission under another quota (a rule changed while its
+            // call ran): its refund brings the bucket's tokens sooner all
+            // the same, by an amount the lease's quota does not measure.
+            // The lease goes, with any lease a call in flight would bring;
+            // their tokens are lost, which admits less.
+            drop(shard);
+            self.remove(key);
             return;
         }
         if let Some(until) = &mut lease.owed_until_us {

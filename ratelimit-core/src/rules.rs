@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -44,6 +45,9 @@ pub struct Rules {
     /// Replaced whole on every change: writes are rare, and a reader holds
     /// one consistent map for the duration of its lookup.
     shared: Arc<ArcSwap<HashMap<String, Quota>>>,
+    /// Counts the changes that changed a rule: the deny cache answers only
+    /// from what it learned since the last (see [`changes`](Self::changes)).
+    changes: Arc<AtomicU64>,
 }
 
 impl Rules {
@@ -66,7 +70,11 @@ impl Rules {
             rules.insert(name.clone(), quota);
             rules
         });
-        old.get(&name).copied()
+        let old = old.get(&name).copied();
+        if old != Some(quota) {
+            self.changed();
+        }
+        old
     }
 
     /// Sets the rule `name` from its [text form](RuleError); on an invalid
@@ -101,7 +109,11 @@ impl Rules {
             rules.remove(name);
             rules
         });
-        old.get(name).copied()
+        let old = old.get(name).copied();
+        if old.is_some() {
+            self.changed();
+        }
+        old
     }
 
     /// The names of the rules set, sorted.
@@ -130,7 +142,7 @@ impl Rules {
         if changes.is_empty() {
             return;
         }
-        self.shared.rcu(|rules| {
+        let old = self.shared.rcu(|rules| {
             let mut rules = HashMap::clone(rules);
             for (name, quota) in changes {
                 match quota {
@@ -140,6 +152,28 @@ impl Rules {
             }
             rules
         });
+        // A rule source applies every rule again at each reload: only a
+        // change that changed one counts.
+        if changes
+            .iter()
+            .any(|(name, quota)| old.get(name) != quota.as_ref())
+        {
+            self.changed();
+        }
+    }
+
+    /// Counts a change, after it landed.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The count of changes that changed a rule, shared by the clones. A
+    /// denial the deny cache learned before a change is not answered from
+    /// the cache after it: another instance may have decided the key under
+    /// the changed rule meanwhile (a shorter window starts a new count),
+    /// even if the rule has changed back since.
+    pub(crate) fn changes(&self) -> Arc<AtomicU64> {
+        self.changes.clone()
     }
 }
 
@@ -338,6 +372,32 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A change that changes a rule is counted; one that sets a rule to
+    /// what it is (a rule source applying every rule again at each reload)
+    /// is not: each count makes the deny cache ask Redis again.
+    #[test]
+    fn only_changes_that_change_a_rule_are_counted() {
+        let rules = Rules::new();
+        let changes = rules.changes();
+        let count = || changes.load(Ordering::SeqCst);
+        let quota = Quota::per_minute(10).unwrap();
+        rules.set("a", quota);
+        assert_eq!(count(), 1);
+        rules.set("a", quota);
+        rules.apply(&[("a".to_owned(), Some(quota))]);
+        assert!(rules.remove("b").is_none());
+        assert_eq!(count(), 1, "nothing changed");
+        rules.apply(&[("a".to_owned(), Some(Quota::per_minute(5).unwrap()))]);
+        assert_eq!(count(), 2);
+        rules.remove("a");
+        assert_eq!(count(), 3);
+        assert_eq!(
+            rules.clone().changes().load(Ordering::SeqCst),
+            3,
+            "shared by clones"
+        );
+    }
 
     /// A rule's text comes from Redis, where anyone who can write the hash
     /// writes it: its errors quote it escaped and cut.

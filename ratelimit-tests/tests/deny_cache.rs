@@ -214,3 +214,60 @@ async fn deny_sleep_retry_after_and_retry_is_admitted_for_every_algorithm() {
         "the deny cache never answered"
     );
 }
+
+/// A denial cached under a rule stays unanswered from the cache once the
+/// rule changes, even when it changes back: meanwhile another instance may
+/// have decided the key under the new rule, whose shorter window started a
+/// new count. (The rule set to a minute's window for an override and back
+/// to the hour's: this instance answered from its cache for the rest of the
+/// hour what Redis admitted.)
+#[tokio::test]
+async fn a_denial_cached_before_a_rule_changed_and_back_is_asked_of_redis_again() {
+    let server = RedisServer::start();
+    // Half past an hour, on a clock both instances share.
+    let hour = 3_600_000_000u64;
+    let clock = ratelimit::ManualClock::new(1_760_000_400_000_000 / hour * hour + hour / 2);
+    let instance = |cache: usize| {
+        Limiter::builder()
+            .redis(server.url())
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(2))
+            .deny_cache_max_keys(cache)
+            .build()
+            .unwrap()
+    };
+    let (cached, other) = (instance(10_000), instance(0));
+    let hourly = Quota::fixed_window(2, Duration::from_secs(3_600)).unwrap();
+    let override_ = Quota::fixed_window(2, Duration::from_secs(60)).unwrap();
+    cached.rules().set("r", hourly);
+    let rule = |limiter: &Limiter| limiter.rules().get("r").unwrap();
+    for _ in 0..2 {
+        cached
+            .check(Request::new(&rule(&cached), "k"))
+            .await
+            .unwrap();
+    }
+    assert!(cached
+        .check(Request::new(&rule(&cached), "k"))
+        .await
+        .is_err());
+    // The override reaches both instances; the other decides under it.
+    clock.advance(Duration::from_secs(120));
+    cached.rules().set("r", override_);
+    other.rules().set("r", override_);
+    other.check(Request::new(&rule(&other), "k")).await.unwrap();
+    // And is removed.
+    cached.rules().set("r", hourly);
+    clock.advance(Duration::from_secs(1));
+    let redis = other.inspect(&hourly, "k", 1).await.unwrap();
+    assert!(
+        redis.allowed,
+        "Redis admits under the hour's rule: {redis:?}"
+    );
+    let quota = rule(&cached);
+    let answered = cached.check(Request::new(&quota, "k")).await;
+    assert!(
+        answered.is_ok(),
+        "answered from the cache what Redis admits: {answered:?}"
+    );
+}

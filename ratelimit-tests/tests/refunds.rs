@@ -827,6 +827,60 @@ async fn a_reset_after_the_clock_stepped_back_still_voids_older_refunds() {
     }
 }
 
+/// A refund of an admission made under a bucket's old quota, after the
+/// limiter leased the key's tokens under a new one (a rule raised while a
+/// call ran, with `refund_on`), brings the lease's tokens sooner as much as
+/// one under the same quota: the lease is cut with it. It was left as it
+/// was, and served tokens the bucket held again: 29 admitted at one
+/// instant from a bucket of 20.
+#[tokio::test]
+async fn a_refund_under_an_older_quota_cuts_a_lease_taken_under_the_new_one() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_760_000_000_000_000);
+    let on_clock = |cache: usize| {
+        Limiter::builder()
+            .redis(server.url())
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(5))
+            .deny_cache_max_keys(cache)
+            .build()
+            .unwrap()
+    };
+    let (leasing, other) = (on_clock(10_000), on_clock(0));
+    let old = Quota::new(10, "100/s".parse().unwrap()).unwrap();
+    let new = Quota::new(20, "100/s".parse().unwrap()).unwrap();
+    let before = leasing
+        .check(Request::new(&old, "k").cost(10))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_micros(1));
+    leasing
+        .check(Request::new(&new, "k").lease(10))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_micros(1));
+    leasing.refund(before).await.unwrap();
+    clock.advance(Duration::from_millis(100));
+    let mut admitted = 0;
+    while other.check(Request::new(&new, "k")).await.is_ok() {
+        admitted += 1;
+    }
+    let from_redis = admitted;
+    while leasing
+        .check(Request::new(&new, "k").lease(10))
+        .await
+        .is_ok()
+    {
+        admitted += 1;
+        assert!(admitted <= 40, "the lease never ran out");
+    }
+    assert!(
+        admitted <= 20,
+        "a bucket of 20 admitted {admitted} at one instant ({from_redis} by Redis, the rest \
+         by the lease)"
+    );
+}
+
 /// A rule changed to a shorter window while an admission of the old one is
 /// out: its refund leaves the new window's count, which never held it, so
 /// the new window admits no more than its limit; changed to a longer one, a

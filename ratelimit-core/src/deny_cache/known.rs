@@ -11,6 +11,8 @@ use super::{Waiting, COSTS_PER_KEY};
 /// What is known of one key under one quota.
 pub(super) struct Known {
     pub(super) quota: Quota,
+    /// The count of rule changes when the reply was asked for.
+    pub(super) rules: u64,
     /// When it was last learned, on the cache's clock: a clock gone back
     /// before that cannot use it.
     pub(super) learned_us: u64,

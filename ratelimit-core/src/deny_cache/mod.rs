@@ -40,12 +40,14 @@
 //! admission whatever the number of callers.
 //!
 //! Entries are checked against the quota they were made under (a changed
-//! rule misses), dropped when a refund could make them wrong, and bounded in
+//! rule misses), not answered from once any rule has changed since (another
+//! instance may have decided the key under the changed rule, even if it has
+//! changed back), dropped when a refund could make them wrong, and bounded in
 //! number: under more distinct keys than the bound, the cache forgets, which
 //! only costs a backend call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -90,6 +92,9 @@ pub(crate) struct DenyCache {
     /// decided before it, and is not kept. (What the other algorithms keep
     /// merges in any order.)
     admissions: Box<[AtomicU64]>,
+    /// The limiter's count of rule changes (`Rules::changes`): what was
+    /// learned before the last is not answered from.
+    rules: Arc<AtomicU64>,
 }
 
 /// What a caller does after consulting the cache.
@@ -113,6 +118,8 @@ pub(crate) struct Asked {
     stripe: usize,
     forgets: u64,
     admissions: u64,
+    /// The count of rule changes when asked.
+    rules: u64,
 }
 
 /// What the cache knows of a request.
@@ -202,7 +209,20 @@ impl DenyCache {
             probe_for: timeout / 2,
             forgets: counters(),
             admissions: counters(),
+            rules: Arc::default(),
         }
+    }
+
+    /// This cache, answering only from what it learned since the last
+    /// change counted by `changes` (see `Rules::changes`).
+    pub(crate) fn following(mut self, changes: Arc<AtomicU64>) -> Self {
+        self.rules = changes;
+        self
+    }
+
+    /// Whether `known` was learned under `quota` since the last rule change.
+    fn current(&self, known: &Known, quota: &Quota) -> bool {
+        known.quota == *quota && known.rules == self.rules.load(Ordering::SeqCst)
     }
 
     /// Where `key` is kept: its hash (which picks its shard and finds it
@@ -221,6 +241,7 @@ impl DenyCache {
             stripe,
             forgets: self.forgets[stripe].load(Ordering::SeqCst),
             admissions: self.admissions[stripe].load(Ordering::SeqCst),
+            rules: self.rules.load(Ordering::SeqCst),
         }
     }
 
@@ -324,7 +345,7 @@ impl DenyCache {
             return Lookup::Miss;
         }
         let (hash, mut shard) = self.shard(key);
-        let Some(known) = shard.get_mut(hash, key).filter(|k| k.quota == *quota) else {
+        let Some(known) = shard.get_mut(hash, key).filter(|k| self.current(k, quota)) else {
             return Lookup::Miss;
         };
         if let Some(denial) = known.denial(cost, now_us) {
@@ -372,7 +393,7 @@ impl DenyCache {
             return None;
         }
         let (hash, shard) = self.shard(key);
-        let known = shard.get(hash, key).filter(|k| k.quota == *quota)?;
+        let known = shard.get(hash, key).filter(|k| self.current(k, quota))?;
         known.denial(cost, now_us)
     }
 
@@ -453,7 +474,11 @@ impl DenyCache {
             return;
         };
         match shard.get_mut(hash, key) {
-            Some(known) if known.quota == *quota && known.learned_us <= now_us => {
+            Some(known)
+                if known.quota == *quota
+                    && known.rules == asked.rules
+                    && known.learned_us <= now_us =>
+            {
                 known.merge(learned, now_us);
                 if !known.live(now_us) {
                     shard.remove(hash, key);
@@ -466,6 +491,7 @@ impl DenyCache {
                 let probe = kept.and_then(|known| known.probe.take());
                 let known = Known {
                     quota: *quota,
+                    rules: asked.rules,
                     learned_us: now_us,
                     state: learned,
                     probe,

@@ -407,8 +407,10 @@ impl LimiterBuilder {
 
 impl Inner {
     pub(super) fn new(backend: Backend, builder: &LimiterBuilder, clock: Arc<dyn Clock>) -> Self {
-        let deny_cache = (builder.deny_cache_max_keys > 0 && backend.can_fail())
-            .then(|| DenyCache::new(builder.deny_cache_max_keys, builder.timeout));
+        let rules = crate::rules::Rules::default();
+        let deny_cache = (builder.deny_cache_max_keys > 0 && backend.can_fail()).then(|| {
+            DenyCache::new(builder.deny_cache_max_keys, builder.timeout).following(rules.changes())
+        });
         let denial_log_every = if builder.denial_log_sample <= 0.0 {
             0
         } else {
@@ -430,7 +432,7 @@ impl Inner {
             lease_ttl: builder.lease_ttl,
             cache_clock: clock,
             timeout: builder.timeout,
-            rules: crate::rules::Rules::default(),
+            rules,
             stats: Stats::default(),
             denial_log_every,
             last_warning: AtomicU64::new(0),

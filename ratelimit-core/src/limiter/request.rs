@@ -90,7 +90,8 @@ impl<'a> Request<'a> {
     /// instance) while it lives makes the bucket owe less; the lease's
     /// holder can then admit up to the tokens left in it beyond the bound,
     /// until the lease ends. A refund by this limiter makes its own lease
-    /// of the key owed less too.
+    /// of the key owed less too, or drops it when the refunded admission was
+    /// made under another quota.
     /// A request of no cost takes no lease. A lease serves a check of this one
     /// request, on a remote backend, for the algorithms other than the leaky
     /// bucket (whose admissions carry each call's own delay) and the sliding
