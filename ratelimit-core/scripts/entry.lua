@@ -83,8 +83,10 @@ local function read_whole(from, to, g, sizes, places, requests)
   end
   return values
 end
--- Every number a call sends stays below 2^53 (see the prelude).
+-- Every number a call sends stays below 2^53 (see the prelude), and a
+-- quota's depth at most 2^52 (`quota::MAX_EXACT`).
 local BOUND = 9007199254740992
+local MAX_EXACT = 4503599627370496
 -- The longest sliding log (`Quota::MAX_LOG_LIMIT`): an admission adds its
 -- cost in members, at most the limit.
 local MAX_LOG_LIMIT = 10000
@@ -120,10 +122,23 @@ local function check_call(ARGV, mode, at, count, first_group, keys, run_last)
     -- A clock past 2^53 µs (year 2255) is the caller's to keep.
     local now = ARGV[f + 2]
     if now ~= '' then now = whole(now, 0, 2 ^ 64, 'an instant was expected') end
-    local p1 = whole(ARGV[f + 3], 0, BOUND, "a quota's number was expected")
-    local p2 = whole(ARGV[f + 4], 0, BOUND, "a quota's number was expected")
+    local p1 = whole(ARGV[f + 3], 1, MAX_EXACT, "a quota's number was expected")
+    local p2 = whole(ARGV[f + 4], 1, MAX_EXACT, "a quota's number was expected")
     -- Signed: a refund's `until_end`.
     local p3 = whole(ARGV[f + 5], -BOUND, BOUND, "a quota's number was expected")
+    -- What a quota holds (`Quota::windowed`, `Quota::bucket`): a window of
+    -- whole milliseconds, its limit times its milliseconds at most 2^52; a
+    -- bucket's capacity times its period at most 2^52; a bucket refund's
+    -- units are none below 0.
+    local windowed = algorithm == FIXED_WINDOW or algorithm == SLIDING_LOG
+      or algorithm == SLIDING_WINDOW
+    if windowed then
+      if p2 % 1000 ~= 0 or p1 * (p2 / 1000) > MAX_EXACT then refuse('a window no quota has') end
+    elseif mode == 'refund' then
+      if p3 < 0 then refuse('a refund of less than nothing') end
+    elseif p3 < 1 or p3 * p2 > MAX_EXACT then
+      refuse('a bucket no quota has')
+    end
     -- A log's admission adds its cost in members, and its refund removes
     -- them one by one: never more than the limit.
     if algorithm == SLIDING_LOG and (p1 > MAX_LOG_LIMIT or mode == 'refund' and cost > p1) then
@@ -156,6 +171,10 @@ local function decide_call(keys, ARGV)
   KEYS, out, n, denied, writes, held, held_px = keys, {}, 0, false, {}, {}, {}
   grace_ms, px_of, time_now = 0, {}, nil
   local mode = ARGV[1]
+  if not (mode == 'each' or mode == 'all' or mode == 'peek' or mode == 'refund' or mode == 'runs'
+      or mode == 'batch') then
+    refuse('an unknown mode')
+  end
   local first_group = 2
   -- In 'batch' mode, each key's value read up front, and the keys read since.
   local batch, read_first, reread = mode == 'batch', nil, nil

@@ -18,10 +18,12 @@ pub enum Error {
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-    /// The limiter could not open a connection to a Redis server: refused,
-    /// reset, a name that does not resolve, a refused password or
-    /// certificate. [`kind`](Self::kind) sorts the cause as for
-    /// [`Error::Redis`].
+    /// The limiter could not open its first connection to a Redis server
+    /// (or to a master the Sentinels name, or `ping`'s to a cluster's first
+    /// node): refused, reset, a name that does not resolve, a refused
+    /// password or certificate. [`kind`](Self::kind) sorts the cause as for
+    /// [`Error::Redis`]. A connection lost later is made again by itself;
+    /// a call that meets its failure gets [`Error::Redis`].
     #[cfg(feature = "redis")]
     #[error("could not connect to the Redis at {address}: {source}")]
     Connect {

@@ -973,6 +973,46 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
             ["3", "300000", "", "1000000", "1000000", "0"],
             &["1", "1"],
         ),
+        // All or nothing over a good request and one no quota has (no
+        // tokens; a bucket deeper than 2^52; a window of no time): the
+        // function wrote the first key, then failed at the second's write.
+        owned(
+            &[
+                &["2", "k", "k2", "all", "2"][..],
+                &bucket,
+                &["1", "1", "", "0", "500000", "10"],
+                &["1", "1", "1", "2"],
+            ]
+            .concat(),
+        ),
+        owned(
+            &[
+                &["2", "k", "k2", "all", "2"][..],
+                &bucket,
+                &["1", "1", "", "1", "9007199254740992", "9007199254740992"],
+                &["1", "1", "1", "2"],
+            ]
+            .concat(),
+        ),
+        owned(
+            &[
+                &["2", "k", "k2", "all", "2"][..],
+                &bucket,
+                &["2", "1", "", "10", "0", "0"],
+                &["1", "1", "1", "2"],
+            ]
+            .concat(),
+        ),
+        // A mode no limiter sends (the function ran it as `all`), and a
+        // bucket refund of less than nothing (which adds debt).
+        one_key_call("k", "bogus", "1", bucket, &["1", "1"]),
+        one_key_call(
+            "k",
+            "refund",
+            "1",
+            ["1", "1", "", "1", "500000", "-5000000"],
+            &["1", "1"],
+        ),
         // Numbers no quota holds: NaN, a window past 2^53 µs (the log's
         // expiry failed after its `ZADD`, leaving it none; a window's was
         // 292 million years).

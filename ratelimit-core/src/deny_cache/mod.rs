@@ -450,7 +450,11 @@ impl DenyCache {
         let hash = asked.hash;
         let mut shard = self.lock(hash);
         // Checked under the shard's lock, which `forget` bumps it under.
-        if self.forgets[asked.stripe].load(Ordering::SeqCst) != asked.forgets {
+        // A reply asked for before a rule changed is never answered from:
+        // kept, it would replace what a later one taught.
+        if self.forgets[asked.stripe].load(Ordering::SeqCst) != asked.forgets
+            || self.rules.load(Ordering::SeqCst) != asked.rules
+        {
             return;
         }
         if matches!(kind, Kind::Sliding) {

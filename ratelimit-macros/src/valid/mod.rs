@@ -374,11 +374,28 @@ fn facade_path() -> TokenStream {
 /// `package` key, in its own `Cargo.toml` or, for `{ workspace = true }`,
 /// in its workspace's.
 fn renamed_to(name: &str) -> bool {
+    use std::sync::{Mutex, OnceLock};
     let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from) else {
         return false;
     };
+    // Read once per crate compiled, not at each attribute.
+    static READ: OnceLock<Mutex<Vec<(std::path::PathBuf, String, bool)>>> = OnceLock::new();
+    let read = READ.get_or_init(Mutex::default);
+    let mut read = read
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, _, renamed)) = read.iter().find(|(d, n, _)| *d == dir && n == name) {
+        return *renamed;
+    }
+    let renamed = read_renamed_to(&dir, name);
+    read.push((dir, name.to_owned(), renamed));
+    renamed
+}
+
+/// [`renamed_to`], read from the manifests.
+fn read_renamed_to(dir: &std::path::Path, name: &str) -> bool {
     let read = |dir: &std::path::Path| std::fs::read_to_string(dir.join("Cargo.toml")).ok();
-    match read(&dir).and_then(|manifest| entry_of(&manifest, name, false)) {
+    match read(dir).and_then(|manifest| entry_of(&manifest, name, false)) {
         Some(Entry::Renamed) => true,
         Some(Entry::FromWorkspace) => {
             dir.ancestors()
