@@ -171,6 +171,11 @@ impl Breaker {
         node: Option<&str>,
         call: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
+        if permit.probe != 0 {
+            // The probe made the breaker half open: the gauge shows it
+            // while the probe is in flight.
+            self.report_state(backend, node);
+        }
         let started = Instant::now();
         let result = call.await;
         observed(backend, started, &result);
@@ -634,23 +639,62 @@ mod tests {
     /// report lands last. (Reported as each transition made, the report of
     /// `Open` landed after that of the close, and showed the closed breaker
     /// open until its next transition, which a healthy backend never makes.)
+    /// Runs `future`, which never waits, to its end.
+    #[cfg(feature = "metrics")]
+    fn run<T>(future: impl std::future::Future<Output = T>) -> T {
+        use std::task::{Context, Poll, Waker};
+        let mut future = std::pin::pin!(future);
+        match future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(value) => value,
+            Poll::Pending => unreachable!("nothing here waits"),
+        }
+    }
+
+    /// While an open breaker's probe is in flight, the gauge shows the
+    /// breaker half open (2), as the metric's documentation says. It went
+    /// from open to closed, or open again, and never showed 2.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_probe_in_flight_shows_the_breaker_half_open() {
+        use std::sync::{Arc, Mutex};
+
+        struct Shown(Mutex<Vec<f64>>);
+        impl metrics::GaugeFn for Shown {
+            fn increment(&self, _: f64) {}
+            fn decrement(&self, _: f64) {}
+            fn set(&self, value: f64) {
+                self.0.lock().unwrap().push(value);
+            }
+        }
+        let shown = Arc::new(Shown(Mutex::new(Vec::new())));
+        let gauge = shown.clone();
+        let recorder = Gauges(move |_: &metrics::Key| metrics::Gauge::from_arc(gauge.clone()));
+        let breaker = breaker(BreakerConfig {
+            failures_to_open: 1,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+        });
+        metrics::with_local_recorder(&recorder, || {
+            let failed = run(breaker.guard("redis", None, async {
+                Err::<(), _>(Error::Timeout(Duration::from_millis(1)))
+            }));
+            assert!(failed.is_err());
+            std::thread::sleep(Duration::from_millis(5));
+            let during = run(breaker.guard("redis", None, async {
+                Ok::<_, Error>(shown.0.lock().unwrap().last().copied())
+            }));
+            assert_eq!(during.unwrap(), Some(2.0), "during the probe");
+        });
+        assert_eq!(*shown.0.lock().unwrap(), [1.0, 2.0, 0.0]);
+    }
+
     #[cfg(feature = "metrics")]
     #[test]
     fn the_state_gauge_ends_at_the_state_left_by_racing_transitions() {
         use std::sync::{Arc, Mutex, OnceLock};
-        use std::task::{Context, Poll, Waker};
-
-        /// Runs `future`, which never waits, to its end.
-        fn run<T>(future: impl std::future::Future<Output = T>) -> T {
-            let mut future = std::pin::pin!(future);
-            match future
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-            {
-                Poll::Ready(value) => value,
-                Poll::Pending => unreachable!("nothing here waits"),
-            }
-        }
 
         /// The gauge's last value; on the first report of `Open`, the call
         /// begun before the breaker opened succeeds, and its report lands
