@@ -291,8 +291,9 @@ impl Limiter {
     ///
     /// An admission of a key this limiter (or a clone) [reset](Self::reset)
     /// since gives nothing back, as the reset deleted what it took; a key
-    /// reset by another instance cannot be known here, and its refund gives
-    /// the cost to the count begun since. (Keys are told apart by a hash
+    /// reset by another instance, or forgotten by a Redis restarted without
+    /// persistence, cannot be known here, and its refund gives the cost to
+    /// the count begun since. (Keys are told apart by a hash
     /// into 1,024 slots of the part before any `~`, the mark of a key's
     /// variants: a key that shares a reset key's slot gives nothing back
     /// either, which admits less, never more.)
