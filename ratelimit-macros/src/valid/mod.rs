@@ -378,17 +378,18 @@ fn renamed_to(name: &str) -> bool {
     let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from) else {
         return false;
     };
-    // Read once per crate compiled, not at each attribute.
-    static READ: OnceLock<Mutex<Vec<(std::path::PathBuf, String, bool)>>> = OnceLock::new();
+    // Read once per crate compiled, not at each attribute (`name` is
+    // always the package's own, so the crate's directory says it all).
+    static READ: OnceLock<Mutex<Vec<(std::path::PathBuf, bool)>>> = OnceLock::new();
     let read = READ.get_or_init(Mutex::default);
     let mut read = read
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((_, _, renamed)) = read.iter().find(|(d, n, _)| *d == dir && n == name) {
+    if let Some((_, renamed)) = read.iter().find(|(d, _)| *d == dir) {
         return *renamed;
     }
     let renamed = read_renamed_to(&dir, name);
-    read.push((dir, name.to_owned(), renamed));
+    read.push((dir, renamed));
     renamed
 }
 

@@ -420,6 +420,7 @@ impl ClusterBackend {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout));
+        let address = self.seed.get_connection_info().addr().to_string();
         let mut seed = tokio::time::timeout(
             self.timeout,
             self.seed
@@ -427,10 +428,7 @@ impl ClusterBackend {
         )
         .await
         .map_err(|_| Error::Timeout(self.timeout))?
-        .map_err(|error| {
-            Error::from(error).connecting_to(self.seed.get_connection_info().addr())
-        })?;
-        let address = self.seed.get_connection_info().addr().to_string();
+        .map_err(|error| Error::from(error).connecting_to(&address))?;
         let traits = super::redis::hello(&mut seed, self.timeout)
             .await
             .map_err(|error| error.connecting_to(&address))?;
