@@ -17,19 +17,17 @@
 //! let app: Router = Router::new()
 //!     // 5 logins a minute per client address, on this route only:
 //!     .route("/login", get(|| async { "welcome" }))
-//!     .route_layer(RateLimitLayer::new(limiter.clone(), Quota::per_minute(5)?).name("login"))
+//!     .route_layer(
+//!         RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(Quota::per_minute(5)?))
+//!             .name("login"),
+//!     )
 //!     .route("/", get(|| async { "hello" }))
 //!     // 10 requests a second per client address and 1,000 from everyone,
 //!     // on every route, decided together:
 //!     .layer(
-//!         RateLimitLayer::all(
-//!             limiter,
-//!             [
-//!                 Limit::per_peer_ip(Quota::per_second(10)?).name("ip"),
-//!                 Limit::global(Quota::per_second(1_000)?).name("global"),
-//!             ],
-//!         )
-//!         .name("api"),
+//!         RateLimitLayer::new(limiter, Limit::per_peer_ip(Quota::per_second(10)?).name("ip"))
+//!             .limit(Limit::global(Quota::per_second(1_000)?).name("global"))
+//!             .name("api"),
 //!     );
 //!
 //! // The default key is the peer address, which axum records when served with
@@ -59,7 +57,7 @@
 //!
 //! | source | value | default prefix |
 //! |---|---|---|
-//! | [`per_peer_ip`](Limit::per_peer_ip) (the default of [`RateLimitLayer::new`]) | the peer's address from axum's `ConnectInfo<SocketAddr>` | `http:<name>:ip:` |
+//! | [`per_peer_ip`](Limit::per_peer_ip) | the peer's address from axum's `ConnectInfo<SocketAddr>` | `http:<name>:ip:` |
 //! | [`per_client_ip`](Limit::per_client_ip) | the client's address from `X-Forwarded-For` or `Forwarded`, read only when the peer is a [trusted proxy](TrustedProxies) | `http:<name>:ip:` |
 //! | [`per_header`](Limit::per_header) | a SHA-256 digest of a request header's raw bytes (never the value) | `http:<name>:header:<header>:` |
 //! | [`per_bearer_token`](Limit::per_bearer_token) | a SHA-256 digest of the `Authorization: Bearer` token (never the token) | `http:<name>:token:` |

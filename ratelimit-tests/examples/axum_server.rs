@@ -150,7 +150,7 @@ fn quotes_layer(limiter: &Limiter) -> Result<RateLimitLayer, Box<dyn std::error:
         Quota::per_minute(3)?,
     )
     .name("tenant");
-    Ok(RateLimitLayer::all(limiter.clone(), [per_tenant])
+    Ok(RateLimitLayer::new(limiter.clone(), per_tenant)
         .name("quotes")
         .refund_on(|status| !status.is_success())
         .on_denied(|denial| {
@@ -219,27 +219,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One layer, three limits, decided together: a request one of them
     // denies takes no token from the others, so a client flooding the API
     // spends its own buckets, never the global one.
-    let api = RateLimitLayer::all(
+    // Per client address: bursts of 20, 10 a second. Behind a reverse
+    // proxy, use `Limit::per_client_ip(TrustedProxies::new([...])?, ..)`, or
+    // every client has the proxy's address.
+    let api = RateLimitLayer::new(
         limiter.clone(),
-        [
-            // Per client address: bursts of 20, 10 a second. Behind a
-            // reverse proxy, use `Limit::per_client_ip(TrustedProxies::new([...])?, ..)`,
-            // or every client has the proxy's address.
-            Limit::per_peer_ip(Quota::new(20, "10/s".parse()?)?).name("ip"),
-            // Per token (its digest, never the token), at its tier's quota;
-            // anonymous requests are limited by address alone.
-            Limit::per_bearer_token(QuotaSource::rule_per_request(tier(free, pro)))
-                .name("tier")
-                .on_missing_key(MissingKey::Unlimited),
-            // The whole service: 100 at once and 50 a second, from everyone.
-            // If the backend fails, this limit holds in process.
-            Limit::global(QuotaSource::rule(
-                "api.global",
-                Quota::new(100, "50/s".parse()?)?,
-            ))
-            .name("global")
-            .on_error(FailurePolicy::Local),
-        ],
+        Limit::per_peer_ip(Quota::new(20, "10/s".parse()?)?).name("ip"),
+    )
+    // Per token (its digest, never the token), at its tier's quota;
+    // anonymous requests are limited by address alone.
+    .limit(
+        Limit::per_bearer_token(QuotaSource::rule_per_request(tier(free, pro)))
+            .name("tier")
+            .on_missing_key(MissingKey::Unlimited),
+    )
+    // The whole service: 100 at once and 50 a second, from everyone. If the
+    // backend fails, this limit holds in process.
+    .limit(
+        Limit::global(QuotaSource::rule(
+            "api.global",
+            Quota::new(100, "50/s".parse()?)?,
+        ))
+        .name("global")
+        .on_error(FailurePolicy::Local),
     )
     .name("api")
     .legacy_headers(true)
@@ -249,8 +251,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         request.uri.path() == "/healthz"
     }));
     // Searching is dearer: 3 per client address every 10 seconds.
-    let search_per_ip =
-        RateLimitLayer::new(limiter.clone(), Quota::new(3, "3/10s".parse()?)?).name("search");
+    let search_per_ip = RateLimitLayer::new(
+        limiter.clone(),
+        Limit::per_peer_ip(Quota::new(3, "3/10s".parse()?)?),
+    )
+    .name("search");
 
     let app = Router::new()
         .route("/", get(hello))

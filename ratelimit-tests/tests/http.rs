@@ -149,9 +149,9 @@ async fn left(limiter: &Limiter, quota: &Quota, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_clients_get_exactly_the_capacity() {
-    let app = Router::new()
-        .route("/", get(ok))
-        .layer(RateLimitLayer::new(stopped_limiter(), hourly(10)).name("per-ip"));
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(stopped_limiter(), Limit::per_peer_ip(hourly(10))).name("per-ip"),
+    );
     let base = serve(app).await;
     let client = client();
 
@@ -173,7 +173,11 @@ async fn retry_after_is_whole_seconds_rounded_up() {
     let limiter = stopped_limiter();
     let every = |millis: u64, name: &str| {
         let rate = Rate::new(1, Duration::from_millis(millis)).unwrap();
-        RateLimitLayer::new(limiter.clone(), Quota::new(1, rate).unwrap()).name(name)
+        RateLimitLayer::new(
+            limiter.clone(),
+            Limit::per_peer_ip(Quota::new(1, rate).unwrap()),
+        )
+        .name(name)
     };
     let app = Router::new()
         .route("/480ms", get(ok).route_layer(every(480, "a")))
@@ -202,9 +206,9 @@ async fn retry_after_is_whole_seconds_rounded_up() {
 
 #[tokio::test]
 async fn a_denial_is_a_problem_document_with_the_request_id() {
-    let app = Router::new()
-        .route("/", get(ok))
-        .layer(RateLimitLayer::new(stopped_limiter(), hourly(1)).name("per-ip"));
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(stopped_limiter(), Limit::per_peer_ip(hourly(1))).name("per-ip"),
+    );
     let base = serve(app).await;
     let client = client();
 
@@ -249,7 +253,11 @@ async fn a_denial_is_a_problem_document_with_the_request_id() {
 async fn every_response_carries_the_ietf_fields() {
     // 3 a minute: one token every 20 s, a full bucket in 60 s.
     let app = Router::new().route("/", get(ok)).layer(
-        RateLimitLayer::new(stopped_limiter(), Quota::per_minute(3).unwrap()).name("per-ip"),
+        RateLimitLayer::new(
+            stopped_limiter(),
+            Limit::per_peer_ip(Quota::per_minute(3).unwrap()),
+        )
+        .name("per-ip"),
     );
     let base = serve(app).await;
     let client = client();
@@ -286,9 +294,12 @@ async fn every_response_carries_the_ietf_fields() {
 #[tokio::test]
 async fn legacy_fields_when_enabled() {
     let app = Router::new().route("/", get(ok)).layer(
-        RateLimitLayer::new(stopped_limiter(), Quota::per_minute(3).unwrap())
-            .name("per-ip")
-            .legacy_headers(true),
+        RateLimitLayer::new(
+            stopped_limiter(),
+            Limit::per_peer_ip(Quota::per_minute(3).unwrap()),
+        )
+        .name("per-ip")
+        .legacy_headers(true),
     );
     let base = serve(app).await;
     let client = client();
@@ -315,13 +326,12 @@ async fn nested_layers_list_every_policy_and_the_tightest_legacy_limit() {
     let app = Router::new()
         .route("/", get(ok))
         .layer(
-            RateLimitLayer::new(limiter.clone(), hourly(2))
+            RateLimitLayer::new(limiter.clone(), Limit::global(hourly(2)))
                 .name("all")
-                .global()
                 .legacy_headers(true),
         )
         .layer(
-            RateLimitLayer::new(limiter, hourly(5))
+            RateLimitLayer::new(limiter, Limit::per_peer_ip(hourly(5)))
                 .name("per-ip")
                 .legacy_headers(true),
         );
@@ -348,9 +358,11 @@ async fn nested_layers_list_every_policy_and_the_tightest_legacy_limit() {
 async fn forwarded_for_counts_only_from_a_trusted_proxy() {
     let limiter = stopped_limiter();
     let behind_proxy = |trusted: &[&str], name: &str| {
-        RateLimitLayer::new(limiter.clone(), hourly(1))
-            .name(name)
-            .by_client_ip(TrustedProxies::new(trusted).unwrap())
+        RateLimitLayer::new(
+            limiter.clone(),
+            Limit::per_client_ip(TrustedProxies::new(trusted).unwrap(), hourly(1)),
+        )
+        .name(name)
     };
     let app = Router::new()
         // The test client (127.0.0.1) plays the trusted proxy:
@@ -423,13 +435,16 @@ async fn forwarded_for_counts_only_from_a_trusted_proxy() {
 #[tokio::test]
 async fn rfc_7239_forwarded_when_the_proxy_sets_it() {
     let limiter = stopped_limiter();
-    let layer = RateLimitLayer::new(limiter.clone(), hourly(1))
-        .name("fwd")
-        .by_client_ip(
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        Limit::per_client_ip(
             TrustedProxies::new(["127.0.0.0/8"])
                 .unwrap()
                 .header(ForwardedHeader::Forwarded),
-        );
+            hourly(1),
+        ),
+    )
+    .name("fwd");
     let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
     let client = client();
     let fwd = |value| [("forwarded", value)];
@@ -471,11 +486,15 @@ async fn each_route_has_its_own_quota() {
     let app = Router::new()
         .route("/search", get(ok))
         // `Router::route_layer` limits the routes added before it: /search.
-        .route_layer(RateLimitLayer::new(limiter.clone(), hourly(3)).name("search"))
+        .route_layer(
+            RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(hourly(3))).name("search"),
+        )
         // A method router's own layer limits that route alone.
         .route(
             "/login",
-            get(ok).route_layer(RateLimitLayer::new(limiter, hourly(1)).name("login")),
+            get(ok).route_layer(
+                RateLimitLayer::new(limiter, Limit::per_peer_ip(hourly(1))).name("login"),
+            ),
         )
         .route("/health", get(ok));
     let base = serve(app).await;
@@ -614,7 +633,10 @@ async fn a_body_encoded_inside_the_layers_is_left_as_it_was_encoded() {
         (
             8,
             "RateLimitLayer",
-            limited.layer(RateLimitLayer::new(stopped_limiter(), hourly(100)).name("outer")),
+            limited.layer(
+                RateLimitLayer::new(stopped_limiter(), Limit::per_peer_ip(hourly(100)))
+                    .name("outer"),
+            ),
         ),
     ] {
         let base = serve(app).await;
@@ -678,7 +700,7 @@ async fn a_layer_above_a_handler_reports_the_handlers_denial() {
     let app = Router::new()
         .route("/users/{user_id}/report", get(report))
         .layer(
-            RateLimitLayer::new(limiter.clone(), hourly(10))
+            RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(hourly(10)))
                 .name("per-ip")
                 .legacy_headers(true),
         )
@@ -733,7 +755,7 @@ async fn a_closed_outage_is_a_503_with_retry_after_and_an_open_one_admits() {
         .route(
             "/closed",
             get(ok).route_layer(
-                RateLimitLayer::new(closed, hourly(5))
+                RateLimitLayer::new(closed, Limit::per_peer_ip(hourly(5)))
                     .name("c")
                     .legacy_headers(true),
             ),
@@ -741,7 +763,7 @@ async fn a_closed_outage_is_a_503_with_retry_after_and_an_open_one_admits() {
         .route(
             "/open",
             get(ok).route_layer(
-                RateLimitLayer::new(open, hourly(5))
+                RateLimitLayer::new(open, Limit::per_peer_ip(hourly(5)))
                     .name("o")
                     .legacy_headers(true),
             ),
@@ -799,7 +821,7 @@ async fn a_local_fallbacks_denial_claims_nothing_of_the_quota() {
     let app = Router::new().route(
         "/local",
         get(ok).route_layer(
-            RateLimitLayer::new(local, hourly(2))
+            RateLimitLayer::new(local, Limit::per_peer_ip(hourly(2)))
                 .name("l")
                 .legacy_headers(true),
         ),
@@ -830,7 +852,9 @@ async fn a_request_whose_client_leaves_before_its_turn_gives_the_turn_back() {
     let quota = Quota::leaky_bucket(3, Rate::per_minute(1).unwrap()).unwrap();
     let app = Router::new().route(
         "/paced",
-        get(ok).route_layer(RateLimitLayer::new(limiter.clone(), quota).name("paced")),
+        get(ok).route_layer(
+            RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(quota)).name("paced"),
+        ),
     );
     let base = serve(app).await;
     assert_eq!(fetch(&client(), &format!("{base}/paced")).await.status, 200);
@@ -873,13 +897,8 @@ async fn each_limit_keeps_its_own_failure_policy() {
     // The limiter fails open; one limit of the layer fails closed.
     let limiter = unreachable_redis(FailurePolicy::Open);
     let limits = |global: FailurePolicy| {
-        RateLimitLayer::all(
-            limiter.clone(),
-            [
-                Limit::per_peer_ip(hourly(5)).name("ip"),
-                Limit::global(hourly(50)).name("global").on_error(global),
-            ],
-        )
+        RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(hourly(5)).name("ip"))
+            .limit(Limit::global(hourly(50)).name("global").on_error(global))
     };
     let app = Router::new()
         .route(
@@ -918,18 +937,21 @@ async fn header_values_have_buckets_of_their_own_and_share_one_when_missing() {
         .route(
             "/shared",
             get(ok).route_layer(
-                RateLimitLayer::new(limiter.clone(), hourly(1))
-                    .name("k")
-                    .by_header(api_key.clone()),
+                RateLimitLayer::new(
+                    limiter.clone(),
+                    Limit::per_header(api_key.clone(), hourly(1)),
+                )
+                .name("k"),
             ),
         )
         .route(
             "/optional",
             get(ok).route_layer(
-                RateLimitLayer::new(limiter.clone(), hourly(1))
-                    .name("opt")
-                    .by_header(api_key)
-                    .on_missing_key(MissingKey::Unlimited),
+                RateLimitLayer::new(
+                    limiter.clone(),
+                    Limit::per_header(api_key, hourly(1)).on_missing_key(MissingKey::Unlimited),
+                )
+                .name("opt"),
             ),
         );
     let base = serve(app).await;
@@ -972,9 +994,8 @@ async fn header_values_have_buckets_of_their_own_and_share_one_when_missing() {
 
 #[tokio::test]
 async fn bearer_tokens_are_keys_but_never_shown() {
-    let layer = RateLimitLayer::new(stopped_limiter(), hourly(1))
-        .name("tok")
-        .by_bearer_token();
+    let layer =
+        RateLimitLayer::new(stopped_limiter(), Limit::per_bearer_token(hourly(1))).name("tok");
     let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
     let client = client();
     let bearer = |token| [("authorization", token)];
@@ -1003,18 +1024,23 @@ async fn bearer_tokens_are_keys_but_never_shown() {
 #[tokio::test]
 async fn a_closure_chooses_the_key_and_a_global_limit_spans_clients() {
     let limiter = stopped_limiter();
-    let per_tenant = RateLimitLayer::new(limiter.clone(), hourly(1))
-        .name("tenant")
-        .by_key(|request| {
-            let tenant = request.uri.path().strip_prefix("/tenants/")?;
-            Some(tenant.to_owned())
-        });
-    let per_client = RateLimitLayer::new(limiter.clone(), hourly(5))
-        .name("per-ip")
-        .by_client_ip(TrustedProxies::new(["127.0.0.1"]).unwrap());
-    let everyone = RateLimitLayer::new(limiter.clone(), hourly(3))
-        .name("all")
-        .global();
+    let per_tenant = RateLimitLayer::new(
+        limiter.clone(),
+        Limit::per_key(
+            |request| {
+                let tenant = request.uri.path().strip_prefix("/tenants/")?;
+                Some(tenant.to_owned())
+            },
+            hourly(1),
+        ),
+    )
+    .name("tenant");
+    let per_client = RateLimitLayer::new(
+        limiter.clone(),
+        Limit::per_client_ip(TrustedProxies::new(["127.0.0.1"]).unwrap(), hourly(5)),
+    )
+    .name("per-ip");
+    let everyone = RateLimitLayer::new(limiter.clone(), Limit::global(hourly(3))).name("all");
     let app = Router::new()
         .route("/tenants/{tenant}", get(ok))
         .route_layer(per_tenant)
@@ -1055,7 +1081,7 @@ async fn concurrent_clients_on_redis_get_exactly_the_capacity() {
         .expect("a Redis limiter");
     let app = Router::new()
         .route("/", get(ok))
-        .layer(RateLimitLayer::new(limiter, hourly(5)).name("per-ip"));
+        .layer(RateLimitLayer::new(limiter, Limit::per_peer_ip(hourly(5))).name("per-ip"));
     let base = serve(app).await;
     let client = client();
 
@@ -1084,17 +1110,15 @@ async fn concurrent_clients_on_redis_get_exactly_the_capacity() {
 /// One layer of a per-client and a global limit, behind the test client
 /// playing a trusted proxy, so requests can come from any address.
 fn per_client_and_global(limiter: &Limiter, per_client: u64, global: u64) -> RateLimitLayer {
-    RateLimitLayer::all(
+    RateLimitLayer::new(
         limiter.clone(),
-        [
-            Limit::per_client_ip(
-                TrustedProxies::new(["127.0.0.1"]).unwrap(),
-                hourly(per_client),
-            )
-            .name("ip"),
-            Limit::global(hourly(global)).name("global"),
-        ],
+        Limit::per_client_ip(
+            TrustedProxies::new(["127.0.0.1"]).unwrap(),
+            hourly(per_client),
+        )
+        .name("ip"),
     )
+    .limit(Limit::global(hourly(global)).name("global"))
     .name("api")
 }
 
@@ -1149,13 +1173,13 @@ async fn a_tier_closure_picks_the_quota_per_request() {
         Some(plan) if plan == "pro" => hourly(3),
         _ => hourly(1),
     };
-    let layer = RateLimitLayer::all(
+    let layer = RateLimitLayer::new(
         limiter.clone(),
-        [Limit::per_header(
+        Limit::per_header(
             HeaderName::from_static("x-api-key"),
             QuotaSource::per_request(tier),
         )
-        .name("tier")],
+        .name("tier"),
     )
     .name("api");
     let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
@@ -1185,17 +1209,15 @@ async fn a_named_rule_change_takes_effect_on_the_next_request() {
         Some(plan) if plan == "pro" => pro,
         _ => free,
     };
-    let layer = RateLimitLayer::all(
+    let layer = RateLimitLayer::new(
         limiter.clone(),
-        [
-            Limit::per_header(
-                HeaderName::from_static("x-api-key"),
-                QuotaSource::rule_per_request(tier),
-            )
-            .name("tier"),
-            Limit::global(QuotaSource::rule("http-test.global", hourly(100))).name("global"),
-        ],
+        Limit::per_header(
+            HeaderName::from_static("x-api-key"),
+            QuotaSource::rule_per_request(tier),
+        )
+        .name("tier"),
     )
+    .limit(Limit::global(QuotaSource::rule("http-test.global", hourly(100))).name("global"))
     .name("api");
     let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
     let client = client();
@@ -1238,7 +1260,7 @@ async fn a_named_rule_change_takes_effect_on_the_next_request() {
 #[tokio::test]
 async fn shadow_mode_passes_would_be_denials_with_their_fields() {
     let limiter = stopped_limiter();
-    let one = RateLimitLayer::new(limiter.clone(), hourly(1))
+    let one = RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(hourly(1)))
         .name("one")
         .shadow(true);
     let several = per_client_and_global(&limiter, 1, 10)
@@ -1299,9 +1321,12 @@ async fn shadow_mode_passes_would_be_denials_with_their_fields() {
         "a layer of several limits counts would-be denials as such too"
     );
 
-    let closed = RateLimitLayer::new(unreachable_redis(FailurePolicy::Closed), hourly(5))
-        .name("closed")
-        .shadow(true);
+    let closed = RateLimitLayer::new(
+        unreachable_redis(FailurePolicy::Closed),
+        Limit::per_peer_ip(hourly(5)),
+    )
+    .name("closed")
+    .shadow(true);
     let base = serve(Router::new().route("/", get(ok)).layer(closed)).await;
     let reply = fetch(&client, &base).await;
     assert_eq!(reply.status, 200, "a would-be 503 passes too");
@@ -1333,7 +1358,7 @@ async fn fast_quotas_advertise_their_sustained_rate() {
     let layer = |capacity, rate: &str, name: &str| {
         RateLimitLayer::new(
             limiter.clone(),
-            Quota::new(capacity, rate.parse().unwrap()).unwrap(),
+            Limit::per_peer_ip(Quota::new(capacity, rate.parse().unwrap()).unwrap()),
         )
         .name(name)
     };
@@ -1362,9 +1387,11 @@ async fn problem_bodies_name_the_limit_and_never_the_key() {
     let app = Router::new().route(
         "/tenants/{tenant}",
         get(ok).route_layer(
-            RateLimitLayer::new(limiter, hourly(1))
-                .name("tenant")
-                .by_key(|request| Some(request.uri.path().to_owned())),
+            RateLimitLayer::new(
+                limiter,
+                Limit::per_key(|request| Some(request.uri.path().to_owned()), hourly(1)),
+            )
+            .name("tenant"),
         ),
     );
     let base = serve(app).await;
@@ -1393,9 +1420,11 @@ async fn problem_bodies_name_the_limit_and_never_the_key() {
 async fn an_unreadable_forwarded_hop_never_lands_in_the_proxys_bucket() {
     let limiter = stopped_limiter();
     // The test client (127.0.0.1) plays the trusted proxy.
-    let layer = RateLimitLayer::new(limiter.clone(), hourly(1))
-        .name("xff")
-        .by_client_ip(TrustedProxies::new(["127.0.0.1"]).unwrap());
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        Limit::per_client_ip(TrustedProxies::new(["127.0.0.1"]).unwrap(), hourly(1)),
+    )
+    .name("xff");
     let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
     let client = client();
     let quota = hourly(1);
@@ -1436,9 +1465,11 @@ async fn an_unreadable_forwarded_hop_never_lands_in_the_proxys_bucket() {
 #[tokio::test]
 async fn distinct_non_utf8_header_values_have_buckets_of_their_own() {
     let limiter = stopped_limiter();
-    let layer = RateLimitLayer::new(limiter.clone(), hourly(1))
-        .name("raw")
-        .by_header(HeaderName::from_static("x-api-key"));
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        Limit::per_header(HeaderName::from_static("x-api-key"), hourly(1)),
+    )
+    .name("raw");
     let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
     let client = client();
 
@@ -1456,9 +1487,11 @@ async fn distinct_non_utf8_header_values_have_buckets_of_their_own() {
 async fn a_header_value_never_appears_in_its_key() {
     let server = support::RedisServer::start();
     let limiter = Limiter::builder().redis(server.url()).build().unwrap();
-    let layer = RateLimitLayer::new(limiter, hourly(1))
-        .name("api")
-        .by_header(HeaderName::from_static("x-api-key"));
+    let layer = RateLimitLayer::new(
+        limiter,
+        Limit::per_header(HeaderName::from_static("x-api-key"), hourly(1)),
+    )
+    .name("api");
     let base = serve(Router::new().route("/", get(ok)).layer(layer)).await;
     let client = client();
     let secret = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
@@ -1484,10 +1517,8 @@ async fn a_header_value_never_appears_in_its_key() {
 #[test]
 #[should_panic(expected = "give each a name of its own with `Limit::name`")]
 fn two_unnamed_limits_in_one_layer_are_refused() {
-    let layer = RateLimitLayer::all(
-        Limiter::memory(),
-        [Limit::per_peer_ip(hourly(1)), Limit::global(hourly(5))],
-    );
+    let layer = RateLimitLayer::new(Limiter::memory(), Limit::per_peer_ip(hourly(1)))
+        .limit(Limit::global(hourly(5)));
     let _app: Router = Router::new().route("/", get(ok)).layer(layer);
 }
 
@@ -1501,22 +1532,22 @@ fn two_unnamed_limits_in_one_layer_are_refused() {
                 `tenant:all` of `api.all`"
 )]
 fn prefixes_whose_keys_could_meet_are_refused() {
-    let layer = RateLimitLayer::all(
+    let layer = RateLimitLayer::new(
         Limiter::memory(),
-        [
-            Limit::per_key(
-                |request: &Parts| {
-                    let tenant = request.headers.get("x-tenant")?;
-                    Some(tenant.to_str().ok()?.to_owned())
-                },
-                hourly(100),
-            )
-            .name("tenant")
-            .key_prefix("tenant:"),
-            Limit::global(hourly(1_000))
-                .name("all")
-                .key_prefix("tenant:all"),
-        ],
+        Limit::per_key(
+            |request: &Parts| {
+                let tenant = request.headers.get("x-tenant")?;
+                Some(tenant.to_str().ok()?.to_owned())
+            },
+            hourly(100),
+        )
+        .name("tenant")
+        .key_prefix("tenant:"),
+    )
+    .limit(
+        Limit::global(hourly(1_000))
+            .name("all")
+            .key_prefix("tenant:all"),
     )
     .name("api");
     let _app: Router = Router::new().route("/", get(ok)).layer(layer);
@@ -1527,15 +1558,13 @@ fn prefixes_whose_keys_could_meet_are_refused() {
 #[test]
 fn prefixes_apart_by_a_separator_are_kept_and_equal_ones_refused() {
     let layer = |prefixes: [&str; 2]| {
-        RateLimitLayer::all(
+        RateLimitLayer::new(
             Limiter::memory(),
-            [
-                Limit::per_peer_ip(hourly(1))
-                    .name("a")
-                    .key_prefix(prefixes[0]),
-                Limit::global(hourly(5)).name("b").key_prefix(prefixes[1]),
-            ],
+            Limit::per_peer_ip(hourly(1))
+                .name("a")
+                .key_prefix(prefixes[0]),
         )
+        .limit(Limit::global(hourly(5)).name("b").key_prefix(prefixes[1]))
     };
     let _app: Router = Router::new()
         .route("/", get(ok))
@@ -1576,7 +1605,7 @@ async fn an_async_key_source_limits_per_awaited_key() {
     .name("tenant");
     let app = Router::new()
         .route("/", get(ok))
-        .layer(RateLimitLayer::all(limiter.clone(), [per_tenant]).name("api"));
+        .layer(RateLimitLayer::new(limiter.clone(), per_tenant).name("api"));
     let base = serve(app).await;
     let client = client();
     let with_key = |key: &'static str| [("x-api-key", key)];
@@ -1625,26 +1654,21 @@ async fn an_async_key_source_limits_per_awaited_key() {
 
 #[tokio::test]
 async fn a_denial_hook_shapes_the_response_and_the_layer_keeps_its_fields() {
-    let layer = RateLimitLayer::all(
-        stopped_limiter(),
-        [
-            Limit::per_peer_ip(hourly(1)).name("ip"),
-            Limit::global(hourly(100)).name("global"),
-        ],
-    )
-    .name("api")
-    .on_denied(|denial| {
-        let body = serde_json::json!({
-            "error": "slow_down",
-            "limit": denial.limit(),
-            "path": denial.request().uri.path(),
-            "q": denial.policy().quota_units(),
-            "w": denial.policy().window_secs(),
-            "retry": denial.retry_after_secs(),
-            "cause": format!("{:?}", denial.denied().cause),
+    let layer = RateLimitLayer::new(stopped_limiter(), Limit::per_peer_ip(hourly(1)).name("ip"))
+        .limit(Limit::global(hourly(100)).name("global"))
+        .name("api")
+        .on_denied(|denial| {
+            let body = serde_json::json!({
+                "error": "slow_down",
+                "limit": denial.limit(),
+                "path": denial.request().uri.path(),
+                "q": denial.policy().quota_units(),
+                "w": denial.policy().window_secs(),
+                "retry": denial.retry_after_secs(),
+                "cause": format!("{:?}", denial.denied().cause),
+            });
+            (StatusCode::SERVICE_UNAVAILABLE, body.to_string()).into_response()
         });
-        (StatusCode::SERVICE_UNAVAILABLE, body.to_string()).into_response()
-    });
     let app = Router::new().route("/search", get(ok)).layer(layer);
     let base = serve(app).await;
     let client = client();
@@ -1677,7 +1701,7 @@ async fn a_denial_hook_shapes_the_response_and_the_layer_keeps_its_fields() {
 
     // A hook that sends the default problem gets each field once.
     let app = Router::new().route("/", get(ok)).layer(
-        RateLimitLayer::new(stopped_limiter(), hourly(1))
+        RateLimitLayer::new(stopped_limiter(), Limit::per_peer_ip(hourly(1)))
             .name("api")
             .on_denied(|denial| denial.problem().message("slow down").into_response()),
     );
@@ -1697,7 +1721,7 @@ async fn a_denials_debug_shows_no_header_value_or_query() {
     let logged = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let log = logged.clone();
     let app = Router::new().route("/", get(ok)).layer(
-        RateLimitLayer::new(stopped_limiter(), hourly(1))
+        RateLimitLayer::new(stopped_limiter(), Limit::per_peer_ip(hourly(1)))
             .name("api")
             .on_denied(move |denial| {
                 log.lock().unwrap().push(format!("{denial:?}"));
@@ -1739,7 +1763,7 @@ async fn exemptions_pass_unasked_and_are_counted() {
     let office = Exemption::peers("office", ["127.0.0.0/8"]).unwrap();
     // A layer of its own name per route, so each has buckets of its own.
     let layer = |name: &str, exemption: Exemption| {
-        RateLimitLayer::new(limiter.clone(), quota)
+        RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(quota))
             .name(name)
             .exempt(exemption)
     };
@@ -1824,11 +1848,11 @@ async fn flaky(Path(code): Path<u16>) -> StatusCode {
 async fn responses_the_layer_refunds_do_not_spend_the_quota() {
     let limiter = stopped_limiter();
     // Count only successes: failed requests give their token back.
-    let successes = RateLimitLayer::new(limiter.clone(), hourly(2))
+    let successes = RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(hourly(2)))
         .name("ok-only")
         .refund_on(|status| !status.is_success());
     // Count only server errors: a client retrying a failing call is limited.
-    let failures = RateLimitLayer::new(limiter.clone(), hourly(2))
+    let failures = RateLimitLayer::new(limiter.clone(), Limit::per_peer_ip(hourly(2)))
         .name("errors-only")
         .refund_on(|status| !status.is_server_error());
     let app = Router::new()
@@ -1890,7 +1914,7 @@ async fn a_service_error_is_refunded_as_a_server_error() {
         }
     };
     // Counting successes only: failures give their token back.
-    let successes = RateLimitLayer::all(limiter.clone(), [Limit::global(hourly(2))])
+    let successes = RateLimitLayer::new(limiter.clone(), Limit::global(hourly(2)))
         .name("ok-only")
         .refund_on(|status| !status.is_success());
     for _ in 0..5 {
@@ -1903,7 +1927,7 @@ async fn a_service_error_is_refunded_as_a_server_error() {
         Ok(StatusCode::TOO_MANY_REQUESTS)
     );
     // Counting server errors only: a failure is one.
-    let failures = RateLimitLayer::all(limiter.clone(), [Limit::global(hourly(2))])
+    let failures = RateLimitLayer::new(limiter.clone(), Limit::global(hourly(2)))
         .name("errors-only")
         .refund_on(|status| !status.is_server_error());
     for _ in 0..5 {

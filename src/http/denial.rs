@@ -15,7 +15,7 @@ use crate::{QuotaPolicy, RateLimited};
 /// ```
 /// use axum::http::StatusCode;
 /// use axum::response::{IntoResponse, Response};
-/// use ratelimit::http::{Denial, RateLimitLayer};
+/// use ratelimit::http::{Denial, Limit, RateLimitLayer};
 /// use ratelimit::{Limiter, Quota};
 ///
 /// fn slow_down(denial: &Denial<'_>) -> Response {
@@ -32,7 +32,8 @@ use crate::{QuotaPolicy, RateLimited};
 ///     (StatusCode::TOO_MANY_REQUESTS, format!("come back in {wait}s")).into_response()
 /// }
 ///
-/// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_second(10)?).on_denied(slow_down);
+/// let per_ip = Limit::per_peer_ip(Quota::per_second(10)?);
+/// let layer = RateLimitLayer::new(Limiter::memory(), per_ip).on_denied(slow_down);
 /// # let _ = layer;
 /// # Ok::<(), ratelimit::QuotaError>(())
 /// ```

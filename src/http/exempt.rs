@@ -19,10 +19,11 @@ use super::key::{
 /// `rule` `<layer>.<exemption>` ([`StatsSnapshot::exempt`](crate::StatsSnapshot::exempt)).
 ///
 /// ```
-/// use ratelimit::http::{Exemption, RateLimitLayer, TrustedProxies};
+/// use ratelimit::http::{Exemption, Limit, RateLimitLayer, TrustedProxies};
 /// use ratelimit::{Limiter, Quota};
 ///
-/// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_second(10)?)
+/// let per_ip = Limit::per_peer_ip(Quota::per_second(10)?);
+/// let layer = RateLimitLayer::new(Limiter::memory(), per_ip)
 ///     .name("api")
 ///     // The office network, seen directly:
 ///     .exempt(Exemption::peers("office", ["192.0.2.0/24", "2001:db8::/48"])?)

@@ -3,7 +3,6 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::http::request::Parts;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::Response;
 use tower::Layer;
@@ -11,8 +10,7 @@ use tower::Layer;
 use super::denial::Denial;
 use super::exempt::Exemption;
 use super::fields;
-use super::key::{KeySource, TrustedProxies};
-use super::limit::{Limit, MissingKey, QuotaSource};
+use super::limit::Limit;
 use super::problem::{self};
 use super::service::{
     policy_field, DenialHook, Hook, Prepared, RateLimitService, RefundOn, Shared,
@@ -28,8 +26,8 @@ use crate::{KeyBuilder, Limiter};
 ///
 /// Put it on a whole router with `Router::layer` or on some routes with
 /// `Router::route_layer` (or on one method router). [`new`](Self::new)
-/// makes a layer of one limit, per peer address; [`all`](Self::all) one of
-/// several:
+/// makes a layer of one [`Limit`] (here per peer address);
+/// [`limit`](Self::limit) adds more:
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -38,7 +36,7 @@ use crate::{KeyBuilder, Limiter};
 /// use axum::extract::ConnectInfo;
 /// use axum::http::Request;
 /// use axum::{routing::get, Router};
-/// use ratelimit::http::RateLimitLayer;
+/// use ratelimit::http::{Limit, RateLimitLayer};
 /// use ratelimit::{Limiter, ManualClock, Quota};
 /// // A `Router` is always ready: it can be called without `poll_ready`.
 /// use tower::Service;
@@ -49,7 +47,7 @@ use crate::{KeyBuilder, Limiter};
 /// let app = Router::new()
 ///     .route("/search", get(|| async { "results" }))
 ///     .route_layer(
-///         RateLimitLayer::new(limiter, Quota::per_minute(2)?)
+///         RateLimitLayer::new(limiter, Limit::per_peer_ip(Quota::per_minute(2)?))
 ///             .name("search")
 ///             .legacy_headers(true),
 ///     );
@@ -99,18 +97,29 @@ pub struct RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// Limits each peer address to `quota` (a [`Quota`](crate::Quota), or any
-    /// [`QuotaSource`]), in buckets kept by `limiter`, under the policy name
-    /// `default`: a layer of one limit, which the `by_*` methods re-key.
-    pub fn new(limiter: Limiter, quota: impl Into<QuotaSource>) -> Self {
-        Self::all(limiter, [Limit::per_peer_ip(quota)])
+    /// Limits requests by `limit`, in buckets kept by `limiter`, under the
+    /// policy name `default` (see [`name`](Self::name)); add more limits with
+    /// [`limit`](Self::limit).
+    pub fn new(limiter: Limiter, limit: Limit) -> Self {
+        Self {
+            limiter,
+            name: "default".to_owned(),
+            limits: vec![limit],
+            exemptions: Vec::new(),
+            on_denied: None,
+            refund_on: None,
+            legacy_headers: false,
+            shadow: false,
+            request_id_header: problem::REQUEST_ID,
+        }
     }
 
-    /// Decides every one of `limits` for each request, all or nothing, in
-    /// one [`Limiter::check`]: the request is admitted when every limit
-    /// admits it, and each limit then takes its token; when one denies, none
-    /// takes a token, so a flood from one client spends that client's
-    /// bucket and nobody else's, however many other limits it passes.
+    /// Adds `limit` to the ones decided for each request. The limits of a
+    /// layer are decided all or nothing, in one [`Limiter::check`]: the
+    /// request is admitted when every limit admits it, and each limit then
+    /// takes its token; when one denies, none takes a token, so a flood from
+    /// one client spends that client's bucket and nobody else's, however
+    /// many other limits it passes.
     ///
     /// ```
     /// use axum::http::request::Parts;
@@ -126,16 +135,16 @@ impl RateLimitLayer {
     ///     _ => free,
     /// };
     ///
-    /// let layer = RateLimitLayer::all(
+    /// let proxies = TrustedProxies::new(["10.0.0.0/8"])?;
+    /// let layer = RateLimitLayer::new(
     ///     Limiter::memory(),
-    ///     [
-    ///         Limit::per_client_ip(TrustedProxies::new(["10.0.0.0/8"])?, Quota::per_second(10)?)
-    ///             .name("ip"),
-    ///         Limit::per_bearer_token(QuotaSource::rule_per_request(tier)).name("tier"),
-    ///         Limit::global(QuotaSource::rule("api.global", Quota::per_second(1_000)?))
-    ///             .name("global")
-    ///             .on_error(FailurePolicy::Local),
-    ///     ],
+    ///     Limit::per_client_ip(proxies, Quota::per_second(10)?).name("ip"),
+    /// )
+    /// .limit(Limit::per_bearer_token(QuotaSource::rule_per_request(tier)).name("tier"))
+    /// .limit(
+    ///     Limit::global(QuotaSource::rule("api.global", Quota::per_second(1_000)?))
+    ///         .name("global")
+    ///         .on_error(FailurePolicy::Local),
     /// )
     /// .name("api");
     /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer);
@@ -149,24 +158,9 @@ impl RateLimitLayer {
     ///
     /// # Panics
     ///
-    /// When the layer is applied (`Router::layer`), if it has no limit, or
-    /// two of its limits have the same name, or key prefixes whose keys
-    /// could meet (see [`Limit::key_prefix`]).
-    pub fn all(limiter: Limiter, limits: impl IntoIterator<Item = Limit>) -> Self {
-        Self {
-            limiter,
-            name: "default".to_owned(),
-            limits: limits.into_iter().collect(),
-            exemptions: Vec::new(),
-            on_denied: None,
-            refund_on: None,
-            legacy_headers: false,
-            shadow: false,
-            request_id_header: problem::REQUEST_ID,
-        }
-    }
-
-    /// Adds `limit` to the ones decided together.
+    /// When the layer is applied (`Router::layer`), if two of its limits
+    /// have the same name, or key prefixes whose keys could meet (see
+    /// [`Limit::key_prefix`]).
     pub fn limit(mut self, limit: Limit) -> Self {
         self.limits.push(limit);
         self
@@ -214,10 +208,11 @@ impl RateLimitLayer {
     /// ```
     /// use axum::http::StatusCode;
     /// use axum::response::IntoResponse;
-    /// use ratelimit::http::RateLimitLayer;
+    /// use ratelimit::http::{Limit, RateLimitLayer};
     /// use ratelimit::{Limiter, Quota};
     ///
-    /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_second(10)?)
+    /// let per_ip = Limit::per_peer_ip(Quota::per_second(10)?);
+    /// let layer = RateLimitLayer::new(Limiter::memory(), per_ip)
     ///     .on_denied(|denial| {
     ///         if denial.problem().status() != StatusCode::TOO_MANY_REQUESTS {
     ///             return denial.problem().into_response();
@@ -248,11 +243,12 @@ impl RateLimitLayer {
     /// never sent twice (see [`Limiter::refund`]).
     ///
     /// ```
-    /// use ratelimit::http::RateLimitLayer;
+    /// use ratelimit::http::{Limit, RateLimitLayer};
     /// use ratelimit::{Limiter, Quota};
     ///
     /// // Five failed logins a minute per address; successful ones are free.
-    /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_minute(5)?)
+    /// let per_ip = Limit::per_peer_ip(Quota::per_minute(5)?);
+    /// let layer = RateLimitLayer::new(Limiter::memory(), per_ip)
     ///     .name("login")
     ///     .refund_on(|status| status.is_success());
     /// # let _ = layer;
@@ -296,157 +292,8 @@ impl RateLimitLayer {
         self
     }
 
-    /// The limit the `by_*` methods configure: the first, the one
-    /// [`new`](Self::new) makes.
-    #[track_caller]
-    fn first(&mut self) -> &mut Limit {
-        self.limits.first_mut().expect(
-            "this method configures the layer's first limit, and the layer has none; \
-             add limits with `RateLimitLayer::limit`, or configure each `Limit` itself",
-        )
-    }
-
-    /// Replaces the first limit's default key prefix; see
-    /// [`Limit::key_prefix`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.first().prefix = Some(prefix.into());
-        self
-    }
-
-    /// Keys the first limit by the peer's address (the default of
-    /// [`new`](Self::new)); see [`Limit::per_peer_ip`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn by_peer_ip(mut self) -> Self {
-        self.first().source = KeySource::PeerIp;
-        self
-    }
-
-    /// Keys the first limit by the client's address behind `proxies`; see
-    /// [`Limit::per_client_ip`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn by_client_ip(mut self, proxies: TrustedProxies) -> Self {
-        self.first().source = KeySource::ClientIp(proxies);
-        self
-    }
-
-    /// Keys the first limit by the value of `header`; see
-    /// [`Limit::per_header`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn by_header(mut self, header: HeaderName) -> Self {
-        self.first().source = KeySource::Header(header);
-        self
-    }
-
-    /// Keys the first limit by the bearer token; see
-    /// [`Limit::per_bearer_token`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn by_bearer_token(mut self) -> Self {
-        self.first().source = KeySource::BearerToken;
-        self
-    }
-
-    /// Keys the first limit by what `key` returns for the request's head,
-    /// escaped; `None` is handled as [`MissingKey`] says.
-    ///
-    /// ```
-    /// use ratelimit::http::RateLimitLayer;
-    /// use ratelimit::{Limiter, Quota};
-    ///
-    /// // Per tenant, from a path such as /tenants/acme/reports. The path is
-    /// // as the client sent it, still percent-encoded, while the router
-    /// // decodes it: `/tenants/%61cme` would reach acme's handler with a
-    /// // bucket of its own. A segment with an escape is no key (the
-    /// // requests without one share a bucket, see `MissingKey`).
-    /// let layer = RateLimitLayer::new(Limiter::memory(), Quota::per_minute(600)?)
-    ///     .name("per-tenant")
-    ///     .by_key(|request| {
-    ///         let mut segments = request.uri.path().split('/');
-    ///         (segments.nth(1) == Some("tenants"))
-    ///             .then(|| segments.next())
-    ///             .flatten()
-    ///             .filter(|tenant| !tenant.contains('%'))
-    ///             .map(str::to_owned)
-    ///     });
-    /// # Ok::<(), ratelimit::QuotaError>(())
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn by_key<F>(mut self, key: F) -> Self
-    where
-        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    {
-        self.first().source = KeySource::Custom(Arc::new(key));
-        self
-    }
-
-    /// Makes the first limit one bucket for every request; see
-    /// [`Limit::global`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn global(mut self) -> Self {
-        self.first().source = KeySource::Global;
-        self
-    }
-
-    /// Sets the first limit's IPv6 network size; see
-    /// [`Limit::ipv6_prefix_len`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit, or `len` is greater than 128.
-    #[track_caller]
-    pub fn ipv6_prefix_len(mut self, len: u8) -> Self {
-        super::limit::check_ipv6_prefix_len(len);
-        self.first().ipv6_prefix_len = len;
-        self
-    }
-
-    /// What the first limit does with requests whose key cannot be
-    /// determined; see [`Limit::on_missing_key`].
-    ///
-    /// # Panics
-    ///
-    /// If the layer has no limit.
-    #[track_caller]
-    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.first().missing_key = missing_key;
-        self
-    }
-
     #[track_caller]
     fn shared(&self) -> Shared {
-        assert!(
-            !self.limits.is_empty(),
-            "the rate limit layer `{}` has no limit; add one with `RateLimitLayer::limit`",
-            self.name
-        );
         let limits: Vec<Prepared> = self.limits.iter().map(|l| self.prepare(l)).collect();
         for (i, limit) in limits.iter().enumerate() {
             for earlier in &limits[..i] {

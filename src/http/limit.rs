@@ -219,7 +219,7 @@ impl fmt::Debug for QuotaSource {
 /// one key for every request) and the quota of that key.
 ///
 /// A layer decides all its limits at once, all or nothing (see
-/// [`RateLimitLayer::all`](super::RateLimitLayer::all)).
+/// [`RateLimitLayer::limit`](super::RateLimitLayer::limit)).
 ///
 /// ```
 /// use ratelimit::http::{Limit, TrustedProxies};
