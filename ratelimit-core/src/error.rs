@@ -25,7 +25,10 @@ pub enum Error {
     /// [`Error::Redis`]. A connection lost later is made again by itself;
     /// a call that meets its failure gets [`Error::Redis`].
     #[cfg(feature = "redis")]
-    #[error("could not connect to the Redis at {address}: {source}")]
+    #[error(
+        "could not connect to the Redis at {address} ({}): {source}",
+        redis_kind(source)
+    )]
     Connect {
         /// The server's address, with no password.
         address: String,
@@ -300,6 +303,22 @@ pub(crate) fn refuses_writes(error: &redis::RedisError) -> bool {
     matches!(error.code(), Some("OOM" | "NOREPLICAS" | "MISCONF"))
 }
 
+/// Whether `error`, met by a connection speaking RESP3, is its server's
+/// refusal of the `HELLO 3` such a connection sends first: a server that
+/// does not know `HELLO` (before 6.0, or with the command renamed away), in
+/// redis-rs's words for that or in the server's own, or one that knows no
+/// protocol 3.
+#[cfg(feature = "redis")]
+pub(crate) fn is_resp3_refusal(error: &redis::RedisError) -> bool {
+    error.kind() == redis::ErrorKind::RESP3NotSupported
+        || error.code() == Some("NOPROTO")
+        || (error.code() == Some("ERR")
+            && error.detail().is_some_and(|detail| {
+                let detail = detail.trim_start().to_ascii_lowercase();
+                detail.starts_with("unknown command") && detail.contains("hello")
+            }))
+}
+
 /// The kind of a Redis error, from redis-rs's kind and the server's code.
 #[cfg(feature = "redis")]
 fn redis_kind(error: &redis::RedisError) -> ErrorKind {
@@ -436,6 +455,13 @@ impl Error {
         }
     }
 
+    /// Whether this is a server's refusal of RESP3 (see
+    /// [`is_resp3_refusal`]).
+    #[cfg(feature = "redis")]
+    pub(crate) fn is_resp3_refusal(&self) -> bool {
+        matches!(self, Error::Redis(source) if is_resp3_refusal(source))
+    }
+
     /// `self`, naming `address` if it is a Redis error met while
     /// connecting there.
     #[cfg(feature = "redis")]
@@ -458,6 +484,23 @@ pub(crate) mod tests {
     pub(crate) fn server_error(line: &str) -> redis::RedisError {
         let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
         value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn a_refusal_of_resp3_is_known_in_each_wording() {
+        for line in [
+            "ERR unknown command 'HELLO', with args beginning with: '3' ",
+            "ERR unknown command `HELLO`, with args beginning with: `3`, ",
+            "NOPROTO unsupported protocol version",
+        ] {
+            assert!(is_resp3_refusal(&server_error(line)), "{line}");
+        }
+        for line in [
+            "ERR unknown command 'FCALL', with args beginning with: ",
+            "ERR DB index is out of range",
+        ] {
+            assert!(!is_resp3_refusal(&server_error(line)), "{line}");
+        }
     }
 
     /// A server that cannot serve for now is `Unavailable`, whatever it

@@ -1815,3 +1815,94 @@ async fn a_reset_deletes_the_keys_variants_under_other_algorithms() {
     );
     assert!(limiter.decide(&bucket, "v", 1).await.unwrap().allowed);
 }
+
+/// The limiter's clients on `server`, besides the test's own connection.
+async fn limiter_clients(admin: &mut redis::aio::MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "normal"])
+        .query_async(admin)
+        .await
+        .unwrap();
+    list.lines().count().saturating_sub(1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_closed_while_idle_are_made_again_before_the_next_call() {
+    // What Redis does to idle clients under `timeout` in redis.conf, and an
+    // operator's `CLIENT KILL`: the connections close while no call is on
+    // them. The next calls are decided by Redis, not failed (a healthy
+    // server, whose failures would go to the failure policy and count
+    // towards the breaker).
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .failure_policy(FailurePolicy::Closed)
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    let mut admin = server.connection().await;
+    for round in 0..3 {
+        // Enough at once that every batch connection carries a call.
+        let keys: Vec<String> = (0..16).map(|i| format!("warm:{round}:{i}")).collect();
+        let warm = futures::future::join_all(
+            keys.iter()
+                .map(|key| limiter.check(Request::new(&quota, key))),
+        )
+        .await;
+        assert!(warm.iter().all(Result::is_ok), "round {round}: {warm:?}");
+        let clients = limiter_clients(&mut admin).await;
+        assert!(
+            clients > 0,
+            "round {round}: the limiter holds no connection"
+        );
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(killed as usize, clients, "round {round}");
+        // Made again by themselves (give them up to 2 s); with none made,
+        // the calls below are the first to learn of the close.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while limiter_clients(&mut admin).await < clients && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let before = server.commands_sent(&["fcall", "evalsha"]).await;
+        let mut failed = Vec::new();
+        for i in 0..4 {
+            let key = format!("after:{round}:{i}");
+            if let Err(denied) = limiter.check(Request::new(&quota, &key)).await {
+                failed.push(denied.to_string());
+            }
+        }
+        let sent = server.commands_sent(&["fcall", "evalsha"]).await - before;
+        assert!(
+            failed.is_empty(),
+            "round {round}: calls on a healthy Redis failed ({sent} of 4 reached it): {failed:#?}"
+        );
+        limiter
+            .inspect(&quota, &format!("after:{round}:0"), 1)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_resp3_is_served_over_resp2() {
+    // `HELLO` renamed away: the server refuses a connection's `HELLO 3` as
+    // one before 6.0 does, and the limiter connects again speaking RESP2.
+    let server = RedisServer::start_with(&["--rename-command", "HELLO", ""]);
+    let limiter = redis_limiter(&server);
+    limiter.ping().await.unwrap();
+    let quota = Quota::per_hour(3).unwrap();
+    for i in 0..3 {
+        let decision = limiter.decide(&quota, "resp2", 1).await.unwrap();
+        assert!(decision.allowed, "call {i}: {decision:?}");
+    }
+    let fourth = limiter.decide(&quota, "resp2", 1).await.unwrap();
+    assert!(!fourth.allowed, "{fourth:?}");
+    // The ping's peek and the four decisions.
+    assert_eq!(server.command_calls(&["fcall"]).await, 5);
+}

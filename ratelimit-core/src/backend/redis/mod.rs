@@ -119,6 +119,9 @@ pub(crate) struct RedisBackend {
     switches: Arc<AtomicU64>,
     /// Whether a switch watcher runs (see [`Watching`]).
     watching: Arc<AtomicBool>,
+    /// Set when a server refused RESP3 (`HELLO 3`, Redis before 6.0): the
+    /// connections made from then on speak RESP2.
+    resp2_only: AtomicBool,
 }
 
 /// What the making of lanes remembers between attempts.
@@ -181,11 +184,29 @@ impl RedisBackend {
             timeout,
             switches: Arc::new(AtomicU64::new(0)),
             watching: Arc::new(AtomicBool::new(false)),
+            resp2_only: AtomicBool::new(false),
         }
     }
 
     /// A new connection manager to `client`; it connects on first use.
+    ///
+    /// It speaks RESP3 where the server can: a RESP3 connection hears its
+    /// server close it (`timeout` in redis.conf, `CLIENT KILL`) and is made
+    /// again at once, while a RESP2 one learns of it only by failing the
+    /// next call sent on it, which never reached the server.
     fn new_connection(&self, client: &redis::Client) -> Result<ConnectionManager, Error> {
+        let resp3;
+        let client = if self.resp2_only.load(Ordering::Acquire) {
+            client
+        } else {
+            let info = client.get_connection_info().clone();
+            let settings = info
+                .redis_settings()
+                .clone()
+                .set_protocol(redis::ProtocolVersion::RESP3);
+            resp3 = redis::Client::open(info.set_redis_settings(settings))?;
+            &resp3
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout))
@@ -310,16 +331,31 @@ impl RedisBackend {
                 tracing::warn!(master = %address, "the Redis master moved; deciding on the new one");
             }
         }
-        let connections = (0..BATCH_CONNECTIONS)
+        let mut connections = (0..BATCH_CONNECTIONS)
             .map(|_| self.new_connection(&client))
             .collect::<Result<Vec<_>, _>>()?;
         // Before the first decision on a server: it must be what this
         // limiter expects (not a cluster node, not a replica). The
         // connection is made here too, so a refused password or certificate
         // is this call's error rather than a timeout.
-        let traits = hello(&mut connections[0].clone(), self.timeout)
-            .await
-            .map_err(|error| error.connecting_to(&address))?;
+        let spoke_resp3 = !self.resp2_only.load(Ordering::Acquire);
+        let mut traits = hello(&mut connections[0].clone(), self.timeout).await;
+        // A server that took `HELLO 3` knows `HELLO`: one that says it does
+        // not (`Ok(None)`), or knows no RESP3, refused the connection's
+        // first command, and is spoken to in RESP2.
+        let refused_resp3 = match &traits {
+            Ok(None) => true,
+            Ok(Some(_)) => false,
+            Err(error) => error.is_resp3_refusal(),
+        };
+        if spoke_resp3 && refused_resp3 {
+            self.resp2_only.store(true, Ordering::Release);
+            connections = (0..BATCH_CONNECTIONS)
+                .map(|_| self.new_connection(&client))
+                .collect::<Result<Vec<_>, _>>()?;
+            traits = hello(&mut connections[0].clone(), self.timeout).await;
+        }
+        let traits = traits.map_err(|error| error.connecting_to(&address))?;
         check_server(
             &address.to_string(),
             traits,

@@ -29,8 +29,18 @@ pub(crate) async fn hello<C: redis::aio::ConnectionLike>(
             .collect(),
         Ok(redis::Value::Map(fields)) => fields,
         Ok(_) => return Ok(None),
-        // "unknown command": a Redis older than 6.0.
-        Err(error) if error.code() == Some("ERR") => return Ok(None),
+        // "unknown command": a Redis older than 6.0, or one with `HELLO`
+        // renamed away (which refuses a RESP3 connection's `HELLO 3` so).
+        // Any other `ERR` (a database the server does not have) is the
+        // connection's failure.
+        Err(error)
+            if error.code() == Some("ERR")
+                && error
+                    .detail()
+                    .is_some_and(|detail| detail.trim_start().starts_with("unknown command")) =>
+        {
+            return Ok(None)
+        }
         Err(error) => return Err(error.into()),
     };
     let text = |wanted: &str| {
