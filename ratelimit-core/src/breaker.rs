@@ -171,7 +171,8 @@ impl Breaker {
         node: Option<&str>,
         call: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        if permit.probe != 0 {
+        let probing = permit.probe != 0;
+        if probing {
             // The probe made the breaker half open: the gauge shows it
             // while the probe is in flight.
             self.report_state(backend, node);
@@ -196,6 +197,10 @@ impl Breaker {
             }
             let node = node.unwrap_or("");
             match state {
+                // A failed probe leaves the breaker open as it was: the
+                // gauge moves back from half open, and nothing is logged
+                // (while Redis refuses connections, probes go 50 ms apart).
+                CircuitState::Open if probing => {}
                 CircuitState::Open => tracing::warn!(
                     backend,
                     node,

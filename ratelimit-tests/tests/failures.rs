@@ -166,6 +166,31 @@ async fn a_killed_server_is_answered_by_the_policy_and_nothing_hangs() {
     }
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn a_dead_server_opens_the_breaker_once_in_the_log() {
+    // While Redis refuses connections the breaker probes every 50 ms; each
+    // failed probe leaves it open as it was, which is no news for the log.
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, FailurePolicy::Open);
+    let quota = quota();
+    limiter.decide(&quota, "warm", 1).await.unwrap();
+    server.kill();
+    let (calls, log) = support::logged(async {
+        let started = Instant::now();
+        let mut calls = 0;
+        while started.elapsed() < Duration::from_millis(1_500) {
+            let key = format!("k{calls}");
+            let _ = limiter.check(Request::new(&quota, &key)).await;
+            calls += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        calls
+    })
+    .await;
+    let opened = log.matches("circuit open").count();
+    assert_eq!(opened, 1, "{calls} calls in 1.5 s of one outage:\n{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_times_out_then_the_breaker_answers_until_it_thaws() {
     for policy in POLICIES {
