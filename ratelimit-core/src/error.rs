@@ -16,7 +16,7 @@ pub enum Error {
     Timeout(Duration),
     /// Redis answered with an error or the connection failed.
     #[cfg(feature = "redis")]
-    #[error("redis: {0}")]
+    #[error("redis: {}", shown(.0))]
     Redis(#[from] redis::RedisError),
     /// The limiter could not open its first connection to a Redis server
     /// (or to a master the Sentinels name, or `ping`'s to a cluster's first
@@ -26,8 +26,9 @@ pub enum Error {
     /// a call that meets its failure gets [`Error::Redis`].
     #[cfg(feature = "redis")]
     #[error(
-        "could not connect to the Redis at {address} ({}): {source}",
-        redis_kind(source)
+        "could not connect to the Redis at {address} ({}): {}",
+        redis_kind(source),
+        shown(source)
     )]
     Connect {
         /// The server's address, with no password.
@@ -319,6 +320,28 @@ pub(crate) fn is_resp3_refusal(error: &redis::RedisError) -> bool {
             }))
 }
 
+/// `error` as text, without the arguments Redis repeats after an unknown
+/// command ("with args beginning with: ..."): the keys of a call, which are
+/// other callers' too, and which a log must not collect.
+#[cfg(feature = "redis")]
+fn shown(error: &redis::RedisError) -> String {
+    let mut text = error.to_string();
+    if let Some(end) = text.find(", with args beginning with:") {
+        text.truncate(end);
+    }
+    text
+}
+
+/// Whether `error` is a server's refusal of a command it does not know (a
+/// command renamed away in its configuration, or one it is too old for).
+#[cfg(feature = "redis")]
+fn is_unknown_command(error: &redis::RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.trim_start().starts_with("unknown command"))
+}
+
 /// The kind of a Redis error, from redis-rs's kind and the server's code.
 #[cfg(feature = "redis")]
 fn redis_kind(error: &redis::RedisError) -> ErrorKind {
@@ -341,6 +364,13 @@ fn redis_kind(error: &redis::RedisError) -> ErrorKind {
         // (`BUSY`, which redis-rs has no kind for).
         _ if refuses_writes(error) => return ErrorKind::Unavailable,
         Some("BUSY") => return ErrorKind::Unavailable,
+        // A server that cannot run the limiter's script: `FCALL` and
+        // `EVALSHA` (or `SCRIPT`) renamed away.
+        _ if is_unknown_command(error) => return ErrorKind::WrongServer,
+        // The URL names a database the server does not have.
+        _ if error.to_string().contains("DB index is out of range") => {
+            return ErrorKind::Configuration
+        }
         _ => {}
     }
     match error.kind() {

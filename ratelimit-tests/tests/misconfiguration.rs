@@ -250,3 +250,60 @@ async fn a_user_without_a_command_the_script_writes_with_is_named_by_ping() {
     let url = server.url().replace("redis://", "redis://default@");
     limiter(&url).ping().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_password_required_after_the_limiter_connected_is_named() {
+    // An operator turns on a password, and the connections the limiter
+    // holds are closed: it connects again without one.
+    let server = RedisServer::start();
+    let limiter = limiter(&server.url());
+    limiter.decide(&quota(), "k", 1).await.unwrap();
+    // Connected before the password: it stays so.
+    let mut admin = server.connection().await;
+    requiring_password(&server).await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    named(&limiter, ErrorKind::Authentication, "NOAUTH").await;
+}
+
+#[tokio::test]
+async fn a_database_the_server_does_not_have_is_named() {
+    let server = RedisServer::start_with(&["--databases", "4"]);
+    let url = format!("{}/9", server.url());
+    named(
+        &limiter(&url),
+        ErrorKind::Configuration,
+        "DB index is out of range",
+    )
+    .await;
+    let error = limiter(&url).ping().await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("127.0.0.1:{}", server.port())),
+        "names the server: {error}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_run_the_script_is_named_without_the_calls_keys() {
+    let server = RedisServer::start_with(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "EVALSHA",
+        "",
+    ]);
+    let limiter = limiter(&server.url());
+    named(&limiter, ErrorKind::WrongServer, "unknown command").await;
+    // The server's refusal repeats the call's first arguments: its keys,
+    // other callers' among them, which the error and the log leave out.
+    let fresh = self::limiter(&server.url());
+    let error = fresh.inspect(&quota(), "user-4711", 1).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::WrongServer, "{error}");
+    assert!(!error.to_string().contains("user-4711"), "{error}");
+}

@@ -1842,6 +1842,7 @@ async fn connections_the_server_closed_while_idle_are_made_again_before_the_next
         .build()
         .unwrap();
     let quota = Quota::per_second(1_000).unwrap();
+    // The test's only connection: `CLIENT LIST` shows it and the limiter's.
     let mut admin = server.connection().await;
     for round in 0..3 {
         // Enough at once that every batch connection carries a call.
@@ -1869,7 +1870,6 @@ async fn connections_the_server_closed_while_idle_are_made_again_before_the_next
         while limiter_clients(&mut admin).await < clients && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let before = server.commands_sent(&["fcall", "evalsha"]).await;
         let mut failed = Vec::new();
         for i in 0..4 {
             let key = format!("after:{round}:{i}");
@@ -1877,10 +1877,9 @@ async fn connections_the_server_closed_while_idle_are_made_again_before_the_next
                 failed.push(denied.to_string());
             }
         }
-        let sent = server.commands_sent(&["fcall", "evalsha"]).await - before;
         assert!(
             failed.is_empty(),
-            "round {round}: calls on a healthy Redis failed ({sent} of 4 reached it): {failed:#?}"
+            "round {round}: calls on a healthy Redis failed: {failed:#?}"
         );
         limiter
             .inspect(&quota, &format!("after:{round}:0"), 1)
