@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 
 /// How the breaker reacts to failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +69,9 @@ pub(crate) struct Breaker {
     /// cluster node that is no longer a master): a call still in flight
     /// through it then reports no state, which nothing would ever clear.
     retired: AtomicBool,
+    /// The kind of the last failure recorded ([`ErrorKind::index`]), which
+    /// the calls the open breaker skips are told.
+    last_failure: AtomicU8,
 }
 
 /// Leave to call the backend, handed out by [`Breaker::permit`]. Whoever
@@ -155,7 +158,7 @@ impl Breaker {
         call: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
         let Some(permit) = self.permit() else {
-            return Err(Error::CircuitOpen);
+            return Err(self.open());
         };
         self.guard_permitted(permit, backend, node, call).await
     }
@@ -183,8 +186,19 @@ impl Breaker {
         let Some(failed) = failed(&result) else {
             return result;
         };
+        if let (true, Err(error)) = (failed, &result) {
+            self.last_failure
+                .store(error.kind().index(), Ordering::Release);
+        }
         let refused = matches!(&result, Err(error) if error.is_refusal());
-        if let Some(state) = permit.record(failed, refused) {
+        let transition = permit.record(failed, refused);
+        if probing && transition.is_none() && !self.retired.load(Ordering::Acquire) {
+            // A failed probe leaves the breaker open as it was: the gauge
+            // moves back from half open, and nothing is logged (while Redis
+            // refuses connections, probes go 50 ms apart).
+            self.report_state(backend, node);
+        }
+        if let Some(state) = transition {
             if self.retired.load(Ordering::Acquire) {
                 return result;
             }
@@ -197,10 +211,6 @@ impl Breaker {
             }
             let node = node.unwrap_or("");
             match state {
-                // A failed probe leaves the breaker open as it was: the
-                // gauge moves back from half open, and nothing is logged
-                // (while Redis refuses connections, probes go 50 ms apart).
-                CircuitState::Open if probing => {}
                 CircuitState::Open => tracing::warn!(
                     backend,
                     node,
@@ -230,6 +240,14 @@ impl Breaker {
         }
     }
 
+    /// What a call the open breaker skips fails with: the kind of the last
+    /// failure recorded.
+    pub(crate) fn open(&self) -> Error {
+        Error::CircuitOpen {
+            cause: ErrorKind::from_index(self.last_failure.load(Ordering::Acquire)),
+        }
+    }
+
     /// A breaker for calls made within `timeout` (the limiter's).
     pub(crate) fn new(config: BreakerConfig, timeout: Duration) -> Self {
         Self {
@@ -244,6 +262,7 @@ impl Breaker {
             probe_started: AtomicU64::new(0),
             probe_expiry_us: micros(timeout).saturating_mul(2).max(1_000),
             retired: AtomicBool::new(false),
+            last_failure: AtomicU8::new(ErrorKind::Unavailable.index()),
         }
     }
 
@@ -354,7 +373,8 @@ impl Breaker {
             self.backoff_us.store(next.max(1), Ordering::Release);
             let was = self.state.swap(CircuitState::Open as u8, Ordering::AcqRel);
             self.probe.store(0, Ordering::Release);
-            if was != CircuitState::Open as u8 {
+            // Opened: a failed probe (half open) leaves it open as it was.
+            if was == CircuitState::Closed as u8 {
                 return Some(CircuitState::Open);
             }
         }
@@ -403,6 +423,30 @@ mod tests {
     /// A breaker whose probes never outlive their expiry in these tests.
     fn breaker(config: BreakerConfig) -> Breaker {
         Breaker::new(config, Duration::from_secs(3600))
+    }
+
+    /// The failure that opens the breaker is the transition its caller
+    /// logs; a failed probe, which leaves it open, is none. (Logged too, it
+    /// wrote a warning every 50 ms while Redis refused connections.)
+    #[test]
+    fn a_failed_probe_opens_nothing_anew() {
+        let breaker = breaker(BreakerConfig {
+            failures_to_open: 1,
+            initial_backoff: Duration::ZERO,
+            max_backoff: Duration::ZERO,
+        });
+        assert_eq!(
+            breaker.permit().unwrap().record(true, true),
+            Some(CircuitState::Open)
+        );
+        for _ in 0..3 {
+            // Past the backoff (at least a microsecond).
+            std::thread::sleep(Duration::from_millis(2));
+            let probe = breaker.permit();
+            assert_eq!(kind(&probe), "probe");
+            assert_eq!(probe.unwrap().record(true, true), None);
+            assert_eq!(breaker.state(), CircuitState::Open);
+        }
     }
 
     #[test]

@@ -38,8 +38,13 @@ pub enum Error {
     },
     /// The circuit breaker is open: the backend failed repeatedly and is
     /// skipped until a probe call succeeds.
-    #[error("the rate limit backend is failing; calls skip it until a probe succeeds")]
-    CircuitOpen,
+    #[error("the rate limit backend is failing ({cause}); calls skip it until a probe succeeds")]
+    CircuitOpen {
+        /// The kind of the last failure that kept the breaker open (the one
+        /// that opened it, or a failed probe's since): a misconfiguration
+        /// stays named while the breaker skips the backend.
+        cause: ErrorKind,
+    },
     /// The backend answered something the limiter does not understand.
     #[error("unexpected reply from the rate limit backend: {0}")]
     UnexpectedReply(String),
@@ -286,6 +291,35 @@ impl ErrorKind {
     }
 }
 
+impl ErrorKind {
+    const ALL: [ErrorKind; 11] = [
+        ErrorKind::Unavailable,
+        ErrorKind::Timeout,
+        ErrorKind::Authentication,
+        ErrorKind::Tls,
+        ErrorKind::Permission,
+        ErrorKind::WrongServer,
+        ErrorKind::Protocol,
+        ErrorKind::ForeignValue,
+        ErrorKind::Overloaded,
+        ErrorKind::CircuitOpen,
+        ErrorKind::Configuration,
+    ];
+
+    /// The kind as a small number, for an atomic (see [`from_index`](Self::from_index)).
+    pub(crate) fn index(self) -> u8 {
+        Self::ALL.iter().position(|&k| k == self).unwrap_or(0) as u8
+    }
+
+    /// The kind [`index`](Self::index) gave `index`.
+    pub(crate) fn from_index(index: u8) -> Self {
+        Self::ALL
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or(ErrorKind::Unavailable)
+    }
+}
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -430,7 +464,7 @@ impl Error {
             Error::Timeout(_) => ErrorKind::Timeout,
             #[cfg(feature = "redis")]
             Error::Redis(error) | Error::Connect { source: error, .. } => redis_kind(error),
-            Error::CircuitOpen => ErrorKind::CircuitOpen,
+            Error::CircuitOpen { .. } => ErrorKind::CircuitOpen,
             Error::UnexpectedReply(_) => ErrorKind::Protocol,
             Error::ForeignValue { .. } => ErrorKind::ForeignValue,
             Error::Overloaded(_) => ErrorKind::Overloaded,
@@ -461,7 +495,7 @@ impl Error {
         match self {
             Error::Timeout(_)
             | Error::UnexpectedReply(_)
-            | Error::CircuitOpen
+            | Error::CircuitOpen { .. }
             | Error::ForeignValue { .. }
             | Error::WrongServer { .. }
             | Error::Overloaded(_) => true,
@@ -514,6 +548,16 @@ pub(crate) mod tests {
     pub(crate) fn server_error(line: &str) -> redis::RedisError {
         let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
         value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn every_kind_has_an_index_of_its_own() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_index(kind.index()), kind);
+        }
+        let names: std::collections::BTreeSet<_> =
+            ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), ErrorKind::ALL.len());
     }
 
     #[test]

@@ -307,3 +307,45 @@ async fn a_server_that_cannot_run_the_script_is_named_without_the_calls_keys() {
     assert_eq!(error.kind(), ErrorKind::WrongServer, "{error}");
     assert!(!error.to_string().contains("user-4711"), "{error}");
 }
+
+#[tokio::test]
+async fn an_open_breaker_still_names_the_misconfiguration_it_opened_on() {
+    let master = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    // A breaker that probes after a minute: open while this test runs.
+    let limiter = Limiter::builder()
+        .redis(replica.url())
+        .timeout(Duration::from_millis(500))
+        .failure_policy(FailurePolicy::Open)
+        .breaker({
+            let mut breaker = ratelimit::BreakerConfig::default();
+            breaker.initial_backoff = Duration::from_secs(60);
+            breaker.max_backoff = Duration::from_secs(60);
+            breaker
+        })
+        .build()
+        .unwrap();
+    let quota = quota();
+    // Until the breaker skips the server (it opens after three failures).
+    let mut skipped = None;
+    for _ in 0..50 {
+        let denied = limiter.decide(&quota, "k", 1).await.unwrap_err();
+        if fault(&denied) == Some(ErrorKind::CircuitOpen) {
+            skipped = Some(denied);
+            break;
+        }
+    }
+    assert!(skipped.is_some(), "the breaker never opened");
+    // Past the once-a-second throttle of the failure policy's log line,
+    // which the breaker answers now: still at error level, with the cause.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (admitted, log) = logged(limiter.check(Request::new(&quota, "k"))).await;
+    assert!(admitted.is_ok_and(|a| a.decisions()[0].fallback), "{log}");
+    assert!(
+        log.contains("ERROR")
+            && log.contains("kind=circuit_open")
+            && log.contains("cause=wrong_server"),
+        "{log}"
+    );
+}

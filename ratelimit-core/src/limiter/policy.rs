@@ -65,9 +65,9 @@ impl Limiter {
             return call.await;
         }
         match self.inner.breaker.guard(backend, None, call).await {
-            Err(Error::CircuitOpen) => {
+            Err(open @ Error::CircuitOpen { .. }) => {
                 answered_in_process().await;
-                Err(Error::CircuitOpen)
+                Err(open)
             }
             result => result,
         }

@@ -45,12 +45,19 @@ impl Limiter {
         if once_a_second(&self.inner.last_warning) {
             let backend = self.inner.backend.name();
             let kind = error.kind();
-            if kind.is_misconfiguration() {
+            // Skipped by an open breaker: what kept it open says whether
+            // waiting or fixing the deployment ends the fault.
+            let cause = match error {
+                Error::CircuitOpen { cause } => *cause,
+                _ => kind,
+            };
+            if cause.is_misconfiguration() {
                 tracing::error!(
                     backend,
                     key,
                     ?policy,
                     %kind,
+                    %cause,
                     %error,
                     "rate limit backend refuses this limiter's configuration; applying the failure \
                      policy until it is fixed (logged at most once a second)"
@@ -61,6 +68,7 @@ impl Limiter {
                     key,
                     ?policy,
                     %kind,
+                    %cause,
                     %error,
                     "rate limit backend failed; applying the failure policy (logged at most once a second)"
                 );

@@ -319,7 +319,7 @@ impl ClusterBackend {
     ) -> Result<T, Error> {
         let breaker = self.breaker(node);
         let Some(permit) = breaker.permit() else {
-            return Err(self.circuit_open());
+            return Err(self.circuit_open(&breaker));
         };
         breaker
             .guard_permitted(permit, NAME, Some(node), call)
@@ -332,7 +332,7 @@ impl ClusterBackend {
     /// breaker is open, and a probe sent by address to a master that froze
     /// with its connections open times out, not redirected; without this,
     /// its slots stayed with it until the map's periodic read, ten seconds.
-    fn circuit_open(&self) -> Error {
+    fn circuit_open(&self, breaker: &Breaker) -> Error {
         use std::sync::atomic::Ordering;
         // Once a second at most: a master with no replica to promote keeps
         // its breaker open for as long as it is down, and every call it
@@ -341,7 +341,7 @@ impl ClusterBackend {
         if self.stale_for_open.swap(second, Ordering::AcqRel) != second {
             self.stale.store(true, Ordering::Release);
         }
-        Error::CircuitOpen
+        breaker.open()
     }
 
     fn live_connection(&self) -> Option<ClusterConnection> {
@@ -497,7 +497,7 @@ impl ClusterBackend {
                 // twice, the second could be refused (another caller took
                 // the probe) while the batch sends the decision anyway.
                 let Some(permit) = breaker.permit() else {
-                    return Err(self.circuit_open());
+                    return Err(self.circuit_open(&breaker));
                 };
                 match queue.try_send(job) {
                     Ok(()) => {
