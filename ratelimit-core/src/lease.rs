@@ -21,11 +21,10 @@ use crate::sharded::{KeyTable, Sharded};
 
 const SHARDS: usize = 16;
 
-/// The most keys holding a lease at once. A lease taken beyond it is not
-/// kept, and its tokens are lost (a request of a key that finds the leases
-/// full is admitted, but takes its lease's worth): this bounds memory under
-/// a flood of distinct leased keys, each of whose leases lives one lease
-/// TTL at most.
+/// The most keys holding a lease at once: this bounds memory under a flood
+/// of distinct leased keys, each of whose leases lives one lease TTL at
+/// most. A key that finds the leases full takes its request's cost alone
+/// from the backend, as with no lease (see [`Leases::has_room`]).
 pub(crate) const MAX_KEYS: usize = 100_000;
 
 #[derive(Clone, Copy)]
@@ -212,6 +211,20 @@ impl Leases {
         }
     }
 
+    /// Whether a lease of `key` could be kept now: its shard has room, or
+    /// holds `key` already. A lease asked for with no room to keep it
+    /// would take its tokens from the backend and lose them, so every key
+    /// that leases after the table filled (distinct keys of a flood) would
+    /// be served a fraction of its quota.
+    pub(crate) fn has_room(&self, key: &str, now_us: u64) -> bool {
+        let (hash, mut shard) = self.shard(key);
+        if shard.len() < self.max_per_shard || shard.get(hash, key).is_some() {
+            return true;
+        }
+        shard.retain(|lease| lease.expires_at_us > now_us && lease.tokens > 0);
+        shard.len() < self.max_per_shard
+    }
+
     /// Drops `key`'s lease, if any, and any lease a backend call asked for
     /// before now would bring (see [`put`](Self::put)).
     pub(crate) fn remove(&self, key: &str) {
@@ -292,6 +305,32 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_table_has_room_only_for_its_keys_until_leases_end() {
+        // One key a shard.
+        let leases = Leases::new(SHARDS);
+        let quota = Quota::per_second(100).unwrap();
+        let mut held = Vec::new();
+        let mut refused = None;
+        for i in 0..10_000 {
+            let key = format!("k{i}");
+            if !leases.has_room(&key, 0) {
+                refused = Some(key);
+                break;
+            }
+            assert!(leases
+                .put(leases.asked(&key), &quota, &key, 3, 0, 1_000, None)
+                .is_some());
+            held.push(key);
+        }
+        let refused = refused.expect("a shard filled");
+        // A key already leased has room for more; a new one in a full
+        // shard has none until the leases there expire.
+        assert!(held.iter().all(|key| leases.has_room(key, 0)));
+        assert!(!leases.has_room(&refused, 999));
+        assert!(leases.has_room(&refused, 1_000));
+    }
 
     #[test]
     fn a_lease_serves_its_tokens_until_it_runs_out_or_expires() {

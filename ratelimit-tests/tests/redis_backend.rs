@@ -1905,3 +1905,58 @@ async fn a_server_that_refuses_resp3_is_served_over_resp2() {
     // The ping's peek and the four decisions.
     assert_eq!(server.command_calls(&["fcall"]).await, 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_finds_the_leases_full_takes_its_own_cost_alone() {
+    // A flood of distinct leased keys fills the lease table (100,000 keys).
+    // A key that leases after it keeps no lease: it must take only its
+    // request's cost from Redis, not a lease's worth it then loses.
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(5))
+        .lease_ttl(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let quota = Quota::new(20, Rate::per_hour(1).unwrap()).unwrap();
+    let admitted = |key: String| {
+        let limiter = limiter.clone();
+        async move {
+            let mut admitted = 0;
+            while admitted < 40
+                && limiter
+                    .check(Request::new(&quota, &key).lease(10))
+                    .await
+                    .is_ok()
+            {
+                admitted += 1;
+            }
+            admitted
+        }
+    };
+    assert_eq!(admitted("before".to_owned()).await, 20);
+    let flood: Vec<_> = (0..32)
+        .map(|task| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                for i in (task..110_000).step_by(32) {
+                    let key = format!("flood:{i}");
+                    limiter
+                        .check(Request::new(&quota, &key).lease(10))
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in flood {
+        task.await.unwrap();
+    }
+    for victim in 0..5 {
+        assert_eq!(
+            admitted(format!("after:{victim}")).await,
+            20,
+            "key {victim} after the flood"
+        );
+    }
+}

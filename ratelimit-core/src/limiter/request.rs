@@ -96,7 +96,9 @@ impl<'a> Request<'a> {
     /// request, on a remote backend, for the algorithms other than the leaky
     /// bucket (whose admissions carry each call's own delay) and the sliding
     /// log (which keeps each admission's instant); otherwise each call asks
-    /// the backend.
+    /// the backend. A limiter keeps leases of at most 100,000 keys at once:
+    /// a key that finds them full (a flood of distinct keys) is decided as
+    /// with no lease, each call asking the backend for its own cost.
     pub const fn lease(mut self, tokens: u64) -> Self {
         self.lease = tokens;
         self

@@ -167,7 +167,12 @@ impl Limiter {
                 ..Decision::from_micros(true, quota.capacity(), left, 0, 0, 0)
             });
         }
-        let lease = request.lease.min(quota.capacity()).max(cost);
+        // With no room to keep a lease, the request's cost alone.
+        let lease = if self.inner.leases.has_room(key, now) {
+            request.lease.min(quota.capacity()).max(cost)
+        } else {
+            cost
+        };
         let asked = self.inner.leases.asked(key);
         let decision = self
             .decide_one(quota, key, lease, lease == cost, deadline)
