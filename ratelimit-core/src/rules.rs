@@ -238,6 +238,11 @@ impl FromStr for Quota {
     type Err = RuleError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        // Whoever can write the rules hash may store megabytes under a
+        // name, which every instance reads at each reload.
+        if text.len() > MAX_RULE_TEXT {
+            return Err(RuleError::TooLong(text.len()));
+        }
         let mut values: [Option<&str>; 5] = [None; 5];
         let parts = text
             .split(|c: char| c.is_whitespace() || c == ',')
@@ -283,20 +288,25 @@ impl FromStr for Quota {
     }
 }
 
+/// The longest text a rule may have, in bytes: the longest valid rule is
+/// under a hundred.
+pub(crate) const MAX_RULE_TEXT: usize = 1024;
+
 /// A part of a rule's text as an error quotes it: escaped, so a rule read
 /// from Redis cannot write lines of its own where the error is logged, and
-/// cut to 64 bytes, so a huge one is not logged whole.
+/// cut to 64 bytes, so a huge one is not logged whole (nor escaped whole).
 fn quoted(part: &str) -> String {
     const MAX: usize = 64;
-    let escaped: String = part.escape_debug().collect();
-    if escaped.len() <= MAX {
-        return escaped;
+    let mut escaped = String::new();
+    for c in part.chars() {
+        let before = escaped.len();
+        escaped.extend(c.escape_debug());
+        if escaped.len() > MAX {
+            escaped.truncate(before);
+            return format!("{escaped}… ({} bytes)", part.len());
+        }
     }
-    let cut = (0..=MAX)
-        .rev()
-        .find(|&i| escaped.is_char_boundary(i))
-        .unwrap_or(0);
-    format!("{}… ({} bytes)", &escaped[..cut], part.len())
+    escaped
 }
 
 /// `error`, quoting `value` as [`quoted`] does where it quotes it whole.
@@ -365,6 +375,11 @@ pub enum RuleError {
     /// take or a missing one.
     #[error(transparent)]
     Quota(#[from] QuotaError),
+    /// A text longer than any rule (1,024 bytes), of this many bytes.
+    #[error(
+        "a rule of {0} bytes; a rule is at most 1024 bytes, such as `capacity=10 rate=100/min`"
+    )]
+    TooLong(usize),
 }
 
 #[cfg(test)]

@@ -580,3 +580,68 @@ async fn a_read_refused_for_a_while_is_tried_again_soon() {
     .await;
     assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
 }
+
+#[tokio::test]
+async fn a_refused_read_named_by_many_announcements_is_logged_once_a_second() {
+    let server = RedisServer::start();
+    let mut redis = server.connection().await;
+    let _: () = redis.set(HASH, "not a hash").await.unwrap();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let ((), logs) = support::logged(async {
+        let _source = RedisRuleSource::builder(server.url())
+            .reload_every(Duration::from_secs(60))
+            .start(&limiter)
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Each message names a rule, which the source reads at once.
+        for _ in 0..300 {
+            let _: () = redis.publish(CHANNEL, "probe").await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    })
+    .await;
+    let lines = logs.matches("could not read the rules").count();
+    assert!(lines >= 1, "the refusal was never named: {logs}");
+    assert!(lines <= 3, "{lines} lines for 300 announcements in 0.5 s");
+}
+
+#[tokio::test]
+async fn a_rule_longer_than_any_is_refused_unread_and_logged_once() {
+    let server = RedisServer::start();
+    let huge = format!("capacity=5 rate=1/h {}", "x".repeat(2 << 20));
+    let refused = RedisRuleSource::publish(&server.url(), "probe", &huge)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            PublishError::InvalidRule { error: RuleError::TooLong(n), .. } if *n == huge.len()
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().len() < 200, "{refused}");
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+        .await
+        .unwrap();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let ((), logs) = support::logged(async {
+        let source = RedisRuleSource::builder(server.url())
+            .reload_every(Duration::from_millis(100))
+            .start(&limiter)
+            .unwrap();
+        support::read_rules(&source, Duration::from_secs(5), "read the rules").await;
+        // Written past the publisher's check, as another client may.
+        let mut redis = server.connection().await;
+        let _: () = redis.hset(HASH, "probe", &huge).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    })
+    .await;
+    assert_eq!(
+        logs.matches("invalid rule in Redis rejected").count(),
+        1,
+        "{logs}"
+    );
+    assert!(logs.contains("at most 1024 bytes"), "{logs}");
+    assert!(logs.len() < 4096, "the text was logged whole");
+    assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
+}

@@ -16,7 +16,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::error::Error;
 use crate::quota::Quota;
-use crate::rules::{is_valid_name, Rules};
+use crate::rules::{is_valid_name, RuleError, Rules, MAX_RULE_TEXT};
 
 use super::RedisRuleSourceBuilder;
 
@@ -178,12 +178,17 @@ pub(super) struct Follower {
     /// The names this source set: a name gone from the hash is removed only
     /// if the source set it, never one the application set on its own.
     pub(super) loaded: HashSet<String>,
-    /// The last rejected text of each field (its name and text as
-    /// stored), so that an invalid rule is logged once rather than at every
-    /// reload; only fields the hash still holds are kept.
-    pub(super) rejected: HashMap<Vec<u8>, Vec<u8>>,
+    /// The last rejected text of each field (its name as stored, and a
+    /// fingerprint of its text), so that an invalid rule is logged, and
+    /// read, once rather than at every reload; only fields the hash still
+    /// holds are kept.
+    pub(super) rejected: HashMap<Vec<u8>, u64>,
     /// When the last read of the whole hash asked for by messages was made.
     pub(super) announced_read_at: Option<Instant>,
+    /// The last refused read logged, and when: a refusal that lasts (the
+    /// hash replaced by another type, an ACL) is logged again once a second
+    /// at most, however many messages name a rule meanwhile.
+    pub(super) unread_logged: Option<(Instant, String)>,
     pub(super) ready: watch::Sender<bool>,
 }
 
@@ -318,12 +323,21 @@ impl Follower {
     }
 
     /// Logs a read Redis refused (not a lost connection).
-    fn unread(&self, error: &Lost) {
+    fn unread(&mut self, error: &Lost) {
+        let text = error.to_string();
+        let now = Instant::now();
+        if let Some((at, last)) = &self.unread_logged {
+            if *last == text && now.duration_since(*at) < Duration::from_secs(1) {
+                return;
+            }
+        }
         tracing::error!(
             hash = %self.config.hash,
-            %error,
-            "rule source could not read the rules; the rules in force stay as they are"
+            error = %text,
+            "rule source could not read the rules; the rules in force stay as they are \
+             (logged at most once a second)"
         );
+        self.unread_logged = Some((now, text));
     }
 
     /// Applies what messages of the channel announced: the rules they
@@ -409,14 +423,14 @@ impl Follower {
                     changes.extend(self.change(name, Some(text)));
                 }
                 _ => {
-                    if self.rejected.get(name) != Some(text) {
+                    if self.rejected.get(name) != Some(&fingerprint(text)) {
                         tracing::error!(
                             hash = %self.config.hash,
                             rule = %logged(name),
                             "rule source ignores a field that is not a valid rule name; use 1 to \
                              128 letters, digits and `_`, `-`, `.`, `:`, `/`"
                         );
-                        self.rejected.insert(name.clone(), text.clone());
+                        self.rejected.insert(name.clone(), fingerprint(text));
                     }
                 }
             }
@@ -452,8 +466,18 @@ impl Follower {
             );
             return Some((name.to_owned(), None));
         };
-        let text = String::from_utf8_lossy(raw);
-        match text.parse::<Quota>() {
+        let seen = fingerprint(raw);
+        if self.rejected.get(name.as_bytes()) == Some(&seen) {
+            // Rejected as it is, and logged.
+            return None;
+        }
+        let parsed = if raw.len() > MAX_RULE_TEXT {
+            // Not read whole: no rule is this long.
+            Err(RuleError::TooLong(raw.len()))
+        } else {
+            String::from_utf8_lossy(raw).parse::<Quota>()
+        };
+        match parsed {
             Ok(quota) => {
                 self.rejected.remove(name.as_bytes());
                 let fresh = self.loaded.insert(name.to_owned());
@@ -464,20 +488,27 @@ impl Follower {
                 Some((name.to_owned(), Some(quota)))
             }
             Err(error) => {
-                if self.rejected.get(name.as_bytes()).map(Vec::as_slice) != Some(raw) {
-                    tracing::error!(
-                        rule = name,
-                        text = %logged(raw),
-                        %error,
-                        kept = ?self.rules.get(name),
-                        "invalid rule in Redis rejected; the rule in force stays"
-                    );
-                    self.rejected.insert(name.as_bytes().to_vec(), raw.to_vec());
-                }
+                tracing::error!(
+                    rule = name,
+                    text = %logged(raw),
+                    %error,
+                    kept = ?self.rules.get(name),
+                    "invalid rule in Redis rejected; the rule in force stays"
+                );
+                self.rejected.insert(name.as_bytes().to_vec(), seen);
                 None
             }
         }
     }
+}
+
+/// A fingerprint of a text from the hash: whether a rejected text is
+/// stored still, kept without keeping the text (which can be large).
+fn fingerprint(text: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Text from the hash as logged: escaped, so that a newline in it cannot
@@ -525,6 +556,7 @@ mod tests {
             loaded: HashSet::new(),
             rejected: HashMap::new(),
             announced_read_at: None,
+            unread_logged: None,
             ready: tx,
         };
         for attempt in 0..40 {
@@ -554,6 +586,7 @@ mod tests {
             loaded: HashSet::new(),
             rejected: HashMap::new(),
             announced_read_at: None,
+            unread_logged: None,
             ready: tx,
         };
         // Not loaded by the source: not its to remove.
@@ -563,7 +596,7 @@ mod tests {
         assert_eq!(rules.get("r").unwrap().capacity(), 5);
         assert_eq!(follower.change("r", Some(b"capacity=5 rate=1/s")), None);
         assert_eq!(follower.change("r", Some(b"capacity=zero")), None);
-        assert_eq!(follower.rejected[&b"r"[..]], b"capacity=zero");
+        assert_eq!(follower.rejected[&b"r"[..]], fingerprint(b"capacity=zero"));
         assert_eq!(
             follower.change("r", None),
             Some(("r".to_owned(), None)),

@@ -308,6 +308,7 @@ impl RedisRuleSourceBuilder {
             loaded: HashSet::new(),
             rejected: HashMap::new(),
             announced_read_at: None,
+            unread_logged: None,
             ready: ready_tx,
         };
         Ok(RedisRuleSource {
