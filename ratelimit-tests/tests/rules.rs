@@ -645,3 +645,47 @@ async fn a_rule_longer_than_any_is_refused_unread_and_logged_once() {
     assert!(logs.len() < 4096, "the text was logged whole");
     assert_eq!(limiter.rules().get("probe").map(|q| q.capacity()), Some(5));
 }
+
+#[tokio::test]
+async fn a_hash_too_large_to_read_in_time_is_named_and_announced_rules_still_apply() {
+    let server = RedisServer::start();
+    let mut redis = server.connection().await;
+    // 500,000 fields: more than the whole-hash read takes within 200 ms.
+    for chunk in 0..20 {
+        let _: () = redis::cmd("EVAL")
+            .arg(
+                "for i = 1, 25000 do \
+                 redis.call('HSET', KEYS[1], ARGV[1] .. ':' .. i, 'capacity=1 rate=1/s') end",
+            )
+            .arg(1)
+            .arg(HASH)
+            .arg(chunk)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let (applied, logs) = support::logged(async {
+        let _source = RedisRuleSource::builder(server.url())
+            .timeout(Duration::from_millis(200))
+            .reload_every(Duration::from_secs(60))
+            .start(&limiter)
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while limiter.rules().get("probe").map(|q| q.capacity()) != Some(5) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    })
+    .await;
+    assert!(applied, "the announced rule never applied: {logs}");
+    assert!(logs.contains("not read within"), "{logs}");
+    assert!(!logs.contains("cannot reach Redis"), "{logs}");
+}

@@ -96,6 +96,10 @@ where
 pub(super) enum Lost {
     Redis(RedisError),
     Timeout(Duration),
+    /// The whole hash was not read within the timeout, on a connection
+    /// that answered the subscription: most likely a hash too large to
+    /// read in that time, which reconnecting does not make smaller.
+    SlowRead(Duration),
     Closed,
     /// The Redis to read could not be found (no Sentinel answered).
     Endpoint(Error),
@@ -105,7 +109,7 @@ impl Lost {
     pub(super) fn into_error(self) -> Error {
         match self {
             Lost::Redis(error) => Error::Redis(error),
-            Lost::Timeout(timeout) => Error::Timeout(timeout),
+            Lost::Timeout(timeout) | Lost::SlowRead(timeout) => Error::Timeout(timeout),
             Lost::Closed => Error::UnexpectedReply("the connection was closed".into()),
             Lost::Endpoint(error) => error,
         }
@@ -120,6 +124,7 @@ impl Lost {
                 error.code() == Some("WRONGTYPE")
                     || error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
             }
+            Lost::SlowRead(_) => true,
             _ => false,
         }
     }
@@ -142,6 +147,9 @@ impl Lost {
                     )
             }
             Lost::Timeout(_) | Lost::Closed | Lost::Endpoint(_) => true,
+            // A server that froze meanwhile fails the subscription's ping,
+            // which reconnects.
+            Lost::SlowRead(_) => false,
         }
     }
 }
@@ -151,6 +159,12 @@ impl fmt::Display for Lost {
         match self {
             Lost::Redis(error) => write!(f, "{error}"),
             Lost::Timeout(timeout) => write!(f, "no answer within {timeout:?}"),
+            Lost::SlowRead(timeout) => write!(
+                f,
+                "the whole hash was not read within {timeout:?}; a hash this large needs a \
+                 longer `RedisRuleSourceBuilder::timeout`, or fewer rules (rules named by \
+                 announcements are still read, one by one)"
+            ),
             Lost::Closed => f.write_str("the subscription connection was closed"),
             Lost::Endpoint(error) => write!(f, "{error}"),
         }
@@ -268,7 +282,11 @@ impl Follower {
         // loading, a script running) is tried again on the backoff.
         match self.reload(&mut connection).await {
             Err(lost) if lost.is_connection() || !lost.lasts() => return Err(lost),
-            Err(error) => self.unread(&error),
+            Err(error) => {
+                self.unread(&error);
+                self.after_slow_read(&error, &client, &mut connection)
+                    .await?;
+            }
             Ok(()) => {}
         }
         *attempt = 0;
@@ -316,10 +334,29 @@ impl Follower {
             };
             match result {
                 Err(lost) if lost.is_connection() => return Err(lost),
-                Err(error) => self.unread(&error),
+                Err(error) => {
+                    self.unread(&error);
+                    self.after_slow_read(&error, &client, &mut connection)
+                        .await?;
+                }
                 Ok(()) => {}
             }
         }
+    }
+
+    /// After a read of the whole hash that took too long, a connection of
+    /// its own for the reads to come: the rest of that read's answer still
+    /// comes on the old one, ahead of anything asked after it.
+    async fn after_slow_read(
+        &self,
+        error: &Lost,
+        client: &redis::Client,
+        connection: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), Lost> {
+        if matches!(error, Lost::SlowRead(_)) {
+            *connection = self.config.connect_to_hash(client).await?;
+        }
+        Ok(())
     }
 
     /// Logs a read Redis refused (not a lost connection).
@@ -411,7 +448,13 @@ impl Follower {
                 .arg(&self.config.hash)
                 .query_async(connection),
         )
-        .await?;
+        .await
+        .map_err(|lost| match lost {
+            // Ours, or the connection's own response timeout (the same).
+            Lost::Timeout(_) => Lost::SlowRead(self.config.timeout),
+            Lost::Redis(error) if error.is_timeout() => Lost::SlowRead(self.config.timeout),
+            other => other,
+        })?;
         let mut changes = Vec::new();
         let mut present = HashSet::new();
         let mut fields: HashSet<&[u8]> = HashSet::new();
