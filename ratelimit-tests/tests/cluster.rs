@@ -2067,3 +2067,68 @@ async fn a_denied_check_gives_back_on_every_master_at_once() {
          master's"
     );
 }
+
+/// Clients of a node besides the one asking.
+async fn other_clients(connection: &mut redis::aio::MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "normal"])
+        .query_async(connection)
+        .await
+        .unwrap();
+    list.lines().count().saturating_sub(1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_nodes_closed_while_idle_are_made_again_before_the_next_call() {
+    // What a node does to idle clients under `timeout` in redis.conf, and
+    // an operator's `CLIENT KILL`: the next calls are decided, not failed.
+    let cluster = RedisCluster::start(3, 0);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .failure_policy(FailurePolicy::Closed)
+        .deny_cache_max_keys(0)
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    let mut nodes = Vec::new();
+    for url in cluster.urls() {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        nodes.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    for round in 0..3 {
+        let keys: Vec<String> = (0..32).map(|i| format!("warm:{round}:{i}")).collect();
+        let warm = futures::future::join_all(
+            keys.iter()
+                .map(|key| limiter.check(Request::new(&quota, key))),
+        )
+        .await;
+        assert!(warm.iter().all(Result::is_ok), "round {round}: {warm:?}");
+        let mut killed = Vec::new();
+        for node in &mut nodes {
+            let n: i64 = redis::cmd("CLIENT")
+                .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+                .query_async(node)
+                .await
+                .unwrap();
+            killed.push(usize::try_from(n).unwrap());
+        }
+        assert!(killed.iter().sum::<usize>() > 0, "round {round}");
+        // Made again by themselves (up to 2 s each); with none made, the
+        // calls below are the first to learn of the close.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        for (node, killed) in nodes.iter_mut().zip(&killed) {
+            while other_clients(node).await < *killed && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let mut failed = Vec::new();
+        for i in 0..16 {
+            let key = format!("after:{round}:{i}");
+            if let Err(denied) = limiter.check(Request::new(&quota, &key)).await {
+                failed.push(denied.to_string());
+            }
+        }
+        assert!(failed.is_empty(), "round {round}: {failed:#?}");
+    }
+}

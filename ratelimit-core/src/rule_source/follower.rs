@@ -391,8 +391,8 @@ impl Follower {
         if announced.whole {
             // However fast they are sent, reads of the whole hash for
             // messages are spaced; the messages that come meanwhile are
-            // taken (the subscription reads its socket only when asked for
-            // a message) and answered by the same read.
+            // taken as they come (redis-rs queues them, unbounded, until
+            // they are), noted, and answered by the same read.
             if let Some(at) = self.announced_read_at {
                 let gap_ends = tokio::time::sleep_until(at + MIN_ANNOUNCED_READ_GAP);
                 tokio::pin!(gap_ends);

@@ -253,6 +253,11 @@ impl ClusterBackend {
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .tcp_settings(super::redis::tcp_settings())
+            // A RESP3 connection hears its node close it while idle
+            // (`timeout` in redis.conf, `CLIENT KILL`) and is made again at
+            // once; over RESP2 the next call sent on it failed unsent. A
+            // cluster's nodes are Redis 7.0 or later (see `call`).
+            .use_protocol(redis::ProtocolVersion::RESP3)
             // Sent once; see the module's documentation and `call`.
             .retries(0);
         #[cfg(feature = "tls")]
