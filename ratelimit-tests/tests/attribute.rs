@@ -208,7 +208,7 @@ async fn the_body_may_move_arguments_and_the_future_is_send() {
 
 static LEAKY_STARTS: std::sync::Mutex<Vec<std::time::Instant>> = std::sync::Mutex::new(Vec::new());
 
-#[rate_limit(key = "paced", algorithm = leaky_bucket, capacity = 3, rate = "20/s", limiter = limiter)]
+#[rate_limit(key = "paced", algorithm = leaky_bucket, capacity = 3, rate = "10/s", limiter = limiter)]
 async fn paced(limiter: &Limiter) -> Result<(), AppError> {
     LEAKY_STARTS.lock().unwrap().push(std::time::Instant::now());
     Ok(())
@@ -217,16 +217,25 @@ async fn paced(limiter: &Limiter) -> Result<(), AppError> {
 #[tokio::test]
 async fn the_leaky_bucket_runs_queued_bodies_at_its_pace() {
     let limiter = Limiter::memory();
+    let interval = Duration::from_millis(100);
+    // Every call is made after `t0`, so the k-th body's turn is at least
+    // k intervals after it: a late timer only makes a body later, while a
+    // body run ahead of its turn is still caught.
+    let t0 = std::time::Instant::now();
     let calls: Vec<_> = (0..4).map(|_| paced(&limiter)).collect();
     let results = futures::future::join_all(calls).await;
     let admitted = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(admitted, 3, "the queue holds three: {results:?}");
-    let starts = LEAKY_STARTS.lock().unwrap().clone();
-    for pair in starts.windows(2) {
-        let gap = pair[1] - pair[0];
+    let mut starts = LEAKY_STARTS.lock().unwrap().clone();
+    starts.sort();
+    assert_eq!(starts.len(), 3, "one body per admitted call");
+    for (k, start) in starts.iter().enumerate() {
+        // A millisecond for the limiter's clock and the timer's rounding.
+        let turn = (interval * k as u32).saturating_sub(Duration::from_millis(1));
         assert!(
-            gap >= Duration::from_millis(45),
-            "bodies {gap:?} apart at 20/s"
+            *start >= t0 + turn,
+            "body {k} started {:?} after the calls were made, before its turn at 10/s",
+            *start - t0
         );
     }
 }
@@ -259,7 +268,7 @@ async fn window_algorithms_take_a_limit_per_window() {
     windowed(&limiter, 1).await.unwrap();
 }
 
-#[rate_limit(key = "job:<tenant>", capacity = 1, rate = "20/s", on_limit = wait(max = "1s"), limiter = limiter)]
+#[rate_limit(key = "job:<tenant>", capacity = 1, rate = "5/s", on_limit = wait(max = "2s"), limiter = limiter)]
 async fn patient(limiter: &Limiter, tenant: u32) -> Result<(), AppError> {
     Ok(())
 }
@@ -272,7 +281,8 @@ async fn impatient(limiter: &Limiter, tenant: u32) -> Result<(), AppError> {
 #[tokio::test]
 async fn on_limit_wait_sleeps_for_retry_after_and_gives_up_past_max() {
     let limiter = Limiter::memory();
-    // One token at 20/s: each of three calls waits ~50 ms for the next token.
+    // One token at 5/s: each of three calls waits ~200 ms for the next token
+    // (a stall between calls would have to last that long to spare a wait).
     for _ in 0..3 {
         patient(&limiter, 1).await.unwrap();
     }
@@ -300,7 +310,9 @@ async fn unpaced(limiter: &Limiter) -> Result<(), AppError> {
 /// returns its denial at once; neither panics in Tokio's sleep.
 #[test]
 fn calls_that_would_sleep_outside_a_tokio_runtime_are_denied() {
-    let limiter = Limiter::memory();
+    // The manual clock stands still between the calls, so each denial's
+    // retry_after is exact however slowly the thread runs.
+    let (limiter, _clock) = manual_limiter();
     futures::executor::block_on(async {
         unpaced(&limiter).await.unwrap();
         for _ in 0..3 {
@@ -319,7 +331,7 @@ fn calls_that_would_sleep_outside_a_tokio_runtime_are_denied() {
         patient(&limiter, 2).await.unwrap();
         let denied = limited(patient(&limiter, 2).await);
         assert!(
-            denied.retry_after <= Duration::from_millis(50),
+            denied.retry_after <= Duration::from_millis(200),
             "{denied:?}"
         );
     });
