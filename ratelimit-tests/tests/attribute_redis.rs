@@ -40,9 +40,9 @@ async fn the_installed_redis_limiter_serves_the_attribute_across_instances() {
     let denied = submit_order(42, "one too many").await.unwrap_err();
     assert_eq!(denied.key, "order:submit:42");
     assert!(
-        denied.retry_after > Duration::from_secs(59)
+        denied.retry_after > Duration::from_secs(50)
             && denied.retry_after <= Duration::from_secs(60),
-        "one token comes back a minute after the first call: {:?}",
+        "one token comes back a minute after the first call (less the calls' own time): {:?}",
         denied.retry_after
     );
 
@@ -53,7 +53,13 @@ async fn the_installed_redis_limiter_serves_the_attribute_across_instances() {
         (170_000..=180_000).contains(&pttl),
         "PTTL {pttl}: full again in 3 min"
     );
-    let other_instance = Limiter::builder().redis(server.url()).build().unwrap();
+    // A timeout long enough for Redis's own answer (this instance's first
+    // call also loads the function library), not a fail-open guess.
+    let other_instance = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     let quota = ratelimit::Quota::new(3, "1/min".parse().unwrap()).unwrap();
     let seen = other_instance
         .decide(&quota, "order:submit:42", 0)
