@@ -42,9 +42,10 @@ fn limiters_with_clock(server: &RedisServer, clock: &ManualClock) -> (Limiter, L
 }
 
 /// Eight service instances, each with its own connection, 64 tasks each, one
-/// key, for about three seconds: the admitted count never exceeds what the
-/// algorithm allows, and with what is left at the end reaches at least 99%
-/// of it.
+/// key, for about three seconds (windows: from just after one boundary to
+/// the middle of the third window): the admitted count never exceeds what
+/// the algorithm allows, and with what is left at the end reaches at least
+/// 99% of what it allows callers that never pause.
 async fn eight_instances_on_one_key(quota: Quota) {
     // One run at a time: each keeps 512 callers busy, and the lower bound
     // below (the run fills what the algorithm allows) holds only while the
@@ -67,26 +68,32 @@ async fn eight_instances_on_one_key(quota: Quota) {
             .unwrap()
             .as_micros() as u64
     };
-    let mut run_for = Duration::from_secs(3);
+    // Buckets: three seconds from now. Windows: start just after a window
+    // boundary (within the first quarter of the window, else at the next
+    // one) and stop at a fixed instant, the middle of the third window, so
+    // a late wake-up cannot stretch the run into a window it leaves unfilled.
+    let mut deadline = wall_micros() + 3_000_000;
     if let Some(window) = quota.window() {
-        // Start just after a window boundary and stop just before one, so
-        // every window the run touches can be filled.
         let w = window.as_micros() as u64;
-        let next = (wall_micros() / w + 1) * w + 1_000;
-        tokio::time::sleep(Duration::from_micros(next - wall_micros())).await;
-        run_for = Duration::from_micros(3 * w - 20_000);
+        for _ in 0..5 {
+            let next = (wall_micros() / w + 1) * w + 1_000;
+            tokio::time::sleep(Duration::from_micros(next.saturating_sub(wall_micros()))).await;
+            if wall_micros() % w < w / 4 {
+                break;
+            }
+        }
+        deadline = (wall_micros() / w + 2) * w + w / 2;
     }
 
     let admitted = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let start_wall = wall_micros();
-    let start = Instant::now();
     let mut tasks = Vec::new();
     for limiter in &instances {
         for _ in 0..64 {
             let (limiter, admitted, errors) = (limiter.clone(), admitted.clone(), errors.clone());
             tasks.push(tokio::spawn(async move {
-                while start.elapsed() < run_for {
+                while wall_micros() < deadline {
                     match limiter.decide(&quota, "hot", 1).await {
                         Ok(d) if d.allowed => {
                             admitted.fetch_add(1, Ordering::Relaxed);
@@ -105,19 +112,47 @@ async fn eight_instances_on_one_key(quota: Quota) {
     }
     let end_wall = wall_micros();
     let admitted = admitted.load(Ordering::Relaxed) as f64;
-    // A bucket's tokens not yet taken when the run stopped: a wait the deny
-    // cache answers ends up to a round trip late (never early), so under
-    // load the last round trip's tokens may still be there. Taken or left,
-    // nothing may be lost.
+    // What the run left untaken: a wait the deny cache answers ends up to a
+    // round trip late (never early), so under load the last round trip's
+    // tokens (or a window's last admissions) may still be there. Taken or
+    // left, nothing may be lost.
+    let before = wall_micros();
+    let left = instances[0].inspect(&quota, "hot", 0).await.unwrap();
+    let left = left.remaining as f64;
+    // A window's room read after the window the run ended in says nothing
+    // about the run: then only what it admitted counts, up to its deadline.
     let (left, counted_until) = match quota.window() {
-        None => {
-            let before = wall_micros();
-            let left = instances[0].inspect(&quota, "hot", 0).await.unwrap();
-            (left.remaining as f64, before)
+        Some(window)
+            if before / window.as_micros() as u64 != deadline / window.as_micros() as u64 =>
+        {
+            (0.0, deadline)
         }
-        Some(_) => (0.0, start_wall + run_for.as_micros() as u64),
+        _ => (left, before),
     };
-    // What the algorithm allows from `start_wall` to `to`.
+    // The sliding window counter's admissions and room at `to` when callers
+    // take whatever it allows from `start_wall` on: each window to its last
+    // millisecond (where the previous window still weighs 1/window_ms), the
+    // last to `to`. Greedy is the most it can admit: a window's admissions
+    // leave the next one less room than they took.
+    let sliding_window_greedy = |to: u64| -> f64 {
+        let (limit, w) = (quota.capacity(), quota.window().unwrap().as_micros() as u64);
+        let window_ms = w / 1_000;
+        let (mut total, mut previous) = (0, 0);
+        for window in start_wall / w..=to / w {
+            let elapsed_ms = if window == to / w {
+                (to - window * w) / 1_000
+            } else {
+                window_ms - 1
+            };
+            let weight = window_ms - elapsed_ms;
+            let current =
+                ((limit * window_ms).saturating_sub(previous * weight) / window_ms).min(limit);
+            total += current;
+            previous = current;
+        }
+        total as f64
+    };
+    // What the algorithm allows from `start_wall` to `to`, at most.
     let allowed_until = |to: u64| -> f64 {
         match quota.window() {
             None => {
@@ -129,6 +164,7 @@ async fn eight_instances_on_one_key(quota: Quota) {
                 let windows = match quota.algorithm() {
                     // A burst every window length from the first admission.
                     Algorithm::SlidingLog => (to - start_wall) / w + 1,
+                    Algorithm::SlidingWindow => return sliding_window_greedy(to),
                     // Every aligned window touched.
                     _ => to / w - start_wall / w + 1,
                 };
