@@ -956,6 +956,47 @@ pub async fn logged<F: std::future::Future>(work: F) -> (F::Output, String) {
     (output, text)
 }
 
+/// What `logged_with`'s work has logged so far.
+#[derive(Clone)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// As `logged`, with `work` made from a view of the log so far, so that it
+/// can wait for a line rather than for a guessed time.
+pub async fn logged_with<F, Fut>(work: F) -> (Fut::Output, String)
+where
+    F: FnOnce(Logs) -> Fut,
+    Fut: std::future::Future,
+{
+    struct Capture(Logs);
+    impl std::io::Write for Capture {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            (self.0).0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Logs(std::sync::Arc::default());
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("ratelimit=info")
+        .with_writer(move || Capture(writer.clone()))
+        .with_ansi(false)
+        .finish();
+    let output = {
+        let _default = tracing::subscriber::set_default(subscriber);
+        work(logs.clone()).await
+    };
+    (output, logs.text())
+}
+
 /// What a check gave one request, denials by the quota included, as a plain
 /// value: Redis, the memory backend and the deny cache are compared field by
 /// field through it.
