@@ -13,6 +13,19 @@ use ratelimit::{
 };
 use support::RedisServer;
 
+/// A timeout for calls that must get Redis's own answer (the first also
+/// loads the function library), not the failure policy's, however loaded
+/// the machine: none of these tests is about timeouts.
+const ANSWER: Duration = Duration::from_secs(2);
+
+fn redis_limiter(server: &RedisServer) -> Limiter {
+    Limiter::builder()
+        .redis(server.url())
+        .timeout(ANSWER)
+        .build()
+        .unwrap()
+}
+
 /// The common pair: a burst limit and a sustained limit on one template.
 #[rate_limit(key = "api:<user>", capacity = 10, rate = "10/min", limiter = limiter)]
 #[rate_limit(key = "api:<user>", algorithm = fixed_window, limit = 1000, window = "1h", limiter = limiter)]
@@ -35,6 +48,7 @@ async fn a_check_keeps_its_own_key_on_calls_where_an_earlier_one_is_exempt() {
     let server = RedisServer::start();
     let redis = Limiter::builder()
         .redis(server.url())
+        .timeout(ANSWER)
         .failure_policy(FailurePolicy::Closed)
         .build()
         .unwrap();
@@ -58,7 +72,7 @@ async fn a_check_keeps_its_own_key_on_calls_where_an_earlier_one_is_exempt() {
 #[tokio::test]
 async fn a_burst_and_a_sustained_limit_on_one_template_keep_state_of_their_own() {
     let server = RedisServer::start();
-    let redis = Limiter::builder().redis(server.url()).build().unwrap();
+    let redis = redis_limiter(&server);
     for limiter in [Limiter::memory(), redis] {
         for i in 0..10 {
             api(&limiter, 7)
@@ -86,9 +100,11 @@ async fn pay(limiter: &Limiter, user: u32) -> Result<(), RateLimited> {
 async fn each_stacked_attribute_keeps_its_own_failure_policy() {
     let mut server = RedisServer::start();
     // The limiter fails open; the per-user attribute says closed.
+    // The killed server refuses calls at once; the first call, which also
+    // loads the function library, must get Redis's answer.
     let limiter = Limiter::builder()
         .redis(server.url())
-        .timeout(Duration::from_millis(100))
+        .timeout(ANSWER)
         .failure_policy(FailurePolicy::Open)
         .build()
         .unwrap();
@@ -105,7 +121,7 @@ async fn each_stacked_attribute_keeps_its_own_failure_policy() {
 #[tokio::test]
 async fn an_all_or_nothing_check_on_a_spent_dimension_is_answered_by_the_deny_cache() {
     let server = RedisServer::start();
-    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let limiter = redis_limiter(&server);
     let user = Quota::new(2, "1/min".parse().unwrap()).unwrap();
     let global = Quota::new(1_000, "1/h".parse().unwrap()).unwrap();
     let check = [
@@ -166,9 +182,9 @@ async fn export(first: &Limiter, second: &Limiter, user: u32) -> Result<(), Rate
     Ok(())
 }
 
-/// The same pair, the later one waiting up to 10 s for its token.
+/// The same pair, the later one waiting up to 20 s for its token.
 #[rate_limit(key = "report:<user>", capacity = 5, rate = "1/min", limiter = first)]
-#[rate_limit(key = "report-all:<user>", capacity = 1, rate = "1/s", on_limit = wait(max = "10s"), limiter = second)]
+#[rate_limit(key = "report-all:<user>", capacity = 1, rate = "1/10s", on_limit = wait(max = "20s"), limiter = second)]
 async fn report(first: &Limiter, second: &Limiter, user: u32) -> Result<(), RateLimited> {
     Ok(())
 }
@@ -212,7 +228,7 @@ async fn remaining_once_given_back(
 /// Each pair of limiters a service could stack: memory and Redis, either way
 /// round, and two of one kind.
 fn pairs(server: &RedisServer) -> Vec<(Limiter, Limiter)> {
-    let redis = || Limiter::builder().redis(server.url()).build().unwrap();
+    let redis = || redis_limiter(server);
     vec![
         (Limiter::memory(), Limiter::memory()),
         (Limiter::memory(), redis()),
@@ -245,11 +261,11 @@ async fn stacked_attributes_on_two_limiters_take_nothing_when_dropped_at_the_lat
     for (user, (first, second)) in (0..).zip(pairs(&server)) {
         let names = format!("{} then {}", first.backend_name(), second.backend_name());
         report(&first, &second, user).await.unwrap();
-        // The second limit's token is a second away: the call waits for it,
-        // and its caller gives up first, three times.
+        // The second limit's token is ten seconds away: the call waits for
+        // it, and its caller gives up first, three times.
         for _ in 0..3 {
             let gone =
-                tokio::time::timeout(Duration::from_millis(100), report(&first, &second, user));
+                tokio::time::timeout(Duration::from_millis(500), report(&first, &second, user));
             assert!(gone.await.is_err(), "{names}: the call waited");
         }
         // What the first limit gave those calls comes back: a refund sent
@@ -272,13 +288,13 @@ async fn crawl(limiter: &Limiter, site: u32) -> Result<(), RateLimited> {
 #[tokio::test]
 async fn a_call_dropped_while_it_waits_its_turn_gives_the_turn_back() {
     let server = RedisServer::start();
-    let redis = Limiter::builder().redis(server.url()).build().unwrap();
+    let redis = redis_limiter(&server);
     for limiter in [Limiter::memory(), redis] {
         let name = limiter.backend_name();
         // The first call's turn is now; the next ones' a minute apart.
         crawl(&limiter, 1).await.unwrap();
         for _ in 0..2 {
-            let gone = tokio::time::timeout(Duration::from_millis(100), crawl(&limiter, 1));
+            let gone = tokio::time::timeout(Duration::from_millis(500), crawl(&limiter, 1));
             assert!(gone.await.is_err(), "{name}: the call waited its turn");
         }
         let quota = Quota::leaky_bucket(3, Rate::per_minute(1).unwrap()).unwrap();
