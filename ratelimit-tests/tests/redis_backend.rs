@@ -456,8 +456,11 @@ async fn script_and_function_flushes_between_calls_are_invisible_to_the_caller()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_that_meet_a_flushed_library_load_it_once() {
     let server = RedisServer::start();
+    // 400 calls at once, and a library load among them: the timeout leaves
+    // every one Redis's own answer on a loaded machine.
     let limiter = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(5))
         .deny_cache_max_keys(0)
         .build()
         .unwrap();
@@ -921,6 +924,7 @@ async fn a_check_with_a_sliding_log_asks_for_other_types_once() {
     let server = RedisServer::start();
     let limiter = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(2))
         .deny_cache_max_keys(0)
         .build()
         .unwrap();
@@ -950,11 +954,13 @@ async fn prefixes_keep_limiters_apart() {
     let server = RedisServer::start();
     let a = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(2))
         .prefix("a:")
         .build()
         .unwrap();
     let b = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(2))
         .prefix("b:")
         .build()
         .unwrap();
@@ -1365,6 +1371,7 @@ async fn a_debt_deeper_than_a_new_bucket_is_waited_out_and_the_wait_named() {
     let (on_module, _) = limiters_with_clock(&native, &clock);
     let cached = Limiter::builder()
         .redis(plain.url())
+        .timeout(Duration::from_secs(2))
         .prefix("cached:")
         .clock(clock.clone())
         .build()
@@ -1566,6 +1573,7 @@ async fn no_lease_is_taken_for_a_request_of_no_cost_nor_with_a_ttl_of_zero() {
 
     let off = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(2))
         .clock(clock.clone())
         .lease_ttl(Duration::ZERO)
         .build()
@@ -1586,6 +1594,7 @@ async fn leases_of_many_keys_are_kept_with_the_deny_cache_off() {
     let server = RedisServer::start();
     let limiter = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(2))
         .deny_cache_max_keys(0)
         .lease_ttl(Duration::from_secs(60))
         .build()
@@ -1724,8 +1733,11 @@ async fn a_lease_the_deny_cache_refuses_is_not_counted_as_a_denial() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_racing_a_leased_check_leaves_no_lease_behind() {
     let server = RedisServer::start();
+    // Every call must be Redis's: one the failure policy answered would be
+    // an admission Redis never counted.
     let limiter = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(5))
         .deny_cache_max_keys(0)
         .build()
         .unwrap();
