@@ -150,6 +150,7 @@ async fn a_service_runs_on_the_least_privileged_acl_user_of_the_readme() {
     // Keys outside the prefix are refused: the line is least privilege.
     let outside = Limiter::builder()
         .redis(url.clone())
+        .timeout(Duration::from_secs(2))
         .prefix("other:")
         .build()
         .unwrap();
@@ -237,7 +238,11 @@ async fn a_call_failing_inside_the_function_is_sent_once_and_named_a_permission_
         0,
         "the call went again by EVALSHA"
     );
-    let admin = Limiter::builder().redis(server.url()).build().unwrap();
+    let admin = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     let left = admin.decide(&bucket, "acl:bucket", 0).await.unwrap();
     assert!(
         left.remaining >= 9,
@@ -270,6 +275,7 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
     // And an invalid URL names the URL without its password.
     let invalid = Limiter::builder()
         .redis(format!("rediss://svc:{wrong}@127.0.0.1:1/notadb"))
+        .timeout(Duration::from_secs(2))
         .build();
     if let Err(error) = invalid {
         assert!(!error.to_string().contains(wrong), "{error}");

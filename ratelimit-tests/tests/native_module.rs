@@ -31,6 +31,7 @@ use support::{bucket, fault, native_module, window, Decide, Decided, RedisServer
 fn uncached(server: &RedisServer) -> Limiter {
     Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(2))
         .deny_cache_max_keys(0)
         .build()
         .unwrap()
@@ -521,7 +522,11 @@ fn calls_naming_keys_again_decide_and_store_as_the_function_does() {
     let (replica, function) = runtime.block_on(async {
         let replica = RedisServer::replica_of(&native, &[]).await;
         // Loads the function.
-        let limiter = Limiter::builder().redis(plain.url()).build().unwrap();
+        let limiter = Limiter::builder()
+            .redis(plain.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
         limiter
             .decide(&bucket(Algorithm::Gcra, 1, "1/s"), "load", 1)
             .await
@@ -672,6 +677,7 @@ async fn a_refund_that_gives_nothing_back_leaves_the_key_and_its_expiry_as_they_
     // Loads the function.
     Limiter::builder()
         .redis(plain.url())
+        .timeout(Duration::from_secs(2))
         .build()
         .unwrap()
         .decide(&bucket(Algorithm::Gcra, 1, "1/s"), "load", 1)
@@ -764,7 +770,11 @@ async fn a_call_of_another_wire_version_is_refused_and_a_key_of_another_type_is_
         .query_async(&mut connection)
         .await
         .unwrap();
-    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     for quota in families().iter().map(|family| family[0]) {
         let alone = limiter.decide(&quota, "occupied", 1).await;
         assert!(
@@ -804,6 +814,7 @@ async fn a_denial_leaves_a_watched_key_unmodified_and_an_admission_modifies_it()
     let server = with_module();
     let limiter = Limiter::builder()
         .redis(server.url())
+        .timeout(Duration::from_secs(2))
         .deny_cache_max_keys(0)
         .build()
         .unwrap();
@@ -1042,6 +1053,7 @@ async fn hostile_calls_are_refused_whole_and_the_server_lives_on() {
     let plain = RedisServer::start();
     Limiter::builder()
         .redis(plain.url())
+        .timeout(Duration::from_secs(2))
         .build()
         .unwrap()
         .decide(&support::bucket(Algorithm::Gcra, 1, "1/s"), "load", 1)

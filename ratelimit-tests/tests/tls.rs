@@ -120,7 +120,7 @@ async fn a_tls_redis_cluster_decides_and_checks_all_or_nothing_across_slots() {
     let limiter = Limiter::builder()
         .cluster(cluster.urls())
         .tls(trusting(&files))
-        .timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let quota = Quota::new(2, "1/min".parse().unwrap()).unwrap();
