@@ -573,13 +573,15 @@ mod tests {
                 initial_backoff: Duration::ZERO,
                 max_backoff: Duration::from_secs(3600),
             },
-            Duration::from_millis(10),
+            // Expiry at 500 ms: what is asked right after a permit is
+            // asked well before it, however slowly the thread runs.
+            Duration::from_millis(250),
         );
         let _ = breaker.permit().unwrap().record(true, false);
         let stalled = breaker.permit();
         assert_eq!(kind(&stalled), "probe");
         assert_eq!(kind(&breaker.permit()), "skip", "one probe at a time");
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(600));
         let next = breaker.permit();
         assert_eq!(kind(&next), "probe", "the stalled probe is taken over");
         assert_eq!(kind(&breaker.permit()), "skip");
@@ -593,7 +595,7 @@ mod tests {
         // And one dropped after its successor answered changes nothing.
         let _ = breaker.permit().unwrap().record(true, false);
         let stalled = breaker.permit();
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(600));
         let next = breaker.permit();
         assert_eq!(kind(&next), "probe");
         drop(stalled);
@@ -610,12 +612,12 @@ mod tests {
     fn a_refused_connection_keeps_the_probes_at_the_first_backoff() {
         let breaker = breaker(BreakerConfig {
             failures_to_open: 1,
-            initial_backoff: Duration::from_millis(20),
+            initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(3600),
         });
         let _ = breaker.permit().unwrap().record(true, true);
         for _ in 0..5 {
-            std::thread::sleep(Duration::from_millis(30));
+            std::thread::sleep(Duration::from_millis(300));
             let probe = breaker.permit();
             assert_eq!(
                 kind(&probe),
@@ -624,12 +626,13 @@ mod tests {
             );
             let _ = probe.unwrap().record(true, true);
         }
-        // Other failures double it: 20 ms, then 40 ms.
+        // Other failures double it: 200 ms, then 400 ms.
         for _ in 0..2 {
-            std::thread::sleep(Duration::from_millis(30));
+            std::thread::sleep(Duration::from_millis(300));
             let _ = breaker.permit().unwrap().record(true, false);
         }
-        std::thread::sleep(Duration::from_millis(30));
+        // Past 200 ms, 150 ms short of 400.
+        std::thread::sleep(Duration::from_millis(250));
         assert_eq!(
             kind(&breaker.permit()),
             "skip",

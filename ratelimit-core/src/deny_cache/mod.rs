@@ -881,10 +881,12 @@ mod tests {
     /// past its time; its end, when it comes, leaves the new probe's mark.
     #[test]
     fn a_probe_past_its_time_is_taken_over_by_the_next_caller() {
-        let cache = DenyCache::new(1_000, Duration::from_millis(20));
+        // A probe's time is half the timeout, 200 ms: the lookups right after
+        // the new probe are made well within its time on a slow machine.
+        let cache = DenyCache::new(1_000, Duration::from_millis(400));
         let quota = Quota::per_second(5).unwrap();
         let (stalled, _) = spent_and_asked(&cache, &quota, 1_200_000);
-        std::thread::sleep(Duration::from_millis(15));
+        std::thread::sleep(Duration::from_millis(300));
         let Lookup::Probe(next) = cache.lookup(&quota, "k", 1, 1_200_002) else {
             panic!("a probe past its time should be taken over");
         };
