@@ -2136,3 +2136,21 @@ async fn connections_the_nodes_closed_while_idle_are_made_again_before_the_next_
         assert!(failed.is_empty(), "round {round}: {failed:#?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_nodes_refuse_resp3_is_served_over_resp2() {
+    // `HELLO` renamed away: every node refuses the `HELLO 3` a RESP3
+    // connection starts with.
+    let cluster = RedisCluster::start_with(3, 0, &["--rename-command", "HELLO", ""]);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    limiter.ping().await.unwrap();
+    let quota = Quota::per_hour(2).unwrap();
+    for key in ["a", "b", "c", "d"] {
+        admits_twice_then_denies(&limiter, &quota, key).await;
+    }
+}

@@ -192,9 +192,12 @@ async fn eight_instances_on_one_key(quota: Quota) {
     );
 }
 
+/// A second's worth of burst: a bucket full while every caller stalls loses
+/// what flows in meanwhile, which a loaded machine's stall of a tenth of a
+/// second did to a capacity of 100.
 fn bucket(algorithm: Algorithm) -> Quota {
     Quota::builder(algorithm)
-        .capacity(100)
+        .capacity(1_000)
         .rate(Rate::per_second(1_000).unwrap())
         .build()
         .unwrap()
@@ -2010,4 +2013,82 @@ async fn a_key_that_finds_the_leases_full_takes_its_own_cost_alone() {
             "key {victim} after the flood"
         );
     }
+}
+
+/// A server answering as Redis 6.0 does: `HELLO` needs its protocol version
+/// there (a bare `HELLO` came with 6.2). The commands past the connection
+/// are not served: the limiter must get that far.
+async fn a_redis_6_0(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    loop {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                }
+                // Each whole command in the buffer: *<n>\r\n then n bulk strings.
+                while let Some((args, used)) = parse_command(&buffer) {
+                    buffer.drain(..used);
+                    let reply: &[u8] = match (args[0].to_ascii_uppercase().as_str(), args.len()) {
+                        ("HELLO", 1) => b"-ERR wrong number of arguments for 'hello' command\r\n",
+                        ("HELLO", _) => {
+                            b"%3\r\n$7\r\nversion\r\n$5\r\n6.0.9\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n"
+                        }
+                        _ => b"-ERR not served here\r\n",
+                    };
+                    if socket.write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The first whole command in `buffer`, and the bytes it takes.
+fn parse_command(buffer: &[u8]) -> Option<(Vec<String>, usize)> {
+    let line = |at: usize| -> Option<(String, usize)> {
+        let end = buffer[at..].windows(2).position(|w| w == b"\r\n")? + at;
+        Some((
+            String::from_utf8_lossy(&buffer[at..end]).into_owned(),
+            end + 2,
+        ))
+    };
+    let (head, mut at) = line(0)?;
+    let count: usize = head.strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (length, start) = line(at)?;
+        let length: usize = length.strip_prefix('$')?.parse().ok()?;
+        let end = start + length;
+        if buffer.len() < end + 2 {
+            return None;
+        }
+        args.push(String::from_utf8_lossy(&buffer[start..end]).into_owned());
+        at = end + 2;
+    }
+    Some((args, at))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_hello_needs_its_protocol_version_is_connected_to() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(a_redis_6_0(listener));
+    let limiter = Limiter::builder()
+        .redis(format!("redis://127.0.0.1:{port}"))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    // Connected, and told what the server is: the failure is the first
+    // command this stand-in does not serve, not the connection.
+    let error = limiter.ping().await.unwrap_err();
+    assert!(!matches!(error, Error::Connect { .. }), "{error}");
+    assert!(error.to_string().contains("not served here"), "{error}");
 }

@@ -67,6 +67,9 @@ pub(crate) const NAME: &str = "redis-cluster";
 
 pub(crate) struct ClusterBackend {
     client: ClusterClient,
+    /// The same, speaking RESP2, once a node refused RESP3 (`resp2_only`).
+    client_resp2: ClusterClient,
+    resp2_only: AtomicBool,
     /// The first node given, on a connection of its own: a ping asks it
     /// whether it is a cluster node at all.
     seed: redis::Client,
@@ -249,32 +252,38 @@ impl ClusterBackend {
             tls,
             "Redis Cluster URLs",
         )?;
-        let builder = ClusterClient::builder(urls.to_vec())
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
-            .tcp_settings(super::redis::tcp_settings())
-            // A RESP3 connection hears its node close it while idle
-            // (`timeout` in redis.conf, `CLIENT KILL`) and is made again at
-            // once; over RESP2 the next call sent on it failed unsent. A
-            // cluster's nodes are Redis 7.0 or later (see `call`).
-            .use_protocol(redis::ProtocolVersion::RESP3)
-            // Sent once; see the module's documentation and `call`.
-            .retries(0);
-        #[cfg(feature = "tls")]
-        let builder = if secure && tls.is_set() {
-            builder.certs(tls.certificates())
-        } else {
-            builder
+        // A RESP3 connection hears its node close it while idle (`timeout`
+        // in redis.conf, `CLIENT KILL`) and is made again at once; over
+        // RESP2 the next call sent on it failed unsent. The RESP2 client is
+        // for nodes that refuse `HELLO 3` (the command renamed away).
+        let build = |protocol: redis::ProtocolVersion| {
+            let builder = ClusterClient::builder(urls.to_vec())
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .tcp_settings(super::redis::tcp_settings())
+                .use_protocol(protocol)
+                // Sent once; see the module's documentation and `call`.
+                .retries(0);
+            #[cfg(feature = "tls")]
+            let builder = if secure && tls.is_set() {
+                builder.certs(tls.certificates())
+            } else {
+                builder
+            };
+            builder.build().map_err(|source| ConfigError::InvalidUrl {
+                what: "Redis Cluster URLs",
+                urls: urls.iter().map(|u| super::redis::redacted(u)).collect(),
+                source,
+            })
         };
-        let client = builder.build().map_err(|source| ConfigError::InvalidUrl {
-            what: "Redis Cluster URLs",
-            urls: urls.iter().map(|u| super::redis::redacted(u)).collect(),
-            source,
-        })?;
+        let client = build(redis::ProtocolVersion::RESP3)?;
+        let client_resp2 = build(redis::ProtocolVersion::RESP2)?;
         let seed = super::redis::open_client(&urls[0], tls)?;
         let direct = Arc::new(calls::Direct::new(seed.get_connection_info().clone()));
         Ok(Self {
             client,
+            client_resp2,
+            resp2_only: AtomicBool::new(false),
             seed,
             connection: RwLock::new(None),
             connecting: tokio::sync::Mutex::new(LastFailure::default()),
@@ -357,6 +366,14 @@ impl ClusterBackend {
             .and_then(Connected::live)
     }
 
+    /// A new connection of `client`, within the timeout.
+    async fn connect(&self, client: &ClusterClient) -> Result<ClusterConnection, Error> {
+        tokio::time::timeout(self.timeout, client.get_async_connection())
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))
+            .and_then(|connected| connected.map_err(Error::from))
+    }
+
     async fn connection(&self) -> Result<ClusterConnection, Error> {
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
@@ -370,10 +387,19 @@ impl ClusterBackend {
         if let Some(error) = failed.since(waited_from) {
             return Err(error);
         }
-        let attempt = tokio::time::timeout(self.timeout, self.client.get_async_connection())
-            .await
-            .map_err(|_| Error::Timeout(self.timeout))
-            .and_then(|connected| connected.map_err(Error::from));
+        let resp2 = self.resp2_only.load(std::sync::atomic::Ordering::Acquire);
+        let mut attempt = self
+            .connect(if resp2 {
+                &self.client_resp2
+            } else {
+                &self.client
+            })
+            .await;
+        if !resp2 && attempt.as_ref().is_err_and(refused_resp3) {
+            self.resp2_only
+                .store(true, std::sync::atomic::Ordering::Release);
+            attempt = self.connect(&self.client_resp2).await;
+        }
         failed.record(&attempt);
         let connection = attempt?;
         let (runtime_alive, mut held) = tokio::sync::mpsc::channel(1);
@@ -434,7 +460,7 @@ impl ClusterBackend {
         .await
         .map_err(|_| Error::Timeout(self.timeout))?
         .map_err(|error| Error::from(error).connecting_to(&address))?;
-        let traits = super::redis::hello(&mut seed, self.timeout)
+        let traits = super::redis::hello(&mut seed, self.timeout, false)
             .await
             .map_err(|error| error.connecting_to(&address))?;
         super::redis::check_server(&address, traits, "cluster", false)?;
@@ -732,4 +758,17 @@ impl ClusterBackend {
         taken.admitted.clear();
         Ok(decisions)
     }
+}
+
+/// Whether the cluster client's first connections failed because a node
+/// refused `HELLO 3` (which redis-rs reports inside its own error).
+fn refused_resp3(error: &Error) -> bool {
+    let Error::Redis(source) = error else {
+        return false;
+    };
+    if crate::error::is_resp3_refusal(source) {
+        return true;
+    }
+    let text = source.to_string().to_ascii_lowercase();
+    text.contains("noproto") || (text.contains("unknown command") && text.contains("hello"))
 }

@@ -339,7 +339,7 @@ impl RedisBackend {
         // connection is made here too, so a refused password or certificate
         // is this call's error rather than a timeout.
         let spoke_resp3 = !self.resp2_only.load(Ordering::Acquire);
-        let mut traits = hello(&mut connections[0].clone(), self.timeout).await;
+        let mut traits = hello(&mut connections[0].clone(), self.timeout, spoke_resp3).await;
         // A server that took `HELLO 3` knows `HELLO`: one that says it does
         // not (`Ok(None)`), or knows no RESP3, refused the connection's
         // first command, and is spoken to in RESP2.
@@ -353,7 +353,7 @@ impl RedisBackend {
             connections = (0..BATCH_CONNECTIONS)
                 .map(|_| self.new_connection(&client))
                 .collect::<Result<Vec<_>, _>>()?;
-            traits = hello(&mut connections[0].clone(), self.timeout).await;
+            traits = hello(&mut connections[0].clone(), self.timeout, false).await;
         }
         let traits = traits.map_err(|error| error.connecting_to(&address))?;
         check_server(
@@ -534,7 +534,8 @@ impl RedisBackend {
     pub(crate) async fn ping(&self) -> Result<(), Error> {
         let lane = self.lane().await?;
         let mut connection = lane.connection.clone();
-        let traits = hello(&mut connection, self.timeout).await?;
+        let resp3 = !self.resp2_only.load(Ordering::Acquire);
+        let traits = hello(&mut connection, self.timeout, resp3).await?;
         check_server(
             &lane.address.to_string(),
             traits,

@@ -9,13 +9,19 @@ use crate::error::Error;
 /// `cluster` or `sentinel`) and its role (`master` or `replica`). `HELLO`
 /// needs no ACL permission, unlike `ROLE` or `INFO`. `None` from a server
 /// too old to know the command.
+///
+/// `resp3` says what the connection speaks, which the `HELLO` asked with
+/// keeps (a bare `HELLO`, which changes nothing, needs Redis 6.2).
 pub(crate) async fn hello<C: redis::aio::ConnectionLike>(
     connection: &mut C,
     timeout: Duration,
+    resp3: bool,
 ) -> Result<Option<(String, String)>, Error> {
     let reply = tokio::time::timeout(
         timeout,
-        redis::cmd("HELLO").query_async::<redis::Value>(connection),
+        redis::cmd("HELLO")
+            .arg(if resp3 { 3 } else { 2 })
+            .query_async::<redis::Value>(connection),
     )
     .await
     .map_err(|_| Error::Timeout(timeout))?;
