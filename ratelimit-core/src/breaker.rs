@@ -145,6 +145,28 @@ pub(crate) fn observed<T>(backend: &'static str, started: Instant, result: &Resu
     }
 }
 
+/// A permit whose call has not settled: dropped so (the call cancelled, or
+/// its outcome saying nothing of the backend), it gives up the permit and,
+/// for a probe, shows the state the breaker is left in.
+struct Unsettled<'a, 'n> {
+    permit: Option<Permit<'a>>,
+    backend: &'static str,
+    node: Option<&'n str>,
+}
+
+impl Drop for Unsettled<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            let breaker = permit.breaker;
+            let probing = permit.probe != 0;
+            drop(permit);
+            if probing && !breaker.retired.load(Ordering::Acquire) {
+                breaker.report_state(self.backend, self.node);
+            }
+        }
+    }
+}
+
 impl Breaker {
     /// Runs one call of `backend` (on `node`, for a breaker per node)
     /// through this breaker: skipped with [`Error::CircuitOpen`] while it is
@@ -175,15 +197,26 @@ impl Breaker {
         call: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
         let probing = permit.probe != 0;
-        if probing {
+        if probing && !self.retired.load(Ordering::Acquire) {
             // The probe made the breaker half open: the gauge shows it
             // while the probe is in flight.
             self.report_state(backend, node);
         }
+        // A probe that ends without an outcome (its caller gone, or one
+        // that says nothing of the backend) leaves the breaker open as it
+        // was: the gauge must not stay at half open.
+        let mut unsettled = Unsettled {
+            permit: Some(permit),
+            backend,
+            node,
+        };
         let started = Instant::now();
         let result = call.await;
         observed(backend, started, &result);
         let Some(failed) = failed(&result) else {
+            return result;
+        };
+        let Some(permit) = unsettled.permit.take() else {
             return result;
         };
         if let (true, Err(error)) = (failed, &result) {
@@ -741,6 +774,71 @@ mod tests {
             assert_eq!(during.unwrap(), Some(2.0), "during the probe");
         });
         assert_eq!(*shown.0.lock().unwrap(), [1.0, 2.0, 0.0]);
+    }
+
+    /// A probe that ends with no outcome, dropped by its caller or with an
+    /// outcome that says nothing of the backend, leaves the breaker open:
+    /// the gauge shows it open, not half open.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_probe_that_settles_nothing_shows_the_breaker_open_again() {
+        use std::future::Future as _;
+        use std::sync::{Arc, Mutex};
+        use std::task::{Context, Waker};
+
+        struct Shown(Mutex<Vec<f64>>);
+        impl metrics::GaugeFn for Shown {
+            fn increment(&self, _: f64) {}
+            fn decrement(&self, _: f64) {}
+            fn set(&self, value: f64) {
+                self.0.lock().unwrap().push(value);
+            }
+        }
+        let shown = Arc::new(Shown(Mutex::new(Vec::new())));
+        let gauge = shown.clone();
+        let recorder = Gauges(move |_: &metrics::Key| metrics::Gauge::from_arc(gauge.clone()));
+        let breaker = breaker(BreakerConfig {
+            failures_to_open: 1,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+        });
+        metrics::with_local_recorder(&recorder, || {
+            let failed = run(breaker.guard("redis", None, async {
+                Err::<(), _>(Error::Timeout(Duration::from_millis(1)))
+            }));
+            assert!(failed.is_err());
+            // A probe whose caller leaves while it waits.
+            std::thread::sleep(Duration::from_millis(5));
+            let mut probe = std::pin::pin!(breaker.guard(
+                "redis",
+                None,
+                std::future::pending::<Result<(), Error>>()
+            ));
+            assert!(probe
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending());
+            assert_eq!(shown.0.lock().unwrap().last(), Some(&2.0));
+        });
+        assert_eq!(breaker.state(), CircuitState::Open);
+        assert_eq!(
+            shown.0.lock().unwrap().last(),
+            Some(&1.0),
+            "after the dropped probe"
+        );
+        metrics::with_local_recorder(&recorder, || {
+            // A probe whose outcome says nothing (the limiter's own queue full).
+            std::thread::sleep(Duration::from_millis(5));
+            let full =
+                run(breaker.guard("redis", None, async { Err::<(), _>(Error::Overloaded(1)) }));
+            assert!(full.is_err());
+        });
+        assert_eq!(breaker.state(), CircuitState::Open);
+        assert_eq!(
+            *shown.0.lock().unwrap(),
+            [1.0, 2.0, 1.0, 2.0, 1.0],
+            "open, half open while each probe runs, open again"
+        );
     }
 
     #[cfg(feature = "metrics")]
