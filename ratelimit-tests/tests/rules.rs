@@ -717,3 +717,66 @@ async fn a_hash_too_large_to_read_in_time_is_named_and_announced_rules_still_app
     assert!(logs.contains("not read within"), "{logs}");
     assert!(!logs.contains("cannot reach Redis"), "{logs}");
 }
+
+#[tokio::test]
+async fn a_frozen_server_is_an_outage_not_a_hash_too_large() {
+    let server = RedisServer::start();
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+        .await
+        .unwrap();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let (followed, logs) = support::logged(async {
+        let _source = RedisRuleSource::builder(server.url())
+            .timeout(Duration::from_millis(300))
+            .reload_every(Duration::from_millis(200))
+            .start(&limiter)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while limiter.rules().get("probe").is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        server.freeze();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        server.thaw();
+        RedisRuleSource::publish(&server.url(), "probe", "capacity=7 rate=1/h")
+            .await
+            .unwrap();
+        let deadline = Instant::now() + ANNOUNCED;
+        while limiter.rules().get("probe").map(|q| q.capacity()) != Some(7) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    })
+    .await;
+    assert!(followed, "never followed after the thaw: {logs}");
+    assert!(logs.contains("cannot reach Redis"), "{logs}");
+    assert!(
+        !logs.contains("not read within"),
+        "a frozen server was called a hash too large: {logs}"
+    );
+}
+
+#[tokio::test]
+async fn the_reads_connection_outlives_the_servers_idle_timeout() {
+    // `timeout 2` in redis.conf closes a connection idle for three seconds:
+    // the periodic read four seconds after the first one finds its
+    // connection open, not lost.
+    let server = RedisServer::start_with(&["--timeout", "2"]);
+    RedisRuleSource::publish(&server.url(), "probe", "capacity=5 rate=1/h")
+        .await
+        .unwrap();
+    let limiter = Limiter::builder().redis(server.url()).build().unwrap();
+    let ((), logs) = support::logged(async {
+        let source = RedisRuleSource::builder(server.url())
+            .reload_every(Duration::from_secs(4))
+            .start(&limiter)
+            .unwrap();
+        support::read_rules(&source, Duration::from_secs(5), "read the rules").await;
+        tokio::time::sleep(Duration::from_millis(4_500)).await;
+    })
+    .await;
+    assert!(!logs.contains("cannot reach Redis"), "{logs}");
+}

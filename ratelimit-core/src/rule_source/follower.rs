@@ -280,21 +280,23 @@ impl Follower {
         // it is, and the read is tried again on the timer, rather than by
         // reconnecting twice a second; one that passes (a server still
         // loading, a script running) is tried again on the backoff.
-        match self.reload(&mut connection).await {
+        let read = match self.reload(&mut connection).await {
             Err(lost) if lost.is_connection() || !lost.lasts() => return Err(lost),
             Err(error) => {
-                self.unread(&error);
                 self.after_slow_read(&error, &client, &mut connection)
                     .await?;
+                self.unread(&error);
+                false
             }
-            Ok(()) => {}
-        }
+            Ok(()) => true,
+        };
         *attempt = 0;
         if let Some(since) = outage_since.take() {
             tracing::info!(
                 hash = %self.config.hash,
                 after = ?since.elapsed(),
-                "rule source reached Redis again and read the rules"
+                read,
+                "rule source reached Redis again"
             );
         }
         // A year stands for any longer period ("never"), which would
@@ -325,19 +327,30 @@ impl Follower {
                     None => return Err(Lost::Closed),
                 },
                 _ = reload.tick() => self.reload(&mut connection).await,
-                _ = alive.tick() => match within(timeout, sink.ping::<redis::Value>()).await {
+                _ = alive.tick() => {
+                    // The reads' connection too: pinged, it is never idle
+                    // long enough for the server to close it (`timeout` in
+                    // redis.conf), which the next read would find.
+                    let ping = redis::cmd("PING");
+                    let reads = ping.query_async::<redis::Value>(&mut connection);
+                    let (subscription, reads) = tokio::join!(
+                        within(timeout, sink.ping::<redis::Value>()),
+                        within(timeout, reads),
+                    );
                     // Any answer, a refusal included (a user the ACL does
-                    // not allow `PING`), says the connection lives.
-                    Err(lost) if !lost.is_connection() => Ok(()),
-                    answered => answered.map(|_| ()),
-                },
+                    // not allow `PING`), says a connection lives.
+                    match (subscription, reads) {
+                        (Err(lost), _) | (_, Err(lost)) if lost.is_connection() => Err(lost),
+                        _ => Ok(()),
+                    }
+                }
             };
             match result {
                 Err(lost) if lost.is_connection() => return Err(lost),
                 Err(error) => {
-                    self.unread(&error);
                     self.after_slow_read(&error, &client, &mut connection)
                         .await?;
+                    self.unread(&error);
                 }
                 Ok(()) => {}
             }
@@ -346,7 +359,9 @@ impl Follower {
 
     /// After a read of the whole hash that took too long, a connection of
     /// its own for the reads to come: the rest of that read's answer still
-    /// comes on the old one, ahead of anything asked after it.
+    /// comes on the old one, ahead of anything asked after it. A server that
+    /// does not answer the new one's `PING` either is not slow to read but
+    /// gone (frozen, say): that is the error, an outage.
     async fn after_slow_read(
         &self,
         error: &Lost,
@@ -354,7 +369,17 @@ impl Follower {
         connection: &mut redis::aio::MultiplexedConnection,
     ) -> Result<(), Lost> {
         if matches!(error, Lost::SlowRead(_)) {
-            *connection = self.config.connect_to_hash(client).await?;
+            let mut fresh = self.config.connect_to_hash(client).await?;
+            let ping = redis::cmd("PING");
+            match within(
+                self.config.timeout,
+                ping.query_async::<redis::Value>(&mut fresh),
+            )
+            .await
+            {
+                Err(lost) if lost.is_connection() => return Err(lost),
+                _ => *connection = fresh,
+            }
         }
         Ok(())
     }
