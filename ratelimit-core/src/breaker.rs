@@ -741,19 +741,24 @@ mod tests {
     /// While an open breaker's probe is in flight, the gauge shows the
     /// breaker half open (2), as the metric's documentation says. It went
     /// from open to closed, or open again, and never showed 2.
+    /// Every value a gauge is set to, in order.
+    #[cfg(feature = "metrics")]
+    struct Shown(std::sync::Mutex<Vec<f64>>);
+
+    #[cfg(feature = "metrics")]
+    impl metrics::GaugeFn for Shown {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, value: f64) {
+            self.0.lock().unwrap().push(value);
+        }
+    }
+
     #[cfg(feature = "metrics")]
     #[test]
     fn a_probe_in_flight_shows_the_breaker_half_open() {
         use std::sync::{Arc, Mutex};
 
-        struct Shown(Mutex<Vec<f64>>);
-        impl metrics::GaugeFn for Shown {
-            fn increment(&self, _: f64) {}
-            fn decrement(&self, _: f64) {}
-            fn set(&self, value: f64) {
-                self.0.lock().unwrap().push(value);
-            }
-        }
         let shown = Arc::new(Shown(Mutex::new(Vec::new())));
         let gauge = shown.clone();
         let recorder = Gauges(move |_: &metrics::Key| metrics::Gauge::from_arc(gauge.clone()));
@@ -786,14 +791,6 @@ mod tests {
         use std::sync::{Arc, Mutex};
         use std::task::{Context, Waker};
 
-        struct Shown(Mutex<Vec<f64>>);
-        impl metrics::GaugeFn for Shown {
-            fn increment(&self, _: f64) {}
-            fn decrement(&self, _: f64) {}
-            fn set(&self, value: f64) {
-                self.0.lock().unwrap().push(value);
-            }
-        }
         let shown = Arc::new(Shown(Mutex::new(Vec::new())));
         let gauge = shown.clone();
         let recorder = Gauges(move |_: &metrics::Key| metrics::Gauge::from_arc(gauge.clone()));

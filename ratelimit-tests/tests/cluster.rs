@@ -2072,16 +2072,6 @@ async fn a_denied_check_gives_back_on_every_master_at_once() {
     );
 }
 
-/// Clients of a node besides the one asking.
-async fn other_clients(connection: &mut redis::aio::MultiplexedConnection) -> usize {
-    let list: String = redis::cmd("CLIENT")
-        .arg(&["LIST", "TYPE", "normal"])
-        .query_async(connection)
-        .await
-        .unwrap();
-    list.lines().count().saturating_sub(1)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_the_nodes_closed_while_idle_are_made_again_before_the_next_call() {
     // What a node does to idle clients under `timeout` in redis.conf, and
@@ -2122,7 +2112,7 @@ async fn connections_the_nodes_closed_while_idle_are_made_again_before_the_next_
         // calls below are the first to learn of the close.
         let deadline = Instant::now() + Duration::from_secs(2);
         for (node, killed) in nodes.iter_mut().zip(&killed) {
-            while other_clients(node).await < *killed && Instant::now() < deadline {
+            while support::other_clients(node).await < *killed && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }

@@ -1870,16 +1870,6 @@ async fn a_reset_deletes_the_keys_variants_under_other_algorithms() {
     assert!(limiter.decide(&bucket, "v", 1).await.unwrap().allowed);
 }
 
-/// The limiter's clients on `server`, besides the test's own connection.
-async fn limiter_clients(admin: &mut redis::aio::MultiplexedConnection) -> usize {
-    let list: String = redis::cmd("CLIENT")
-        .arg(&["LIST", "TYPE", "normal"])
-        .query_async(admin)
-        .await
-        .unwrap();
-    list.lines().count().saturating_sub(1)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_the_server_closed_while_idle_are_made_again_before_the_next_call() {
     // What Redis does to idle clients under `timeout` in redis.conf, and an
@@ -1907,7 +1897,7 @@ async fn connections_the_server_closed_while_idle_are_made_again_before_the_next
         )
         .await;
         assert!(warm.iter().all(Result::is_ok), "round {round}: {warm:?}");
-        let clients = limiter_clients(&mut admin).await;
+        let clients = support::other_clients(&mut admin).await;
         assert!(
             clients > 0,
             "round {round}: the limiter holds no connection"
@@ -1921,7 +1911,7 @@ async fn connections_the_server_closed_while_idle_are_made_again_before_the_next
         // Made again by themselves (give them up to 2 s); with none made,
         // the calls below are the first to learn of the close.
         let deadline = Instant::now() + Duration::from_secs(2);
-        while limiter_clients(&mut admin).await < clients && Instant::now() < deadline {
+        while support::other_clients(&mut admin).await < clients && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let mut failed = Vec::new();

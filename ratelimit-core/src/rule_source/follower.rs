@@ -369,16 +369,19 @@ impl Follower {
         connection: &mut redis::aio::MultiplexedConnection,
     ) -> Result<(), Lost> {
         if matches!(error, Lost::SlowRead(_)) {
-            let mut fresh = self.config.connect_to_hash(client).await?;
+            // Replaced before the ping: the old one goes, with the rest of
+            // the slow answer it would still read.
+            *connection = self.config.connect_to_hash(client).await?;
             let ping = redis::cmd("PING");
-            match within(
+            let pinged = within(
                 self.config.timeout,
-                ping.query_async::<redis::Value>(&mut fresh),
+                ping.query_async::<redis::Value>(connection),
             )
-            .await
-            {
-                Err(lost) if lost.is_connection() => return Err(lost),
-                _ => *connection = fresh,
+            .await;
+            if let Err(lost) = pinged {
+                if lost.is_connection() {
+                    return Err(lost);
+                }
             }
         }
         Ok(())

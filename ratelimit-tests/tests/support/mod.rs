@@ -930,30 +930,7 @@ impl TlsFiles {
 
 /// Log lines written while `work` runs on this thread.
 pub async fn logged<F: std::future::Future>(work: F) -> (F::Output, String) {
-    #[derive(Clone)]
-    struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let capture = Capture(std::sync::Arc::default());
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("ratelimit=info")
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let output = {
-        let _default = tracing::subscriber::set_default(subscriber);
-        work.await
-    };
-    let text = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
-    (output, text)
+    logged_with(|_| work).await
 }
 
 /// What `logged_with`'s work has logged so far.
@@ -966,6 +943,16 @@ impl Logs {
     }
 }
 
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// As `logged`, with `work` made from a view of the log so far, so that it
 /// can wait for a line rather than for a guessed time.
 pub async fn logged_with<F, Fut>(work: F) -> (Fut::Output, String)
@@ -973,21 +960,11 @@ where
     F: FnOnce(Logs) -> Fut,
     Fut: std::future::Future,
 {
-    struct Capture(Logs);
-    impl std::io::Write for Capture {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            (self.0).0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let logs = Logs(std::sync::Arc::default());
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter("ratelimit=info")
-        .with_writer(move || Capture(writer.clone()))
+        .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
     let output = {
@@ -995,6 +972,17 @@ where
         work(logs.clone()).await
     };
     (output, logs.text())
+}
+
+/// Clients of the server `connection` goes to, besides that one: the
+/// limiter's, in a test whose only other connection it is.
+pub async fn other_clients(connection: &mut redis::aio::MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "normal"])
+        .query_async(connection)
+        .await
+        .unwrap();
+    list.lines().count().saturating_sub(1)
 }
 
 /// What a check gave one request, denials by the quota included, as a plain
