@@ -286,8 +286,10 @@ impl Limiter {
     /// A window's refund finds the admission's window from when the check
     /// was made, measured on this process's clock, so it holds whatever the
     /// offset between this clock and Redis's, as long as round trips stay
-    /// under half a window. Cached denials of the keys are forgotten, as
-    /// they may end sooner now.
+    /// under half a window. This limiter's cached denials of the keys are
+    /// forgotten, as they may end sooner now; other instances' deny caches
+    /// hold their denials of the keys until they expire (at most their
+    /// `retry_after`), as after a [`reset`](Self::reset).
     ///
     /// An admission of a key this limiter (or a clone) [reset](Self::reset)
     /// since gives nothing back, as the reset deleted what it took; a key
