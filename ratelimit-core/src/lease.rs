@@ -24,7 +24,7 @@ const SHARDS: usize = 16;
 /// The most keys holding a lease at once: this bounds memory under a flood
 /// of distinct leased keys, each of whose leases lives one lease TTL at
 /// most. A key that finds the leases full takes its request's cost alone
-/// from the backend, as with no lease (see [`Leases::has_room`]).
+/// from the backend, as with no lease (see [`Leases::take`]).
 pub(crate) const MAX_KEYS: usize = 100_000;
 
 #[derive(Clone, Copy)]
@@ -95,27 +95,43 @@ impl Leases {
     }
 
     /// Takes `cost` from `key`'s live lease under `quota`: the tokens left in
-    /// it and the lease's id, or `None` when there is no lease that covers
-    /// the cost.
+    /// it and the lease's id; when no lease covers the cost, whether a
+    /// lease of `key` could be kept now (see [`room`](Self::room)), read
+    /// under the same lock.
     pub(crate) fn take(
         &self,
         quota: &Quota,
         key: &str,
         cost: u64,
         now_us: u64,
-    ) -> Option<(u64, u64)> {
+    ) -> Result<(u64, u64), bool> {
         let (hash, mut shard) = self.shard(key);
-        let lease = shard.get_mut(hash, key)?;
+        let Some(lease) = shard.get_mut(hash, key) else {
+            return Err(self.room(&mut shard, now_us));
+        };
         if lease.quota != *quota || lease.expires_at_us <= now_us {
-            return None;
+            return Err(true);
         }
         // Tokens the bucket has refilled since are gone from the lease.
         lease.tokens = lease.usable(now_us);
         if lease.tokens < cost {
-            return None;
+            return Err(true);
         }
         lease.tokens -= cost;
-        Some((lease.tokens, lease.id))
+        Ok((lease.tokens, lease.id))
+    }
+
+    /// Whether a shard that does not hold a key has room for its lease. A
+    /// lease asked for with no room to keep it would take its tokens from
+    /// the backend and lose them, so every key that leases after the table
+    /// filled (distinct keys of a flood) would be served a fraction of its
+    /// quota.
+    fn room(&self, shard: &mut KeyTable<Lease>, now_us: u64) -> bool {
+        if shard.len() < self.max_per_shard {
+            return true;
+        }
+        shard.retain(|lease| lease.expires_at_us > now_us && lease.tokens > 0);
+        shard.len() < self.max_per_shard
     }
 
     /// Gives `cost` back to the lease `id` served it from, if that lease is
@@ -211,20 +227,6 @@ impl Leases {
         }
     }
 
-    /// Whether a lease of `key` could be kept now: its shard has room, or
-    /// holds `key` already. A lease asked for with no room to keep it
-    /// would take its tokens from the backend and lose them, so every key
-    /// that leases after the table filled (distinct keys of a flood) would
-    /// be served a fraction of its quota.
-    pub(crate) fn has_room(&self, key: &str, now_us: u64) -> bool {
-        let (hash, mut shard) = self.shard(key);
-        if shard.len() < self.max_per_shard || shard.get(hash, key).is_some() {
-            return true;
-        }
-        shard.retain(|lease| lease.expires_at_us > now_us && lease.tokens > 0);
-        shard.len() < self.max_per_shard
-    }
-
     /// Drops `key`'s lease, if any, and any lease a backend call asked for
     /// before now would bring (see [`put`](Self::put)).
     pub(crate) fn remove(&self, key: &str) {
@@ -279,11 +281,8 @@ impl Leases {
                 return Some(live.id);
             }
         }
-        if shard.len() >= self.max_per_shard && shard.get(hash, key).is_none() {
-            shard.retain(|lease| lease.expires_at_us > now_us && lease.tokens > 0);
-            if shard.len() >= self.max_per_shard {
-                return None;
-            }
+        if shard.get(hash, key).is_none() && !self.room(&mut shard, now_us) {
+            return None;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         shard.insert(
@@ -315,7 +314,7 @@ mod tests {
         let mut refused = None;
         for i in 0..10_000 {
             let key = format!("k{i}");
-            if !leases.has_room(&key, 0) {
+            if leases.take(&quota, &key, 1, 0) == Err(false) {
                 refused = Some(key);
                 break;
             }
@@ -327,9 +326,11 @@ mod tests {
         let refused = refused.expect("a shard filled");
         // A key already leased has room for more; a new one in a full
         // shard has none until the leases there expire.
-        assert!(held.iter().all(|key| leases.has_room(key, 0)));
-        assert!(!leases.has_room(&refused, 999));
-        assert!(leases.has_room(&refused, 1_000));
+        assert!(held
+            .iter()
+            .all(|key| leases.take(&quota, key, 1, 0).is_ok()));
+        assert_eq!(leases.take(&quota, &refused, 1, 999), Err(false));
+        assert_eq!(leases.take(&quota, &refused, 1, 1_000), Err(true));
     }
 
     #[test]
@@ -337,24 +338,27 @@ mod tests {
         let leases = Leases::new(100);
         let quota = Quota::per_second(100).unwrap();
         leases.put(leases.asked("k"), &quota, "k", 3, 0, 1_000, None);
-        assert_eq!(leases.take(&quota, "k", 2, 10).map(|t| t.0), Some(1));
-        assert_eq!(leases.take(&quota, "k", 2, 10), None, "one token left");
-        assert_eq!(leases.take(&quota, "k", 1, 10).map(|t| t.0), Some(0));
+        assert_eq!(leases.take(&quota, "k", 2, 10).ok().map(|t| t.0), Some(1));
+        assert_eq!(leases.take(&quota, "k", 2, 10).ok(), None, "one token left");
+        assert_eq!(leases.take(&quota, "k", 1, 10).ok().map(|t| t.0), Some(0));
         leases.put(leases.asked("k"), &quota, "k", 5, 0, 1_000, None);
-        assert_eq!(leases.take(&quota, "k", 1, 1_000), None, "expired");
+        assert_eq!(leases.take(&quota, "k", 1, 1_000).ok(), None, "expired");
         // A lease taken while another is live adds to it.
         leases.put(leases.asked("k"), &quota, "k", 2, 1_000, 2_000, None);
         leases.put(leases.asked("k"), &quota, "k", 3, 1_500, 1_800, None);
-        assert_eq!(leases.take(&quota, "k", 5, 1_600).map(|t| t.0), Some(0));
+        assert_eq!(
+            leases.take(&quota, "k", 5, 1_600).ok().map(|t| t.0),
+            Some(0)
+        );
         leases.put(leases.asked("k"), &quota, "k", 1, 1_600, 3_000, None);
         assert_eq!(
-            leases.take(&quota, "k", 1, 1_800),
+            leases.take(&quota, "k", 1, 1_800).ok(),
             None,
             "the merged lease ends with the earlier"
         );
         leases.put(leases.asked("k"), &quota, "k", 5, 0, 1_000, None);
         let other = Quota::per_second(50).unwrap();
-        assert_eq!(leases.take(&other, "k", 1, 10), None, "another rule");
+        assert_eq!(leases.take(&other, "k", 1, 10).ok(), None, "another rule");
     }
 
     #[test]
@@ -362,9 +366,9 @@ mod tests {
         let leases = Leases::new(100);
         let quota = Quota::per_second(100).unwrap();
         leases.put(leases.asked("k"), &quota, "k", 2, 0, 1_000, None);
-        let (_, first) = leases.take(&quota, "k", 1, 10).unwrap();
+        let (_, first) = leases.take(&quota, "k", 1, 10).ok().unwrap();
         assert!(leases.give_back(&quota, "k", 1, first, 20));
-        assert_eq!(leases.take(&quota, "k", 2, 30).map(|t| t.0), Some(0));
+        assert_eq!(leases.take(&quota, "k", 2, 30).ok().map(|t| t.0), Some(0));
         // Leased again while it lives: the same lease.
         assert_eq!(
             leases.put(leases.asked("k"), &quota, "k", 1, 40, 1_000, None),
@@ -379,7 +383,7 @@ mod tests {
             !leases.give_back(&quota, "k", 1, first, 1_040),
             "a later lease"
         );
-        leases.take(&quota, "k", 1, 1_050).unwrap();
+        leases.take(&quota, "k", 1, 1_050).ok().unwrap();
         assert!(!leases.give_back(&quota, "k", 1, second, 2_000), "expired");
     }
 
@@ -403,7 +407,7 @@ mod tests {
         let token = quota.rate().period_us();
         leases.refunded(&quota, "k", 5 * token, 0, 0);
         assert_eq!(
-            leases.take(&quota, "k", 1, 0).map(|t| t.0),
+            leases.take(&quota, "k", 1, 0).ok().map(|t| t.0),
             Some(3),
             "4 owed at once (the bound's microsecond), one served"
         );
@@ -411,12 +415,12 @@ mod tests {
         // (owed after it), changes nothing.
         leases.refunded(&quota, "k", 0, 0, 0);
         leases.refunded(&quota, "k", 5 * token, 1, 0);
-        assert_eq!(leases.take(&quota, "k", 1, 0).map(|t| t.0), Some(2));
+        assert_eq!(leases.take(&quota, "k", 1, 0).ok().map(|t| t.0), Some(2));
         // One of an admission under another quota drops the lease: by how
         // much it brings the tokens sooner, in the lease's own terms, is
         // not known.
         leases.refunded(&Quota::per_second(5).unwrap(), "k", 5 * token, 0, 0);
-        assert_eq!(leases.take(&quota, "k", 1, 0).map(|t| t.0), None);
+        assert_eq!(leases.take(&quota, "k", 1, 0).ok().map(|t| t.0), None);
     }
 
     #[test]
@@ -435,14 +439,17 @@ mod tests {
             Some(500_000),
         );
         assert_eq!(
-            leases.take(&quota, "k", 1, 0).map(|t| t.0),
+            leases.take(&quota, "k", 1, 0).ok().map(|t| t.0),
             Some(3),
             "4 owed at once, one served"
         );
         // 250 ms on, the bucket owes 2 tokens: the lease holds no more.
-        assert_eq!(leases.take(&quota, "k", 1, 250_000).map(|t| t.0), Some(1));
         assert_eq!(
-            leases.take(&quota, "k", 1, 499_999),
+            leases.take(&quota, "k", 1, 250_000).ok().map(|t| t.0),
+            Some(1)
+        );
+        assert_eq!(
+            leases.take(&quota, "k", 1, 499_999).ok(),
             None,
             "nothing owed any longer"
         );

@@ -161,14 +161,17 @@ impl Limiter {
         // the yield leaves the lease's tokens where they are.
         answered_in_process().await;
         let now = self.inner.cache_clock.now_micros();
-        if let Some((left, id)) = self.inner.leases.take(quota, key, cost, now) {
-            return Ok(Decision {
-                via: Via::Lease(id),
-                ..Decision::from_micros(true, quota.capacity(), left, 0, 0, 0)
-            });
-        }
+        let room = match self.inner.leases.take(quota, key, cost, now) {
+            Ok((left, id)) => {
+                return Ok(Decision {
+                    via: Via::Lease(id),
+                    ..Decision::from_micros(true, quota.capacity(), left, 0, 0, 0)
+                })
+            }
+            Err(room) => room,
+        };
         // With no room to keep a lease, the request's cost alone.
-        let lease = if self.inner.leases.has_room(key, now) {
+        let lease = if room {
             request.lease.min(quota.capacity()).max(cost)
         } else {
             cost
