@@ -2100,29 +2100,16 @@ async fn connections_the_nodes_closed_while_idle_are_made_again_before_the_next_
         assert!(warm.iter().all(Result::is_ok), "round {round}: {warm:?}");
         let mut killed = Vec::new();
         for node in &mut nodes {
-            let n: i64 = redis::cmd("CLIENT")
-                .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
-                .query_async(node)
-                .await
-                .unwrap();
-            killed.push(usize::try_from(n).unwrap());
+            killed.push(support::kill_other_clients(node).await);
         }
         assert!(killed.iter().sum::<usize>() > 0, "round {round}");
-        // Made again by themselves (up to 2 s each); with none made, the
+        // Made again by themselves (up to 2 s in all); with none made, the
         // calls below are the first to learn of the close.
         let deadline = Instant::now() + Duration::from_secs(2);
         for (node, killed) in nodes.iter_mut().zip(&killed) {
-            while support::other_clients(node).await < *killed && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            support::await_other_clients(node, *killed, deadline).await;
         }
-        let mut failed = Vec::new();
-        for i in 0..16 {
-            let key = format!("after:{round}:{i}");
-            if let Err(denied) = limiter.check(Request::new(&quota, &key)).await {
-                failed.push(denied.to_string());
-            }
-        }
+        let failed = support::failed_checks(&limiter, &quota, &format!("after:{round}"), 16).await;
         assert!(failed.is_empty(), "round {round}: {failed:#?}");
     }
 }

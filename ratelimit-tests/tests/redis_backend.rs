@@ -1902,25 +1902,13 @@ async fn connections_the_server_closed_while_idle_are_made_again_before_the_next
             clients > 0,
             "round {round}: the limiter holds no connection"
         );
-        let killed: i64 = redis::cmd("CLIENT")
-            .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(killed as usize, clients, "round {round}");
+        let killed = support::kill_other_clients(&mut admin).await;
+        assert_eq!(killed, clients, "round {round}");
         // Made again by themselves (give them up to 2 s); with none made,
         // the calls below are the first to learn of the close.
         let deadline = Instant::now() + Duration::from_secs(2);
-        while support::other_clients(&mut admin).await < clients && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut failed = Vec::new();
-        for i in 0..4 {
-            let key = format!("after:{round}:{i}");
-            if let Err(denied) = limiter.check(Request::new(&quota, &key)).await {
-                failed.push(denied.to_string());
-            }
-        }
+        support::await_other_clients(&mut admin, clients, deadline).await;
+        let failed = support::failed_checks(&limiter, &quota, &format!("after:{round}"), 4).await;
         assert!(
             failed.is_empty(),
             "round {round}: calls on a healthy Redis failed: {failed:#?}"

@@ -985,6 +985,47 @@ pub async fn other_clients(connection: &mut redis::aio::MultiplexedConnection) -
     list.lines().count().saturating_sub(1)
 }
 
+/// Closes every client of the server `connection` goes to but that one, as
+/// `CLIENT KILL` (or the server's idle `timeout`) does; how many it closed.
+pub async fn kill_other_clients(connection: &mut redis::aio::MultiplexedConnection) -> usize {
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(connection)
+        .await
+        .unwrap();
+    usize::try_from(killed).unwrap()
+}
+
+/// Waits until the server `connection` goes to has `clients` other clients
+/// again, or `deadline` passes.
+pub async fn await_other_clients(
+    connection: &mut redis::aio::MultiplexedConnection,
+    clients: usize,
+    deadline: std::time::Instant,
+) {
+    while other_clients(connection).await < clients && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The denials of `count` checks of fresh keys under `prefix`, made one
+/// after the other, as text.
+pub async fn failed_checks(
+    limiter: &ratelimit::Limiter,
+    quota: &ratelimit::Quota,
+    prefix: &str,
+    count: usize,
+) -> Vec<String> {
+    let mut failed = Vec::new();
+    for i in 0..count {
+        let key = format!("{prefix}:{i}");
+        if let Err(denied) = limiter.check(ratelimit::Request::new(quota, &key)).await {
+            failed.push(denied.to_string());
+        }
+    }
+    failed
+}
+
 /// What a check gave one request, denials by the quota included, as a plain
 /// value: Redis, the memory backend and the deny cache are compared field by
 /// field through it.
