@@ -754,12 +754,11 @@ mod tests {
         }
     }
 
+    /// A breaker opened by one failure (probing 1 ms after), its state gauge
+    /// recorded in `Shown` (1.0 so far) by the recorder returned.
     #[cfg(feature = "metrics")]
-    #[test]
-    fn a_probe_in_flight_shows_the_breaker_half_open() {
-        use std::sync::{Arc, Mutex};
-
-        let shown = Arc::new(Shown(Mutex::new(Vec::new())));
+    fn opened_with_gauge() -> (std::sync::Arc<Shown>, impl metrics::Recorder, Breaker) {
+        let shown = std::sync::Arc::new(Shown(std::sync::Mutex::new(Vec::new())));
         let gauge = shown.clone();
         let recorder = Gauges(move |_: &metrics::Key| metrics::Gauge::from_arc(gauge.clone()));
         let breaker = breaker(BreakerConfig {
@@ -772,6 +771,15 @@ mod tests {
                 Err::<(), _>(Error::Timeout(Duration::from_millis(1)))
             }));
             assert!(failed.is_err());
+        });
+        (shown, recorder, breaker)
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_probe_in_flight_shows_the_breaker_half_open() {
+        let (shown, recorder, breaker) = opened_with_gauge();
+        metrics::with_local_recorder(&recorder, || {
             std::thread::sleep(Duration::from_millis(5));
             let during = run(breaker.guard("redis", None, async {
                 Ok::<_, Error>(shown.0.lock().unwrap().last().copied())
@@ -788,22 +796,10 @@ mod tests {
     #[test]
     fn a_probe_that_settles_nothing_shows_the_breaker_open_again() {
         use std::future::Future as _;
-        use std::sync::{Arc, Mutex};
         use std::task::{Context, Waker};
 
-        let shown = Arc::new(Shown(Mutex::new(Vec::new())));
-        let gauge = shown.clone();
-        let recorder = Gauges(move |_: &metrics::Key| metrics::Gauge::from_arc(gauge.clone()));
-        let breaker = breaker(BreakerConfig {
-            failures_to_open: 1,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(1),
-        });
+        let (shown, recorder, breaker) = opened_with_gauge();
         metrics::with_local_recorder(&recorder, || {
-            let failed = run(breaker.guard("redis", None, async {
-                Err::<(), _>(Error::Timeout(Duration::from_millis(1)))
-            }));
-            assert!(failed.is_err());
             // A probe whose caller leaves while it waits.
             std::thread::sleep(Duration::from_millis(5));
             let mut probe = std::pin::pin!(breaker.guard(
