@@ -6,7 +6,7 @@ use crate::algorithm::{decision, gcra};
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 
-use super::{Waiting, COSTS_PER_KEY};
+use super::{Waiting, COSTS_PER_KEY, MAX_AGE_US};
 
 /// What is known of one key under one quota.
 pub(super) struct Known {
@@ -14,7 +14,8 @@ pub(super) struct Known {
     /// The count of rule changes when the reply was asked for.
     pub(super) rules: u64,
     /// When it was last learned, on the cache's clock: a clock gone back
-    /// before that cannot use it.
+    /// before that cannot use it, and a denial learned longer than
+    /// [`MAX_AGE_US`] before is asked of the backend again.
     pub(super) learned_us: u64,
     pub(super) state: State,
     /// Set while a caller is asking the backend for the others.
@@ -91,7 +92,7 @@ impl Known {
     /// The denial the backend would give a request of `cost` at `now_us`,
     /// when what is known is enough to say it would deny it.
     pub(super) fn denial(&self, cost: u64, now_us: u64) -> Option<Decision> {
-        if now_us < self.learned_us {
+        if now_us < self.learned_us || now_us - self.learned_us >= MAX_AGE_US {
             return None;
         }
         let quota = &self.quota;
@@ -159,8 +160,17 @@ impl Known {
             }
     }
 
-    /// Takes in `learned`, a state learned at `now_us` under the same quota.
-    pub(super) fn merge(&mut self, learned: State, now_us: u64) {
+    /// Takes in `learned`, a state learned at `now_us` under the same quota,
+    /// from a reply asked for at `asked_us`. A reply asked for after every
+    /// reply known here had arrived was decided after them all, and replaces
+    /// them: what another writer gave back since (a refund, a reset, a
+    /// deleted key) shows in it. Replies that crossed are merged.
+    pub(super) fn merge(&mut self, learned: State, asked_us: u64, now_us: u64) {
+        if asked_us > self.learned_us {
+            self.state = learned;
+            self.learned_us = now_us;
+            return;
+        }
         let window = self.quota.window_us();
         match (&mut self.state, learned) {
             (State::Bucket { early, late }, State::Bucket { early: e, late: l }) => {

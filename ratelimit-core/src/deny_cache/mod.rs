@@ -9,7 +9,8 @@
 //!   instant it is paid off. It answers a request of any cost exactly: the
 //!   cache runs the algorithm's own arithmetic ([`gcra::decide_debt`]) on the
 //!   debt left at that instant. Admissions only add debt, so replies that
-//!   arrive out of order merge by keeping the later instant;
+//!   crossed (one asked for before the other arrived) merge by keeping the
+//!   later instant;
 //! - fixed window: the window's count and its end, which answer any cost;
 //! - sliding log and sliding window: denials, one per cost, each kept only
 //!   when its `remaining` is one short of its cost. Only then is `remaining`
@@ -38,6 +39,14 @@
 //! a [`Probe`]); the callers that arrive meanwhile wait for its answer and
 //! look again, so a flood on a hot key costs the backend about one call per
 //! admission whatever the number of callers.
+//!
+//! A reply asked for once every reply known of its key had arrived was
+//! decided after them all, and replaces what they taught. A denial is
+//! answered from for [`MAX_AGE_US`] at most after the reply it came from, then
+//! the backend is asked again: another writer (another instance's refund or
+//! reset, an operator deleting keys, a failover) can give a key back without
+//! this process hearing of it, and a cached denial outlives that by a second
+//! at most, not by its whole wait.
 //!
 //! Entries are checked against the quota they were made under (a changed
 //! rule misses), not answered from once any rule has changed since (another
@@ -68,6 +77,13 @@ const SHARDS: usize = 16;
 /// Keys are spread over this many counters of refunds and of sliding
 /// admissions, so that one key's traffic rarely keeps another's replies out.
 const STRIPES: usize = 256;
+
+/// How long a denial is answered from after the reply it was learned from,
+/// in microseconds; then one caller asks the backend again. Another writer
+/// can give a key back in the backend without this process hearing of it
+/// (another instance's refund or reset, an operator deleting keys, a clock
+/// that stepped), so this bounds how long a denial can outlive it.
+const MAX_AGE_US: u64 = 1_000_000;
 
 /// Sliding denials kept per key: one per cost, so a caller alternating
 /// between two costs (a lease, then a single token) is answered for both.
@@ -483,7 +499,7 @@ impl DenyCache {
                     && known.rules == asked.rules
                     && known.learned_us <= now_us =>
             {
-                known.merge(learned, now_us);
+                known.merge(learned, asked.at_us, now_us);
                 if !known.live(now_us) {
                     shard.remove(hash, key);
                 }
@@ -754,6 +770,68 @@ mod tests {
         assert!(
             cached.iter().all(|&n| n > 100),
             "cached answers per algorithm: {cached:?}"
+        );
+    }
+
+    /// Another writer the cache does not hear of gives the key back (another
+    /// instance's reset or refund, an operator deleting it) or consumes it:
+    /// the cache denies what the server would admit for less than
+    /// `MAX_AGE_US` after the last give-back, never longer. (Without the
+    /// age, a denial stood until its wait ended: an hour's quota denied for
+    /// the rest of its hour.)
+    #[test]
+    fn a_key_given_back_elsewhere_is_admitted_within_the_age_of_a_denial() {
+        let stale: [AtomicU64; 6] = Default::default();
+        proptest!(config(), |(
+            family in 0usize..6,
+            ops in proptest::collection::vec(
+                prop_oneof![8 => op(), 1 => Just(Op::Back(0)), 1 => (0u64..10).prop_map(|c| Op::Request(2, c))],
+                1..120,
+            ),
+        )| {
+            let quotas = quotas()[family];
+            let cache = DenyCache::new(100, Duration::from_secs(1));
+            let mut server = Server { state: None };
+            let mut now = 1_000_000_000u64;
+            let mut given_back = 0u64;
+            for (step, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Forward(d) => now += d,
+                    // Another writer gives everything back.
+                    Op::Back(_) => {
+                        server.state = None;
+                        given_back = now;
+                    }
+                    // Another writer consumes under the first quota, which
+                    // can give back what the second counted (a quota change).
+                    Op::Request(2, c) => {
+                        let quota = &quotas[0];
+                        server.decide(quota, now, 1 + c % quota.capacity());
+                        given_back = now;
+                    }
+                    Op::Request(q, c) => {
+                        let quota = &quotas[q];
+                        let cost = 1 + c % quota.capacity();
+                        let truth = server.peek(quota, now, cost);
+                        let (answer, from_cache) = request(&cache, &mut server, quota, now, cost, 0, 0);
+                        if from_cache && truth.allowed {
+                            stale[family].fetch_add(1, Ordering::Relaxed);
+                            prop_assert!(
+                                now - given_back < MAX_AGE_US,
+                                "step {} {:?} cost {}: denied {} µs after the key was given back: {:?}",
+                                step, quota, cost, now - given_back, answer
+                            );
+                        }
+                    }
+                }
+            }
+        });
+        // The property says nothing of a cache that never outlived a
+        // give-back.
+        let stale = stale.map(AtomicU64::into_inner);
+        assert!(
+            stale.iter().all(|&n| n > 0),
+            "denials of keys given back, per algorithm: {stale:?}"
         );
     }
 

@@ -288,8 +288,8 @@ impl Limiter {
     /// offset between this clock and Redis's, as long as round trips stay
     /// under half a window. This limiter's cached denials of the keys are
     /// forgotten, as they may end sooner now; other instances' deny caches
-    /// hold their denials of the keys until they expire (at most their
-    /// `retry_after`), as after a [`reset`](Self::reset).
+    /// answer their denials of the keys for at most a second more, as after
+    /// a [`reset`](Self::reset).
     ///
     /// An admission of a key this limiter (or a clone) [reset](Self::reset)
     /// since gives nothing back, as the reset deleted what it took; a key
@@ -402,8 +402,8 @@ impl Limiter {
     /// when the call fails or is dropped before Redis answers, as the reset
     /// may land all the same. A [`refund`](Self::refund) of an admission
     /// this limiter made before the reset gives nothing back: what it took
-    /// was deleted. Other instances' deny caches hold their denials of the
-    /// key until they expire (at most their `retry_after`), and their leases
+    /// was deleted. Other instances' deny caches answer their denials of the
+    /// key for at most a second more, and their leases
     /// serve what they hold until they end (at most the lease TTL). A
     /// backend fault is an `Err`.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
