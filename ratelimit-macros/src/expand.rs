@@ -225,7 +225,10 @@ fn holds_impl(tokens: TokenStream) -> bool {
 ///         Ok(receipt) => receipt,
 ///         Err(denied) => return ::ratelimit::__private::ReturnsDenial::denied(denied),
 ///     };
-///     let __ratelimit_output = ::ratelimit::__private::output::<R, _>(async { body }).await;
+///     let __ratelimit_output = ::ratelimit::__private::output::<R, _>(async {
+///         if let Some(output) = None::<R> { return output; }
+///         body
+///     }).await;
 ///     ::ratelimit::__private::settle(__ratelimit_receipt, &__ratelimit_output, RefundOn::Err).await;
 ///     __ratelimit_output
 /// }
@@ -271,7 +274,19 @@ fn refunding(
             // `move`: the body owns the arguments, as the function's own
             // future did; borrowed, an argument that is `Send` but not
             // `Sync` would make the future not `Send`.
-            let __ratelimit_output = #private::output::<#output, _>(async move { #body }).await;
+            // The block's output is named before the body's first `return`,
+            // which would otherwise fix it, coercions lost (`return
+            // Err(Box::new(e))` for a `Box<dyn Error>`).
+            let __ratelimit_output = #private::output::<#output, _>(async move {
+                #[allow(unreachable_code)]
+                if let ::core::option::Option::Some(__ratelimit_output) =
+                    ::core::option::Option::None::<#output>
+                {
+                    return __ratelimit_output;
+                }
+                #body
+            })
+            .await;
             #private::settle(
                 __ratelimit_receipt,
                 &__ratelimit_output,
