@@ -2017,3 +2017,48 @@ async fn the_attributes_refund_on_lets_failed_calls_cost_nothing() {
     );
     assert_eq!(limiter.stats().refunded, 6);
 }
+
+/// A router served without `into_make_service_with_connect_info`, as
+/// `axum::serve(listener, app)` does: no request has a peer address. A limit
+/// per client address is then the server's mistake, answered `500` with the
+/// misconfigured problem and logged at error level with the call that mends
+/// it, never one bucket shared by every client (six clients behind a proxy
+/// at two requests an hour each were 200, 200, then 429 for the other four).
+#[tokio::test]
+async fn a_server_that_records_no_peer_address_is_named_not_given_one_bucket() {
+    let proxies = TrustedProxies::new(["10.0.0.0/8", "127.0.0.0/8"]).unwrap();
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(
+            stopped_limiter(),
+            Limit::per_client_ip(proxies, hourly(2)).name("ip"),
+        )
+        .name("api"),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = client();
+    let (replies, log) = support::logged(async {
+        let mut replies = Vec::new();
+        for client_ip in 1..=6 {
+            let forwarded = format!("192.0.2.{client_ip}");
+            replies.push(fetch_with(&client, &url, &[("x-forwarded-for", &forwarded)]).await);
+        }
+        replies
+    })
+    .await;
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [500; 6], "log: {log}");
+    let body: Value = serde_json::from_str(&replies[0].body).unwrap();
+    assert_eq!(body["code"], "rate_limit_misconfigured", "{body}");
+    assert_eq!(body["policy"], "api.ip", "{body}");
+    assert!(
+        !replies[0].body.contains("ConnectInfo") && replies[0].headers.get("retry-after").is_none(),
+        "the cause is the service's, told in its log, not to the client: {}",
+        replies[0].body
+    );
+    assert!(
+        log.contains("ERROR") && log.contains("into_make_service_with_connect_info"),
+        "the log names the mistake and its mend: {log}"
+    );
+}

@@ -54,7 +54,9 @@ enum Test {
 impl Exemption {
     /// Requests whose peer address (axum's `ConnectInfo<SocketAddr>`) is one
     /// of `ranges`: addresses (`"192.0.2.7"`) or CIDR ranges
-    /// (`"192.0.2.0/24"`). A request with no peer address is not exempt.
+    /// (`"192.0.2.0/24"`). A request with no peer address is not exempt (a
+    /// router served without `into_make_service_with_connect_info`, logged
+    /// at error level).
     ///
     /// # Panics
     ///

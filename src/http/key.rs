@@ -6,8 +6,9 @@ use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use axum::extract::ConnectInfo;
 use axum::http::header::{AUTHORIZATION, FORWARDED};
@@ -352,24 +353,39 @@ fn parse_node(node: &str) -> Option<IpAddr> {
 }
 
 /// The peer's address, recorded by axum's `into_make_service_with_connect_info`.
+/// Its absence is the server's mistake, the same for every request, and is
+/// logged at error level (once a second at most).
 pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     if peer.is_none() {
-        warn_no_connect_info();
+        report_no_connect_info();
     }
     peer
 }
 
-fn warn_no_connect_info() {
-    static WARNED: AtomicBool = AtomicBool::new(false);
-    if !WARNED.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            "a rate limit keyed on the client address found no `ConnectInfo<SocketAddr>`; \
-             serve the router with `into_make_service_with_connect_info::<SocketAddr>()`. \
-             Until then such requests share one bucket (logged once)"
+/// What a limit or an exemption keyed on the client's address is told when
+/// the server records no peer address.
+pub(crate) const NO_CONNECT_INFO: &str =
+    "the server records no peer address (`ConnectInfo<SocketAddr>`) for a rate limit or \
+     exemption keyed on the client's address; serve the router with \
+     `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`";
+
+fn report_no_connect_info() {
+    static LAST_US: AtomicU64 = AtomicU64::new(0);
+    static START: OnceLock<Instant> = OnceLock::new();
+    let now_us = START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1_000_000;
+    let last = LAST_US.load(Ordering::Relaxed);
+    if now_us.saturating_sub(last) >= 1_000_000
+        && LAST_US
+            .compare_exchange(last, now_us, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::error!(
+            "{NO_CONNECT_INFO}: until then, address limits answer 500 and address exemptions \
+             exempt nothing (logged once a second at most)"
         );
     }
 }
@@ -443,34 +459,34 @@ impl KeySource {
         }
     }
 
-    /// Appends the request's value to `key`, escaped; `false` (and nothing
-    /// appended) when it cannot be determined. The global source appends
-    /// nothing: its key is the prefix alone. Only an async closure awaits.
+    /// Appends the request's value to `key`, escaped, or says why it
+    /// cannot (and appends nothing). The global source appends nothing: its
+    /// key is the prefix alone. Only an async closure awaits.
     pub(crate) async fn push_value(
         &self,
         parts: &Parts,
         ipv6_prefix_len: u8,
         key: &mut KeyBuilder,
-    ) -> bool {
+    ) -> Pushed {
         match self {
             KeySource::PeerIp => match peer_ip(parts) {
                 Some(ip) => key.push_value(ip_value(ip, ipv6_prefix_len).as_str()),
-                None => return false,
+                None => return Pushed::NoPeerAddress,
             },
             KeySource::ClientIp(proxies) => match peer_ip(parts) {
                 Some(peer) => match proxies.client(peer, &parts.headers) {
                     ClientAddr::Ip(ip) => key.push_value(ip_value(ip, ipv6_prefix_len).as_str()),
                     ClientAddr::Unreadable(raw) => push_raw_value(key, &raw),
                 },
-                None => return false,
+                None => return Pushed::NoPeerAddress,
             },
             KeySource::Header(name) => {
                 let Some(value) = parts.headers.get(name) else {
-                    return false;
+                    return Pushed::Missing;
                 };
                 let value = value.as_bytes().trim_ascii();
                 if value.is_empty() {
-                    return false;
+                    return Pushed::Missing;
                 }
                 // A header keyed on is most often a credential (an API
                 // key, `Authorization`): keys end up in Redis and in logs.
@@ -478,20 +494,31 @@ impl KeySource {
             }
             KeySource::BearerToken => match bearer_token(&parts.headers) {
                 Some(token) => key.push_value(token_digest(token).as_str()),
-                None => return false,
+                None => return Pushed::Missing,
             },
             KeySource::Custom(value) => match value(parts) {
                 Some(value) => key.push_value(value.as_str()),
-                None => return false,
+                None => return Pushed::Missing,
             },
             KeySource::Async(value) => match value(parts).await {
                 Some(value) => key.push_value(value.as_str()),
-                None => return false,
+                None => return Pushed::Missing,
             },
             KeySource::Global => {}
         }
-        true
+        Pushed::Value
     }
+}
+
+/// What [`KeySource::push_value`] did.
+pub(crate) enum Pushed {
+    /// The request's value is in the key.
+    Value,
+    /// The request has none (no such header, no token, a closure's `None`):
+    /// [`MissingKey`](super::MissingKey) says what to do.
+    Missing,
+    /// The server records no peer address, which no request can mend.
+    NoPeerAddress,
 }
 
 /// Appends raw bytes (a header value, which need not be UTF-8) escaped as

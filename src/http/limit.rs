@@ -12,9 +12,10 @@ use super::fields;
 use super::key::{KeyFuture, KeySource, TrustedProxies};
 use crate::{Algorithm, FailurePolicy, Limiter, Quota};
 
-/// What a limit does with a request whose key cannot be determined: no
-/// `ConnectInfo` for an address key, no such header, no bearer token, or a
-/// key closure that returned `None`.
+/// What a limit does with a request whose key cannot be determined: no such
+/// header, no bearer token, or a key closure that returned `None`. (An
+/// address limit served with no peer addresses is the service's mistake,
+/// answered `500`: see [`Limit::per_peer_ip`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -258,8 +259,11 @@ impl Limit {
         }
     }
 
-    /// Per peer address, from axum's `ConnectInfo<SocketAddr>`. Behind a
-    /// proxy every request has the proxy's address; use
+    /// Per peer address, from axum's `ConnectInfo<SocketAddr>`: serve the
+    /// router with `into_make_service_with_connect_info::<SocketAddr>()`.
+    /// Without it no request has an address, and the limit answers `500`
+    /// (code `"rate_limit_misconfigured"`) with an error in the log. Behind
+    /// a proxy every request has the proxy's address; use
     /// [`per_client_ip`](Self::per_client_ip).
     pub fn per_peer_ip(quota: impl Into<QuotaSource>) -> Self {
         Self::new(KeySource::PeerIp, quota.into())

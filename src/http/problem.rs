@@ -65,6 +65,10 @@ pub fn retry_after_secs(retry_after: Duration) -> u64 {
 /// | [`DenialCause::CostExceedsCapacity`] | 429 | `"cost_exceeds_capacity"` | absent: the request costs more than the quota's capacity, so waiting never helps, and no header invites a retry |
 /// | [`DenialCause::DuplicateKey`] (two limits of one check built the same key: the service's mistake) | 500 | `"rate_limit_misconfigured"` | absent: retrying never helps |
 ///
+/// [`RateLimitLayer`](super::RateLimitLayer) answers the same `500` problem,
+/// with no denial behind it, when an address limit finds that the server
+/// records no peer addresses (see [`Limit::per_peer_ip`](super::Limit::per_peer_ip)).
+///
 /// A closed policy's denial is a `503`, not a `429`: the client did nothing
 /// wrong, and nothing is known of its quota, so no `RateLimit: r=0` says it
 /// spent it.
@@ -307,6 +311,62 @@ struct Problem {
     retry_after: Option<u64>,
 }
 
+/// The `500` answered when limit `policy` cannot be checked for a reason in
+/// the service itself (logged where it is found), in the shape of a
+/// denial's problem: code `"rate_limit_misconfigured"`, no `Retry-After`,
+/// and nothing of the cause, which is the service's to mend.
+pub(crate) fn misconfigured(policy: &str) -> Response {
+    let message = format!(
+        "rate limit `{policy}` could not be checked: the service is misconfigured, which \
+         retrying does not mend"
+    );
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "rate_limit_misconfigured",
+        policy,
+        message,
+        (0, 0, None),
+    )
+}
+
+/// A problem response: its body, `Content-Type`, `Retry-After` when
+/// retrying can help, and the [`Problem`] marker for the layers around.
+fn problem(
+    status: StatusCode,
+    code: &str,
+    policy: &str,
+    message: String,
+    (limit, remaining, retry_after): (u64, u64, Option<u64>),
+) -> Response {
+    let mut body = Map::new();
+    body.insert("type".into(), "about:blank".into());
+    let title = status.canonical_reason().unwrap_or("Too Many Requests");
+    body.insert("title".into(), title.into());
+    body.insert("status".into(), status.as_u16().into());
+    body.insert("detail".into(), message.clone().into());
+    body.insert("code".into(), code.into());
+    body.insert("policy".into(), policy.into());
+    body.insert("message".into(), message.into());
+    if let Some(secs) = retry_after {
+        body.insert("retryAfter".into(), secs.into());
+    }
+    let mut response = Response::new(Body::from(Value::Object(body.clone()).to_string()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    if let Some(secs) = retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response.extensions_mut().insert(Problem {
+        body,
+        status,
+        limit,
+        remaining,
+        retry_after,
+    });
+    response
+}
+
 impl IntoResponse for TooManyRequests {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -316,26 +376,9 @@ impl IntoResponse for TooManyRequests {
             .clone()
             .unwrap_or_else(|| self.default_message());
         let policy = self.policy();
-        let mut body = Map::new();
-        body.insert("type".into(), "about:blank".into());
-        let title = status.canonical_reason().unwrap_or("Too Many Requests");
-        body.insert("title".into(), title.into());
-        body.insert("status".into(), status.as_u16().into());
-        body.insert("detail".into(), message.clone().into());
-        body.insert("code".into(), self.code().into());
-        body.insert("policy".into(), policy.into());
-        body.insert("message".into(), message.into());
-        if let Some(secs) = retry_after {
-            body.insert("retryAfter".into(), secs.into());
-        }
-
-        let mut response = Response::new(Body::from(Value::Object(body.clone()).to_string()));
-        *response.status_mut() = status;
+        let numbers = (self.denied.limit, self.denied.remaining, retry_after);
+        let mut response = problem(status, self.code(), policy, message, numbers);
         let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if let Some(secs) = retry_after {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        }
         // A denial from a check names its quota's policy, which has a window.
         let (q, w) = match self.denied.policy {
             Some(policy) => (policy.quota_units(), Some(policy.window_secs())),
@@ -351,13 +394,6 @@ impl IntoResponse for TooManyRequests {
                 fields::ratelimit_value(policy, 0, retry_after),
             );
         }
-        response.extensions_mut().insert(Problem {
-            body,
-            status,
-            limit: self.denied.limit,
-            remaining: self.denied.remaining,
-            retry_after,
-        });
         response
     }
 }

@@ -17,6 +17,7 @@ use tower::Service;
 use super::denial::Denial;
 use super::exempt::Exemption;
 use super::fields;
+use super::key::Pushed;
 use super::limit::{Limit, MissingKey};
 use super::problem::{self, TooManyRequests};
 use crate::{
@@ -114,28 +115,33 @@ impl Shared {
 
     /// The limits that apply to the request, with their keys and quotas;
     /// a limit whose key is missing and [`MissingKey::Unlimited`] is left out.
-    async fn asked(&self, parts: &Parts) -> Vec<Asked<'_>> {
+    /// `Err` with the limit's name when an address limit finds no peer
+    /// address: the server's mistake, never mended by a shared bucket,
+    /// which would make a limit per client one limit for all of them.
+    async fn asked(&self, parts: &Parts) -> Result<Vec<Asked<'_>>, &'static str> {
         let mut asked = Vec::with_capacity(self.limits.len());
         for limit in &self.limits {
             let spec = &limit.limit;
             let mut key = KeyBuilder::new();
             key.push_literal(&limit.prefix);
-            if !spec
+            match spec
                 .source
                 .push_value(parts, spec.ipv6_prefix_len, &mut key)
                 .await
             {
-                match spec.missing_key {
+                Pushed::Value => {}
+                Pushed::Missing => match spec.missing_key {
                     MissingKey::SharedBucket => key.push_literal("%unknown"),
                     MissingKey::Unlimited => continue,
-                }
+                },
+                Pushed::NoPeerAddress => return Err(limit.name),
             }
             let quota = spec.quota.resolve(&self.limiter, parts);
             let mut key = key.finish();
             ratelimit_core::key::__keep_apart(&mut key, limit.home, &quota);
             asked.push(Asked { limit, quota, key });
         }
-        asked
+        Ok(asked)
     }
 
     async fn decide<'a>(&self, asked: &'a [Asked<'_>]) -> Verdict<'a> {
@@ -359,8 +365,17 @@ where
                 shared.limiter.__exempt(rule);
                 return inner.call(Request::from_parts(parts, body)).await;
             }
-            let asked = shared.asked(&parts).await;
             let request_id = problem::request_id(&parts.headers, &shared.request_id_header);
+            let asked = match shared.asked(&parts).await {
+                Ok(asked) => asked,
+                Err(limit) => {
+                    let mut response = problem::misconfigured(limit);
+                    if let Some(id) = request_id {
+                        problem::attach_request_id(&mut response, &id);
+                    }
+                    return Ok(response);
+                }
+            };
             if asked.is_empty() {
                 return inner.call(Request::from_parts(parts, body)).await;
             }
