@@ -87,7 +87,8 @@ pub(crate) fn redacted(url: &str) -> String {
 }
 
 /// `url` with the values of its query's `pass` and `password` replaced by
-/// `***`.
+/// `***`, those names read as redis-rs reads them: percent-decoded, so
+/// `p%61ss` is `pass`.
 fn hidden_in_query(url: &str) -> String {
     let Some((head, query)) = url.split_once('?') else {
         return url.to_owned();
@@ -99,7 +100,9 @@ fn hidden_in_query(url: &str) -> String {
         .split('&')
         .map(|pair| match pair.split_once('=') {
             Some((name, _))
-                if name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password") =>
+                if ["pass", "password"]
+                    .iter()
+                    .any(|secret| decoded(name).eq_ignore_ascii_case(secret.as_bytes())) =>
             {
                 format!("{name}=***")
             }
@@ -112,6 +115,31 @@ fn hidden_in_query(url: &str) -> String {
         shown.push_str(fragment);
     }
     shown
+}
+
+/// A query name as a form decodes it: `%XX` is the byte `XX`, `+` a space.
+fn decoded(name: &str) -> Vec<u8> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(high), Some(low)) => {
+                out.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (b'+', ..) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, ..) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// How long data sent to Redis may go unacknowledged at the TCP level before
@@ -454,5 +482,31 @@ mod url_tests {
         ] {
             assert_eq!(redacted(url), shown, "{url}");
         }
+    }
+
+    /// redis-rs reads a query's names percent-decoded: `p%61ss` is `pass`,
+    /// the password of a Unix socket's URL, and the last of several wins.
+    #[test]
+    fn a_query_password_is_hidden_however_its_name_is_encoded() {
+        use redis::IntoConnectionInfo as _;
+        for url in [
+            "redis+unix:///tmp/r.sock?p%61ss=s3cretPW",
+            "redis+unix:///tmp/r.sock?%70ass=s3cretPW&db=2",
+            "redis+unix:///tmp/r.sock?pass=decoy&pas%73=s3cretPW",
+            "unix:///tmp/r.sock?%70%61%73%73=s3cretPW",
+        ] {
+            let info = url.into_connection_info().unwrap();
+            assert_eq!(
+                info.redis_settings().password(),
+                Some("s3cretPW"),
+                "redis-rs reads the password of {url}"
+            );
+            let shown = redacted(url);
+            assert!(!shown.contains("s3cretPW"), "{url} shown as {shown}");
+        }
+        assert_eq!(
+            redacted("redis+unix:///tmp/r.sock?db=2&p%61ss=s3cretPW"),
+            "redis+unix:///tmp/r.sock?db=2&p%61ss=***"
+        );
     }
 }
