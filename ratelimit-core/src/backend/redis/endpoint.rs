@@ -172,25 +172,46 @@ pub(crate) fn parse_each(
     urls: &[String],
     what: &'static str,
 ) -> Result<Vec<redis::ConnectionInfo>, Error> {
-    use redis::IntoConnectionInfo as _;
     urls.iter()
-        .map(|url| {
-            url.as_str().into_connection_info().map_err(|source| {
-                Error::from(ConfigError::InvalidUrl {
-                    what,
-                    urls: vec![redacted(url)],
-                    source,
-                })
-            })
-        })
+        .map(|url| connection_info(url, what, cfg!(feature = "tls")))
         .collect()
+}
+
+/// `url`'s connection information (`what` names it in errors). A TLS URL
+/// (`rediss://`, `valkeys://`) without the `tls` feature (`tls_feature`
+/// false) is the error that names the feature, which redis-rs's own would
+/// not.
+fn connection_info(
+    url: &str,
+    what: &'static str,
+    tls_feature: bool,
+) -> Result<redis::ConnectionInfo, Error> {
+    use redis::IntoConnectionInfo as _;
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    let secure = ["rediss", "valkeys"]
+        .iter()
+        .any(|tls| scheme.eq_ignore_ascii_case(tls));
+    if secure && !tls_feature {
+        return Err(ConfigError::FeatureOff {
+            what: "`rediss://`",
+            feature: "tls",
+        }
+        .into());
+    }
+    url.into_connection_info().map_err(|source| {
+        ConfigError::InvalidUrl {
+            what,
+            urls: vec![redacted(url)],
+            source,
+        }
+        .into()
+    })
 }
 
 /// A client for `url`, with `tls`'s certificates for a `rediss://` URL; an
 /// invalid URL is a configuration error that names the URL without its
 /// password.
 pub(crate) fn open_client(url: &str, tls: &crate::tls::TlsConfig) -> Result<redis::Client, Error> {
-    use redis::IntoConnectionInfo as _;
     let invalid = |source| {
         Error::from(ConfigError::InvalidUrl {
             what: "Redis URL",
@@ -198,10 +219,8 @@ pub(crate) fn open_client(url: &str, tls: &crate::tls::TlsConfig) -> Result<redi
             source,
         })
     };
-    let info = url
-        .into_connection_info()
-        .map_err(invalid)?
-        .set_tcp_settings(tcp_settings());
+    let info =
+        connection_info(url, "Redis URL", cfg!(feature = "tls"))?.set_tcp_settings(tcp_settings());
     if uses_tls(over_tls(&info), tls, "a URL")? && tls.is_set() {
         #[cfg(feature = "tls")]
         return redis::Client::build_with_tls(info, tls.certificates()).map_err(invalid);
@@ -482,6 +501,24 @@ mod url_tests {
         ] {
             assert_eq!(redacted(url), shown, "{url}");
         }
+    }
+
+    /// Without the `tls` feature a TLS URL is refused naming the feature, in
+    /// any case of its scheme; with it, it is parsed.
+    #[test]
+    fn a_tls_url_without_the_tls_feature_names_the_feature() {
+        use crate::error::{ConfigError, Error};
+        for url in [
+            "rediss://127.0.0.1:6380",
+            "REDISS://u:s3cret@host/0",
+            "valkeys://127.0.0.1:6380",
+        ] {
+            match super::connection_info(url, "Redis URL", false) {
+                Err(Error::Config(ConfigError::FeatureOff { feature: "tls", .. })) => {}
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        assert!(super::connection_info("redis://127.0.0.1:6379", "Redis URL", false).is_ok());
     }
 
     /// redis-rs reads a query's names percent-decoded: `p%61ss` is `pass`,
