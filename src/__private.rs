@@ -429,7 +429,7 @@ impl Taking {
 async fn give_back(held: &mut Vec<(Limiter, OwnedAdmitted)>) {
     while let Some((limiter, admitted)) = held.pop() {
         if let Err(error) = limiter.__refund_owned(admitted).await {
-            tracing::warn!(%error, "could not give back the tokens of a call that was not run");
+            limiter.__refund_lost("the tokens of a call that was not run", &error);
         }
     }
 }
@@ -524,7 +524,7 @@ pub async fn settle<R: ReturnsDenial>(receipt: Receipt, output: &R, refund_on: R
     }
     for (limiter, admitted) in receipt.kept {
         if let Err(error) = limiter.__refund_owned(admitted).await {
-            tracing::warn!(%error, "could not give back a call's tokens");
+            limiter.__refund_lost("a call's tokens", &error);
         }
     }
 }

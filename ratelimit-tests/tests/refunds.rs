@@ -1195,3 +1195,59 @@ async fn a_refund_given_up_once_sent_leaves_no_cached_denial() {
     }
     assert_eq!(limiter.stats().refunded, 0);
 }
+
+#[derive(Debug)]
+enum JobError {
+    Limited(#[allow(dead_code)] RateLimited),
+    Failed,
+}
+
+impl From<RateLimited> for JobError {
+    fn from(denied: RateLimited) -> Self {
+        JobError::Limited(denied)
+    }
+}
+
+#[ratelimit::rate_limit(key = "job:<id>", capacity = 100, rate = "1/h", limiter = limiter, refund_on = err)]
+async fn failing_job(limiter: &Limiter, id: u64, hold: Duration) -> Result<(), JobError> {
+    tokio::time::sleep(hold).await;
+    let _ = id;
+    Err(JobError::Failed)
+}
+
+/// Redis killed while 200 admitted calls run: each call's refund fails, and
+/// the failure is logged once a second at most, as the checks' own failures
+/// are, not once per call (200 warnings in a fraction of a second).
+#[tokio::test]
+async fn refunds_an_outage_fails_are_logged_once_a_second() {
+    let mut server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .redis(server.url())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let (outcomes, log) = support::logged(async {
+        let calls: Vec<_> = (0..200)
+            .map(|id| failing_job(&limiter, id, Duration::from_millis(500)))
+            .collect();
+        let all = futures::future::join_all(calls);
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            server.kill();
+        };
+        let (outcomes, ()) = tokio::join!(all, kill);
+        outcomes
+    })
+    .await;
+    let failed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Err(JobError::Failed)))
+        .count();
+    assert_eq!(failed, 200, "every call was admitted and ran: {outcomes:?}");
+    let lines = log.matches("could not give back").count();
+    assert!(
+        (1..=2).contains(&lines),
+        "{lines} lines for 200 lost refunds: {log}"
+    );
+    assert_eq!(limiter.stats().refunded, 0, "no refund reached Redis");
+}

@@ -178,7 +178,7 @@ impl Shared {
             return;
         }
         if let Err(error) = self.limiter.refund(admitted).await {
-            tracing::warn!(%error, %status, "could not give back a request's tokens");
+            self.limiter.__refund_lost("a request's tokens", &error);
         }
     }
 

@@ -437,6 +437,7 @@ impl Inner {
             denial_log_every,
             last_warning: AtomicU64::new(0),
             last_duplicate: AtomicU64::new(0),
+            last_lost_refund: AtomicU64::new(0),
         }
     }
 }

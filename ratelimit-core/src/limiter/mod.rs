@@ -99,6 +99,8 @@ struct Inner {
     last_warning: AtomicU64,
     /// When a check that names a key twice was last logged.
     last_duplicate: AtomicU64,
+    /// When a refund the backend did not take was last logged.
+    last_lost_refund: AtomicU64,
 }
 
 impl fmt::Debug for Limiter {
@@ -440,6 +442,22 @@ impl Limiter {
         request::Origin {
             limiter: self.inner.id,
             resets: self.inner.resets.begun(),
+        }
+    }
+
+    /// Logs a refund made for the caller (`what` gave back, such as "a
+    /// call's tokens") that failed, at most once a second per limiter: an
+    /// outage fails every refund, and callers each log nothing of their own.
+    #[doc(hidden)]
+    pub fn __refund_lost(&self, what: &'static str, error: &Error) {
+        if report::once_a_second(&self.inner.last_lost_refund) {
+            tracing::warn!(
+                backend = self.inner.backend.name(),
+                kind = %error.kind(),
+                %error,
+                "could not give back {what}; what it took stays taken (logged at most once a \
+                 second)"
+            );
         }
     }
 
