@@ -39,3 +39,48 @@ async fn without_install_the_attribute_uses_the_redis_the_environment_names() {
         .unwrap();
     assert!(!keys.is_empty(), "the decision was written to Redis");
 }
+
+/// A service with no tracing subscriber whose `REDIS_URL` names a Redis that
+/// refuses it (a password is required, none given): each call fails open,
+/// and standard error says why, rather than nothing at all while no call is
+/// limited. Run in a process of its own (this test starts itself again),
+/// whose global limiter and subscriber are its own.
+#[test]
+fn a_misconfigured_environment_is_told_on_standard_error_without_a_subscriber() {
+    const CHILD: &str = "RATELIMIT_TEST_MISCONFIGURED_URL";
+    if let Ok(url) = std::env::var(CHILD) {
+        std::env::set_var("REDIS_URL", url);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        for user in 0..3 {
+            let answer = runtime.block_on(call(user));
+            eprintln!("call {user}: {answer:?}");
+        }
+        return;
+    }
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret")
+        .query::<()>(&mut connection)
+        .unwrap();
+    let name = "a_misconfigured_environment_is_told_on_standard_error_without_a_subscriber";
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(CHILD, server.url())
+        .output()
+        .expect("run this test again in a process of its own");
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(child.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("call 0: Ok(0)"),
+        "the call failed open: {stderr}"
+    );
+    assert!(
+        stderr.contains("ratelimit: the redis backend refuses this limiter's configuration")
+            && stderr.contains("authentication"),
+        "standard error names the misconfiguration: {stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}

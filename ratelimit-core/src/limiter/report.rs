@@ -52,6 +52,15 @@ impl Limiter {
                 _ => kind,
             };
             if cause.is_misconfiguration() {
+                // A service with no subscriber would hear nothing of a
+                // limiter that decides nothing until it is fixed.
+                if !tracing::dispatcher::has_been_set() {
+                    eprintln!(
+                        "ratelimit: the {backend} backend refuses this limiter's configuration \
+                         ({cause}): {error}; applying the failure policy {policy:?} until it is \
+                         fixed (printed at most once a second, as no tracing subscriber is set)"
+                    );
+                }
                 tracing::error!(
                     backend,
                     key,
