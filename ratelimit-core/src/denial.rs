@@ -59,7 +59,10 @@ pub struct RateLimited {
     pub limit: u64,
     /// Whole tokens left.
     pub remaining: u64,
-    /// How long to wait before the same call can succeed.
+    /// How long to wait before the same call can succeed: [`Duration::MAX`]
+    /// when waiting never helps (a cost above the capacity, a check naming
+    /// one key twice; see [`is_retryable`](Self::is_retryable)), so add it
+    /// to an instant with `checked_add`, not `+`.
     pub retry_after: Duration,
     /// How long until the key is back to its full quota (as
     /// [`Decision::reset_after`](crate::Decision::reset_after)).
