@@ -39,8 +39,8 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | yes | the Redis backend, Sentinel, [`RedisRuleSource`] |
-//! | `cluster` | yes | Redis Cluster: [`LimiterBuilder::cluster`] |
+//! | `redis` | yes | the Redis backend, Sentinel, `RedisRuleSource` |
+//! | `cluster` | yes | Redis Cluster through [`LimiterBuilder::cluster`] (without the feature, `build` names it) |
 //! | `tls` | no | `rediss://` through rustls, [`TlsConfig`] for a private CA or mutual TLS |
 //! | `metrics` | yes | counters, a histogram and gauges through the `metrics` facade |
 //! | `axum` | no | `ratelimit::http`: a tower layer with 429 problem responses and the IETF RateLimit fields |

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Certificates for `rediss://` connections, given to
 /// [`LimiterBuilder::tls`](crate::LimiterBuilder::tls) and
-/// [`RedisRuleSourceBuilder::tls`](crate::RedisRuleSourceBuilder::tls).
+/// `RedisRuleSourceBuilder::tls` (feature `redis`).
 ///
 /// With none given, a `rediss://` URL trusts the platform's root
 /// certificates (read by rustls-native-certs, which honours
