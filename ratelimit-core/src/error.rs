@@ -197,7 +197,10 @@ pub enum ConfigError {
     },
     /// Addresses that do not parse, shown without their passwords.
     #[cfg(feature = "redis")]
-    #[error("invalid {what} {urls:?}: {source}")]
+    #[error(
+        "invalid {what} {urls:?}: {source}; write redis://[user:password@]host[:port][/db] \
+         (rediss:// over TLS, valkey:// and valkeys:// likewise) or redis+unix:///path"
+    )]
     InvalidUrl {
         /// Which addresses.
         what: &'static str,

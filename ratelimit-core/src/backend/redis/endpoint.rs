@@ -519,6 +519,14 @@ mod url_tests {
             }
         }
         assert!(super::connection_info("redis://127.0.0.1:6379", "Redis URL", false).is_ok());
+        // A URL that does not parse is told how one is written.
+        let error = super::connection_info("http://127.0.0.1:6379", "Redis URL", true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("write redis://[user:password@]host[:port][/db]"),
+            "{error}"
+        );
     }
 
     /// redis-rs reads a query's names percent-decoded: `p%61ss` is `pass`,
