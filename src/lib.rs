@@ -42,7 +42,7 @@
 //! | `redis` | yes | the Redis backend, Sentinel, `RedisRuleSource` |
 //! | `cluster` | yes | Redis Cluster through [`LimiterBuilder::cluster`] (without the feature, `build` names it) |
 //! | `tls` | no | `rediss://` through rustls, [`TlsConfig`] for a private CA or mutual TLS |
-//! | `metrics` | yes | counters, a histogram and gauges through the `metrics` facade |
+//! | `metrics` | yes | counters, a histogram and gauges through the `metrics` facade (0.24: an exporter built on another major version sees none of them) |
 //! | `axum` | no | `ratelimit::http`: a tower layer with 429 problem responses and the IETF RateLimit fields |
 //!
 //! With `default-features = false`, the attribute and the memory backend,
@@ -60,7 +60,7 @@ pub use ratelimit_core::{
 };
 #[cfg(feature = "redis")]
 pub use ratelimit_core::{
-    PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
+    redis, PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
     DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
 };
 

@@ -11,8 +11,9 @@ static GLOBAL: OnceCell<Limiter> = OnceCell::new();
 /// start-up, before the first rate-limited call.
 ///
 /// Fails with [`Error::AlreadyInstalled`] when a limiter is already installed,
-/// or when a rate-limited call already ran and so fixed the default (the
-/// memory backend): limits must not silently move between backends.
+/// or once the default is fixed, which the first rate-limited call does, and
+/// so does any call of [`global`] (`global().stats()` in a metrics endpoint,
+/// say): limits must not silently move between backends.
 ///
 /// ```
 /// use ratelimit_core::{install, Limiter};

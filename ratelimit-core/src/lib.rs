@@ -57,4 +57,10 @@ pub use rule_source::{
     DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
 };
 pub use rules::{RuleError, Rules};
+/// The redis-rs this crate speaks through: its [`RedisError`](redis::RedisError)
+/// is inside [`Error::Redis`], and
+/// [`RedisRuleSource::publish_on`] takes its connections, so code that
+/// names them uses this one, of the same version.
+#[cfg(feature = "redis")]
+pub use redis;
 pub use tls::TlsConfig;
