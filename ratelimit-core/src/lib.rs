@@ -51,16 +51,16 @@ pub use metrics::StatsSnapshot;
 #[doc(hidden)]
 pub use quota::__span_micros;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, QuotaPolicy, Rate};
-#[cfg(feature = "redis")]
-pub use rule_source::{
-    PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
-    DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
-};
-pub use rules::{RuleError, Rules};
 /// The redis-rs this crate speaks through: its [`RedisError`](redis::RedisError)
 /// is inside [`Error::Redis`], and
 /// [`RedisRuleSource::publish_on`] takes its connections, so code that
 /// names them uses this one, of the same version.
 #[cfg(feature = "redis")]
 pub use redis;
+#[cfg(feature = "redis")]
+pub use rule_source::{
+    PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
+    DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
+};
+pub use rules::{RuleError, Rules};
 pub use tls::TlsConfig;

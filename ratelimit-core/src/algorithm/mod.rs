@@ -139,7 +139,7 @@ mod tests {
             }
             assert_eq!(late, latest, "{algorithm}");
             let admitted = decide(&quota, &mut None, MAX_NOW, 1).0;
-            let given = Refund::of(&quota, &admitted, 1, 0).unwrap();
+            let given = Refund::of(&quota, &admitted, 1, 0, 0).unwrap();
             refund(&quota, &mut late, u64::MAX, &given);
             refund(&quota, &mut latest, MAX_NOW, &given);
             assert_eq!(late, latest, "{algorithm}");

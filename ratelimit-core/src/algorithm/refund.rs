@@ -44,13 +44,16 @@ pub(crate) struct Refund {
 
 impl Refund {
     /// The refund of `decision`, an admission of `cost` on `quota` made
-    /// `elapsed_us` ago; `None` when there is nothing left to give back (no
-    /// cost, a window that has ended, a log entry with no tag).
+    /// `elapsed_us` ago, whose tokens (a bucket's) refunds of older
+    /// admissions have since moved up the debt by `moved_up` units; `None`
+    /// when there is nothing left to give back (no cost, a window that has
+    /// ended, a log entry with no tag).
     pub(crate) fn of(
         quota: &Quota,
         decision: &Decision,
         cost: u64,
         elapsed_us: u64,
+        moved_up: u64,
     ) -> Option<Self> {
         if cost == 0 || !decision.allowed {
             return None;
@@ -71,7 +74,10 @@ impl Refund {
                 let debt = u128::from(decision.debt?);
                 let drained = u128::from(elapsed_us) * u128::from(quota.rate().tokens());
                 let cost_units = u128::from(cost) * u128::from(quota.rate().period_us());
-                let units = debt.saturating_sub(drained).min(cost_units);
+                let units = debt
+                    .saturating_sub(drained)
+                    .saturating_sub(u128::from(moved_up))
+                    .min(cost_units);
                 (units > 0).then(|| Self {
                     units: u64::try_from(units).unwrap_or(u64::MAX),
                     ..refund
@@ -285,7 +291,7 @@ mod tests {
                 !decide(&long, &mut state, at, 1).0.allowed,
                 "{long:?} spent"
             );
-            let given = Refund::of(&long, &admission, 1, 0).unwrap();
+            let given = Refund::of(&long, &admission, 1, 0, 0).unwrap();
             refund(&long, &mut state, at, &given);
             assert!(
                 decide(&long, &mut state, at, 1).0.allowed,
@@ -320,7 +326,7 @@ mod tests {
             while decide(&new, &mut state, at, 1).0.allowed {
                 admitted += 1;
             }
-            let given = Refund::of(&old, &admission, 1, at - (m + 5_000_000)).unwrap();
+            let given = Refund::of(&old, &admission, 1, at - (m + 5_000_000), 0).unwrap();
             refund(&old, &mut state, at, &given);
             let (after, _) = decide(&new, &mut state, at, 1);
             assert!(
@@ -343,7 +349,7 @@ mod tests {
         let mut state = before.clone();
         let (d, _) = decide(quota, &mut state, at, cost);
         assert!(d.allowed, "{quota:?} admits");
-        let r = Refund::of(quota, &d, cost, later - at).expect("something to refund");
+        let r = Refund::of(quota, &d, cost, later - at, 0).expect("something to refund");
         refund(quota, &mut state, later, &r);
         state
     }
@@ -397,11 +403,15 @@ mod tests {
         let (d, _) = decide(&quota, &mut state, t, 1);
         // 0.2 s later the window ended: the next one's count is not touched.
         let (_, _) = decide(&quota, &mut state, t + 200_000, 1);
-        assert_eq!(Refund::of(&quota, &d, 1, 200_000), None, "its window ended");
+        assert_eq!(
+            Refund::of(&quota, &d, 1, 200_000, 0),
+            None,
+            "its window ended"
+        );
         // Measured on a clock 30 ms off: still the right window.
         let mut state = None;
         let (d, _) = decide(&quota, &mut state, t, 2);
-        let r = Refund::of(&quota, &d, 2, 10_000).unwrap();
+        let r = Refund::of(&quota, &d, 2, 10_000, 0).unwrap();
         refund(&quota, &mut state, t + 40_000, &r);
         assert_eq!(state, None);
 
@@ -410,12 +420,12 @@ mod tests {
         let (d, _) = decide(&sliding, &mut state, t, 2);
         // In the next window the admission is the previous window's count.
         decide(&sliding, &mut state, t + 600_000, 0);
-        let r = Refund::of(&sliding, &d, 2, 600_000).unwrap();
+        let r = Refund::of(&sliding, &d, 2, 600_000, 0).unwrap();
         let mut after = state.clone();
         refund(&sliding, &mut after, t + 600_000, &r);
         assert_eq!(after, None, "the previous window's count is given back");
         // Two windows on, it weighs nothing: nothing to give.
-        assert_eq!(Refund::of(&sliding, &d, 2, 1_200_000), None);
+        assert_eq!(Refund::of(&sliding, &d, 2, 1_200_000, 0), None);
     }
 
     #[test]
@@ -424,7 +434,7 @@ mod tests {
         let mut state = None;
         let (first, _) = decide(&quota, &mut state, 1_000, 2);
         decide(&quota, &mut state, 2_000, 1);
-        let r = Refund::of(&quota, &first, 2, 1_500).unwrap();
+        let r = Refund::of(&quota, &first, 2, 1_500, 0).unwrap();
         refund(&quota, &mut state, 2_500, &r);
         refund(&quota, &mut state, 2_500, &r);
         assert_eq!(
@@ -449,13 +459,13 @@ mod tests {
         // Two seconds on, the bucket is full again; two more are taken.
         decide(&quota, &mut state, 2_000_000, 1);
         decide(&quota, &mut state, 2_000_000, 1);
-        assert_eq!(Refund::of(&quota, &first, 1, 2_000_000), None);
+        assert_eq!(Refund::of(&quota, &first, 1, 2_000_000, 0), None);
         // Half a second on, half of an admission is still owed.
         let (third, _) = decide(&quota, &mut state, 2_500_000, 0);
         assert!(third.allowed);
         let mut state = None;
         let (one, _) = decide(&quota, &mut state, 0, 1);
-        let r = Refund::of(&quota, &one, 1, 500_000).unwrap();
+        let r = Refund::of(&quota, &one, 1, 500_000, 0).unwrap();
         assert_eq!(r.units, 500_000, "half a token's units");
         refund(&quota, &mut state, 500_000, &r);
         assert_eq!(state, None, "the bucket is full again");
@@ -471,7 +481,7 @@ mod tests {
         let mut state = None;
         let (d, _) = decide(&quota, &mut state, 10_000_000, 3);
         // 2.5 s later the bucket owes half a token: the refund fills it.
-        let r = Refund::of(&quota, &d, 3, 2_500_000).unwrap();
+        let r = Refund::of(&quota, &d, 3, 2_500_000, 0).unwrap();
         assert_eq!(r.units, 500_000, "what is left of the three tokens");
         refund(&quota, &mut state, 12_500_000, &r);
         assert_eq!(state, None);

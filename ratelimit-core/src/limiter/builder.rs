@@ -429,6 +429,7 @@ impl Inner {
             deny_cache,
             leases: Leases::new(crate::lease::MAX_KEYS),
             resets: super::refund::Resets::new(),
+            refunded: super::refund::Refunded::new(),
             lease_ttl: builder.lease_ttl,
             cache_clock: clock,
             timeout: builder.timeout,

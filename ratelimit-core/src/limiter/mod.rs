@@ -88,6 +88,8 @@ struct Inner {
     /// When keys were last reset, so refunds of older admissions give
     /// nothing back.
     resets: refund::Resets,
+    /// Bucket refunds made, so later ones give back no refilled token.
+    refunded: refund::Refunded,
     lease_ttl: Duration,
     /// Named rules, changeable while running.
     rules: crate::rules::Rules,
@@ -276,7 +278,13 @@ impl Limiter {
     ///   first, so an admission's tokens come back in the order taken: all
     ///   of the cost right after the check, none of it once the bucket would
     ///   have been full again without it. What is given back is exactly what
-    ///   the bucket would hold had the admission not been made;
+    ///   the bucket would hold had the admission not been made, counting the
+    ///   refunds this limiter made since of admissions before it, which
+    ///   moved its tokens up the debt (they drain sooner). Refunds of the
+    ///   key that overlap the admission's check in time, and other
+    ///   instances' refunds, cannot be placed before or after it, and are
+    ///   not counted: a refund after such a one can give back what refilled
+    ///   meanwhile;
     /// - the fixed window: the cost, while the admission's window lasts;
     ///   after it ends the next window starts whole anyway, and nothing is
     ///   given;
@@ -439,9 +447,21 @@ impl Limiter {
     /// (shared by its clones), so that only it takes their refunds, and the
     /// resets it has begun so far. Read before the check decides.
     pub(crate) fn origin(&self) -> request::Origin {
+        let begun = self.inner.resets.begun();
         request::Origin {
             limiter: self.inner.id,
-            resets: self.inner.resets.begun(),
+            resets: begun,
+            done: begun,
+            arrived_us: 0,
+        }
+    }
+
+    /// `origin` once its check's decisions have arrived.
+    pub(crate) fn arrived(&self, origin: request::Origin) -> request::Origin {
+        request::Origin {
+            done: self.inner.resets.begun(),
+            arrived_us: self.inner.cache_clock.now_micros(),
+            ..origin
         }
     }
 

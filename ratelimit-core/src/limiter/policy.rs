@@ -145,6 +145,7 @@ impl Limiter {
         shadow: bool,
         origin: Origin,
     ) -> Result<Admitted<'a>, RateLimited> {
+        let origin = self.arrived(origin);
         match decided {
             Ok(decisions) => Ok(Admitted::new(decisions, requests, origin)),
             Err(denied) if shadow => {
@@ -196,6 +197,7 @@ impl Limiter {
         shadow_decided: Result<Decisions, RateLimited>,
         origin: Origin,
     ) -> Result<Admitted<'a>, RateLimited> {
+        let origin = self.arrived(origin);
         match shadow_decided {
             Ok(shadow_decisions) => {
                 // Back in the order asked.

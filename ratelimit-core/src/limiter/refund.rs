@@ -1,9 +1,11 @@
 //! Refunds: an admission's cost given back where it was taken (see
 //! [`Limiter::refund`]).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
-use super::request::{Admitted, OwnedAdmitted};
+use super::request::{Admitted, Origin, OwnedAdmitted};
 use super::{answered_in_process, Limiter};
 use crate::algorithm::Refund;
 use crate::backend::Deadline;
@@ -71,9 +73,192 @@ impl Resets {
         self.begun.load(Ordering::SeqCst)
     }
 
+    /// Counts an event that is not a reset (a bucket refund landing), for
+    /// [`Refunded`] to order against checks; returns the new count.
+    fn count(&self) -> u64 {
+        self.begun.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
     /// Whether `key` was marked after `begun` marks had been made.
     fn since(&self, key: &str, begun: u64) -> bool {
         self.slot(key).load(Ordering::SeqCst) > begun
+    }
+}
+
+/// Slots of [`Refunded`]: keys that share one are told apart by their hash.
+const REFUND_SLOTS: usize = 256;
+
+/// Refunds of one slot kept; past it the oldest that has landed goes.
+const REFUNDS_PER_SLOT: usize = 64;
+
+/// The bucket refunds this limiter made, by key, so that a later refund of
+/// the same key gives back no token that refilled.
+///
+/// A bucket's debt drains oldest first, and a refund gives back what is
+/// left of an admission's cost: its decision's debt less what has drained
+/// since, as if the admission were still the newest part of the debt. A
+/// refund of an older admission made since has moved the admission's tokens
+/// up the queue by what it gave back, so they drain sooner: without it, a
+/// bucket of 4 at one token per 5 s, taken 2 by A then 2 by B, A refunded,
+/// then 5 s later 1 by C, gave B's refund 2 tokens where 1 was left, and
+/// admitted 5 at one instant.
+///
+/// So a refund is taken off by what refunds of the key gave back that
+/// surely came before it in the debt and surely landed after it was
+/// decided: exact for admissions and refunds that do not overlap in time.
+/// Of refunds that overlap a check, nothing can tell here whether they came
+/// before its decision or after, and they are not counted, as before this
+/// record was kept; nor are other instances' refunds, or refunds past the
+/// [`REFUNDS_PER_SLOT`] latest of a slot.
+///
+/// Which admission came first: an admission's end (see [`end_of`]) plus
+/// the units the limiter's refunds of the key had given back when it was
+/// decided never falls from one admission to the next (an admission raises
+/// the end; a refund lowers it by what it adds to those units).
+pub(super) struct Refunded {
+    hasher: KeyHasher,
+    slots: Box<[Mutex<VecDeque<GivenBack>>]>,
+}
+
+/// One refund of a bucket's admission.
+struct GivenBack {
+    hash: u64,
+    id: u64,
+    /// The count (see [`Resets::count`]) when the refunded admission's
+    /// decisions arrived.
+    done: u64,
+    /// The latest its debt can have ended (see [`end_of`]), with what
+    /// drained while its decision was on its way back.
+    end: u128,
+    /// The count when the refund was sent, and when it landed (`u64::MAX`
+    /// while in flight).
+    sent: u64,
+    landed: u64,
+    units: u64,
+    /// After this instant (µs on the limiter's clock) every admission it
+    /// could have moved up has drained whole.
+    until_us: u64,
+}
+
+/// A refund noted in [`Refunded`], to mark as landed.
+pub(super) struct Noted {
+    slot: usize,
+    id: u64,
+}
+
+impl Refunded {
+    pub(super) fn new() -> Self {
+        Self {
+            hasher: KeyHasher::default(),
+            slots: (0..REFUND_SLOTS).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn place(&self, key: &str) -> (usize, u64) {
+        use std::hash::BuildHasher;
+        let hash = self.hasher.hash_one(key);
+        ((hash >> 32) as usize % REFUND_SLOTS, hash)
+    }
+
+    fn lock(&self, slot: usize) -> std::sync::MutexGuard<'_, VecDeque<GivenBack>> {
+        self.slots[slot]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What refunds of `key` have moved up the tokens of the admission made
+    /// at `origin`, whose debt ended at `end` at the earliest, in the
+    /// algorithm's units.
+    fn moved_up(&self, key: &str, origin: Origin, end: u128) -> u64 {
+        let (slot, hash) = self.place(key);
+        let refunds = self.lock(slot);
+        let of_key = || refunds.iter().filter(|r| r.hash == hash);
+        // The units given back before the admission's check began (surely
+        // in its decision), less those sent before `done` (the most that
+        // can be in a decision whose reply arrived by then).
+        let offset = |done: u64| {
+            let landed: u128 = of_key()
+                .filter(|r| r.landed <= origin.resets)
+                .map(|r| u128::from(r.units))
+                .sum();
+            let sent: u128 = of_key()
+                .filter(|r| r.sent <= done)
+                .map(|r| u128::from(r.units))
+                .sum();
+            (landed, sent)
+        };
+        of_key()
+            // Sent once the admission's reply was in: landed after it.
+            .filter(|r| r.sent > origin.done)
+            // Surely earlier in the debt.
+            .filter(|r| {
+                let (landed, sent) = offset(r.done);
+                r.end + sent < end + landed
+            })
+            .fold(0u64, |sum, r| sum.saturating_add(r.units))
+    }
+
+    /// Notes a refund of `units` of `key`'s admission made at `origin`,
+    /// whose debt ended at `end` at the latest, in flight until
+    /// [`landed`](Self::landed), and mattering until `until_us`.
+    fn note(
+        &self,
+        resets: &Resets,
+        key: &str,
+        (origin, end): (Origin, u128),
+        units: u64,
+        (now_us, until_us): (u64, u64),
+    ) -> Noted {
+        let (index, hash) = self.place(key);
+        let sent = resets.count();
+        let mut refunds = self.lock(index);
+        refunds.retain(|r| r.landed == u64::MAX || r.until_us >= now_us);
+        if refunds.len() >= REFUNDS_PER_SLOT {
+            if let Some(oldest) = refunds.iter().position(|r| r.landed != u64::MAX) {
+                refunds.remove(oldest);
+            }
+        }
+        let id = refunds.back().map_or(0, |r| r.id.wrapping_add(1));
+        refunds.push_back(GivenBack {
+            hash,
+            id,
+            done: origin.done,
+            end,
+            sent,
+            landed: u64::MAX,
+            units,
+            until_us,
+        });
+        Noted { slot: index, id }
+    }
+
+    /// Marks `noted` refunds as landed now (or possibly landed: a refund
+    /// that failed may have reached the backend all the same).
+    fn landed(&self, resets: &Resets, noted: &[Noted]) {
+        for noted in noted {
+            let landed = resets.count();
+            let mut refunds = self.lock(noted.slot);
+            if let Some(refund) = refunds.iter_mut().find(|r| r.id == noted.id) {
+                refund.landed = landed;
+            }
+        }
+    }
+}
+
+/// Where the debt a bucket's admission left ends, in the algorithm's units
+/// since the epoch of the limiter's clock: its decision's instant's units
+/// plus its debt (early by what drained during its round trip).
+fn end_of(quota: &Quota, decision: &Decision) -> u128 {
+    u128::from(decision.at) * u128::from(quota.rate().tokens())
+        + u128::from(decision.debt.unwrap_or(0))
+}
+
+/// Marks its refunds landed in [`Refunded`] when dropped.
+struct MarkLanded<'a>(&'a Refunded, &'a Resets, Vec<Noted>);
+
+impl Drop for MarkLanded<'_> {
+    fn drop(&mut self) {
+        self.0.landed(self.1, &self.2);
     }
 }
 
@@ -99,7 +284,7 @@ impl Limiter {
             rule: request.rule,
             decision,
         });
-        self.give_back_each(taken, origin.resets).await
+        self.give_back_each(taken, origin).await
     }
 
     /// [`refund`](Self::refund) of an admission whose keys and quotas it
@@ -116,18 +301,20 @@ impl Limiter {
             rule: t.rule,
             decision: &t.decision,
         });
-        self.give_back_each(taken, admitted.origin.resets).await
+        self.give_back_each(taken, admitted.origin).await
     }
 
-    /// Gives back each of `taken`, whose check began after `resets` resets
-    /// had begun.
+    /// Gives back each of `taken`, an admission made at `origin`.
     async fn give_back_each<'a>(
         &self,
         taken: impl Iterator<Item = Taken<'a>>,
-        resets: u64,
+        origin: Origin,
     ) -> Result<(), Error> {
+        let resets = origin.resets;
         let now = self.inner.cache_clock.now_micros();
         let mut remote: Vec<(&Quota, &str, Refund)> = Vec::new();
+        // The bucket refunds noted in `Refunded`, landed once sent.
+        let mut noted: Vec<Noted> = Vec::new();
         // The rules of the refunds sent to the backend, counted once it
         // took them.
         let mut remote_rules: Vec<&'static str> = Vec::new();
@@ -147,7 +334,7 @@ impl Limiter {
                 Via::Nothing => continue,
                 Via::Local => {
                     let share = quota.scaled(self.inner.local_share);
-                    let Some(refund) = Refund::of(&share, decision, cost, elapsed) else {
+                    let Some(refund) = Refund::of(&share, decision, cost, elapsed, 0) else {
                         continue;
                     };
                     self.inner.local.refund(&share, key, &refund);
@@ -161,9 +348,36 @@ impl Limiter {
                     }
                 }
                 Via::Backend => {
-                    let Some(refund) = Refund::of(quota, decision, cost, elapsed) else {
+                    // A bucket's tokens, moved up by what refunds of older
+                    // admissions gave back since (see `Refunded`).
+                    let refunded = &self.inner.refunded;
+                    let bucket = !quota.algorithm().is_windowed()
+                        && quota.algorithm() != crate::quota::Algorithm::SlidingLog;
+                    // The earliest the debt can have ended, and the latest
+                    // (with what drained while the reply was on its way).
+                    let end = end_of(quota, decision);
+                    let drained_on_the_way =
+                        u128::from(origin.arrived_us.saturating_sub(decision.at))
+                            * u128::from(quota.rate().tokens());
+                    let moved = match bucket {
+                        true => refunded.moved_up(key, origin, end),
+                        false => 0,
+                    };
+                    let Some(refund) = Refund::of(quota, decision, cost, elapsed, moved) else {
                         continue;
                     };
+                    if bucket {
+                        let full_us = quota.depth() / quota.rate().tokens().max(1);
+                        let times = (now, now.saturating_add(full_us));
+                        let admission = (origin, end + drained_on_the_way);
+                        noted.push(refunded.note(
+                            &self.inner.resets,
+                            key,
+                            admission,
+                            refund.units,
+                            times,
+                        ));
+                    }
                     // A bucket's lease of this key holds no more than the
                     // bucket owed when it was taken, which this refund may
                     // make less: so must the lease then.
@@ -177,6 +391,9 @@ impl Limiter {
             }
             self.inner.stats.refunded(rule);
         }
+        // Marked landed however the call ends (a refund that failed or was
+        // dropped may have reached the backend).
+        let _landed = MarkLanded(&self.inner.refunded, &self.inner.resets, noted);
         if remote.is_empty() {
             answered_in_process().await;
             return Ok(());

@@ -149,8 +149,15 @@ pub(crate) struct Origin {
     /// clones: no other limiter takes the refund (an address would be
     /// taken again by a limiter made after this one is dropped).
     pub(crate) limiter: u64,
-    /// The limiter's count of resets begun (see `Resets`).
+    /// The limiter's count of resets and refunds begun (see `Resets`)
+    /// when the check began.
     pub(crate) resets: u64,
+    /// The same count when the check's decisions arrived: a refund that
+    /// landed later than that was not in them.
+    pub(crate) done: u64,
+    /// When they arrived, on the limiter's clock (0 when decided in
+    /// process, at the instant of their decision).
+    pub(crate) arrived_us: u64,
 }
 
 /// One decision inline: most checks are of one request.

@@ -151,7 +151,7 @@ impl Admission {
             ((_, Some(at)), Some(now)) => now.saturating_sub(at),
             ((at, _), _) => u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX),
         };
-        let refund = Refund::of(&self.quota, &self.decision, self.cost, elapsed)?;
+        let refund = Refund::of(&self.quota, &self.decision, self.cost, elapsed, 0)?;
         Some((self.key, Request::refund(&self.quota, &refund, now)))
     }
 }
