@@ -60,7 +60,7 @@ pub use ratelimit_core::{
 };
 #[cfg(feature = "redis")]
 pub use ratelimit_core::{
-    redis, PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
+    PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
     DEFAULT_RULES_CHANNEL, DEFAULT_RULES_HASH,
 };
 

@@ -51,12 +51,6 @@ pub use metrics::StatsSnapshot;
 #[doc(hidden)]
 pub use quota::__span_micros;
 pub use quota::{Algorithm, Quota, QuotaBuilder, QuotaError, QuotaPolicy, Rate};
-/// The redis-rs this crate speaks through: its [`RedisError`](redis::RedisError)
-/// is inside [`Error::Redis`], and
-/// [`RedisRuleSource::publish_on`] takes its connections, so code that
-/// names them uses this one, of the same version.
-#[cfg(feature = "redis")]
-pub use redis;
 #[cfg(feature = "redis")]
 pub use rule_source::{
     PublishError, RedisRuleSource, RedisRuleSourceBuilder, DEFAULT_RELOAD_EVERY,
