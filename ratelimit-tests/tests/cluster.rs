@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimit::{FailurePolicy, Limiter, Quota, Request};
+use ratelimit::{BreakerConfig, FailurePolicy, Limiter, Quota, Request};
 use support::{native_module, RedisCluster};
 
 /// Two tests of one body, `$name::on_the_function` on a cluster without the
@@ -1201,6 +1201,101 @@ async fn callers_queued_behind_a_slot_map_read_of_frozen_nodes_wait_one_timeout(
     assert!(
         took < 2 * timeout + Duration::from_secs(1),
         "30 callers took {took:?} to be answered, with a timeout of {timeout:?}"
+    );
+}
+
+/// While every node of a cluster is down, calls refused by the masters'
+/// open breakers do not drive the cluster client: each call it cannot send
+/// has it reconnect to every node (and log that, through `log`, at WARN and
+/// ERROR), so only the breakers' probes and the slot map's reads may reach
+/// it, and the reads come at most about once a second while they fail,
+/// logging their failure as often at most. Before, the probes were sent
+/// again until their timeout and the reads came every 100 ms: the client
+/// began reconnecting about 50 times a second under 8 callers.
+#[tokio::test]
+async fn a_cluster_with_every_node_down_is_not_reconnected_to_at_each_call() {
+    let mut cluster = RedisCluster::start(3, 0);
+    // A probe a second per master.
+    let mut breaker = BreakerConfig::default();
+    breaker.initial_backoff = Duration::from_secs(1);
+    breaker.max_backoff = Duration::from_secs(1);
+    let limiter = Limiter::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_millis(100))
+        .breaker(breaker)
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    limiter.check(Request::new(&quota, "warm")).await.unwrap();
+    let ports: Vec<u16> = cluster.nodes.iter().map(|node| node.port()).collect();
+    cluster.nodes.iter_mut().for_each(|node| node.kill());
+    // The dead nodes' ports count the client's attempts to connect, each
+    // closed at once, as a node that is down would refuse it.
+    let attempts = Arc::new(AtomicU64::new(0));
+    let mut listeners = Vec::new();
+    for port in ports {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let attempts = attempts.clone();
+        listeners.push(tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                drop(stream);
+            }
+        }));
+    }
+    // The breakers open within the first calls; counted from then on.
+    let secs = 4;
+    let ((), logs) = support::logged(async {
+        let warmup = Instant::now() + Duration::from_millis(500);
+        let end = warmup + Duration::from_secs(secs);
+        let callers = (0..8).map(|caller| {
+            let (limiter, quota, attempts) = (limiter.clone(), quota, attempts.clone());
+            tokio::spawn(async move {
+                let mut counted = false;
+                for n in 0.. {
+                    let now = Instant::now();
+                    if now >= end {
+                        break;
+                    }
+                    if now >= warmup && !std::mem::replace(&mut counted, true) && caller == 0 {
+                        attempts.store(0, Ordering::Relaxed);
+                    }
+                    let key = format!("down:{caller}:{n}");
+                    let answer = limiter.check(Request::new(&quota, &key)).await;
+                    assert!(
+                        answer.is_err(),
+                        "a cluster with every node down admitted a call"
+                    );
+                    tokio::task::yield_now().await;
+                }
+            })
+        });
+        for caller in futures::future::join_all(callers).await {
+            caller.unwrap();
+        }
+    })
+    .await;
+    let attempts = attempts.load(Ordering::Relaxed);
+    listeners.iter().for_each(tokio::task::JoinHandle::abort);
+    // Each probe (3 a second) and each read of the slot map (1 a second)
+    // may have the client try every node (3) twice; and the client tries
+    // again by itself about once a second.
+    let most = 3 * (3 * 2 + 2 + 1) * secs;
+    assert!(
+        attempts <= most,
+        "the cluster client tried to connect {attempts} times in {secs} s with every node down \
+         (at most {most} expected: the breakers' probes and the slot map's reads)"
+    );
+    let warnings = logs
+        .lines()
+        .filter(|line| line.contains("could not read the Redis Cluster slot map"))
+        .count() as u64;
+    assert!(
+        warnings <= secs + 2,
+        "the slot map's failed reads were logged {warnings} times in {secs} s:\n{logs}"
     );
 }
 

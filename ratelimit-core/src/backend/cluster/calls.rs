@@ -263,6 +263,19 @@ pub(super) async fn call_routed(
                 continue;
             }
             match invoke(invocation, &mut connection, functions).await {
+                // Sent nowhere by the client's own slot map, which falls
+                // back to any node it is connected to: it is connected to
+                // none (every node is down, or was when it last tried).
+                // Each call it cannot send has it begin reconnecting to its
+                // initial nodes, so the call is not sent again: sent again
+                // until its timeout, each probe of an open breaker drove
+                // several reconnections, each logged by redis-rs.
+                Err(error)
+                    if error.kind() == redis::ErrorKind::ClusterConnectionNotFound
+                        && invocation.by_slot_map().is_none() =>
+                {
+                    return Err(error.into());
+                }
                 Err(error) if refused_unrun(&error) => {
                     if let Some(routed) = invocation.by_slot_map() {
                         by_slot_map = Some(routed);

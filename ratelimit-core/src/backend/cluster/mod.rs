@@ -81,8 +81,9 @@ pub(crate) struct ClusterBackend {
     connecting: tokio::sync::Mutex<LastFailure>,
     /// The slot map and the masters' queues; none until first read.
     routing: RwLock<Option<Arc<Routing>>>,
-    /// When the slot map was last asked for; one reader at a time.
-    refreshing: tokio::sync::Mutex<Option<Instant>>,
+    /// When the slot map was last asked for, and how the reads went; one
+    /// reader at a time.
+    refreshing: tokio::sync::Mutex<routing::Reads>,
     /// Set by a batch that met a key its node does not serve, or a failed
     /// batch: the next decision reads the slot map again.
     stale: Arc<AtomicBool>,
@@ -288,7 +289,7 @@ impl ClusterBackend {
             connection: RwLock::new(None),
             connecting: tokio::sync::Mutex::new(LastFailure::default()),
             routing: RwLock::new(None),
-            refreshing: tokio::sync::Mutex::new(None),
+            refreshing: tokio::sync::Mutex::new(routing::Reads::default()),
             stale: Arc::new(AtomicBool::new(false)),
             stale_for_open: std::sync::atomic::AtomicU64::new(0),
             epoch: Instant::now(),

@@ -23,6 +23,34 @@ pub(super) const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// every batch meeting it asks for one.
 pub(super) const REFRESH_GAP: Duration = Duration::from_millis(100);
 
+/// The most time between two reads of the slot map while they fail: the
+/// gap doubles from `REFRESH_GAP` up to it. While every node is down, each
+/// read has the cluster client try to reconnect to every node.
+pub(super) const FAILED_REFRESH_GAP: Duration = Duration::from_secs(1);
+
+/// The reads of the slot map so far, which the reader holds.
+#[derive(Default)]
+pub(super) struct Reads {
+    /// When the last read began or ended.
+    last: Option<Instant>,
+    /// The reads that failed since the last that did not.
+    failures: u32,
+    /// When a failed read was last logged: once a second at most.
+    logged: Option<Instant>,
+}
+
+impl Reads {
+    /// The least time after the last read before the next: `REFRESH_GAP`,
+    /// doubled for each read that failed since one did not, up to
+    /// `FAILED_REFRESH_GAP`.
+    fn gap(&self) -> Duration {
+        REFRESH_GAP
+            .saturating_mul(1 << self.failures.min(8))
+            .min(FAILED_REFRESH_GAP)
+            .max(REFRESH_GAP)
+    }
+}
+
 /// Slots no master serves (in the map) have this owner.
 pub(super) const NO_NODE: u16 = u16::MAX;
 
@@ -111,22 +139,41 @@ impl ClusterBackend {
         // while this caller waited answers it too, map or failure, so that
         // callers queued behind nodes that do not answer each wait one
         // timeout rather than one per caller ahead of them.
-        if last.is_some_and(|at| at >= waited_from || at.elapsed() < REFRESH_GAP) {
+        // While reads fail, they come further apart (see `Reads::gap`).
+        let gap = last.gap();
+        if last
+            .last
+            .is_some_and(|at| at >= waited_from || at.elapsed() < gap)
+        {
             return self
                 .routing
                 .read()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
         }
-        *last = Some(Instant::now());
+        last.last = Some(Instant::now());
         // Cleared before the read: a redirect met meanwhile asks again.
         self.stale.store(false, Ordering::Release);
         let read = self.read_slots().await;
-        *last = Some(Instant::now());
+        last.last = Some(Instant::now());
         let masters = match read {
-            Ok(masters) => masters,
+            Ok(masters) => {
+                last.failures = 0;
+                masters
+            }
             Err(error) => {
-                tracing::warn!(%error, "could not read the Redis Cluster slot map");
+                last.failures = last.failures.saturating_add(1);
+                if last
+                    .logged
+                    .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+                {
+                    last.logged = Some(Instant::now());
+                    tracing::warn!(
+                        %error,
+                        failed_reads = last.failures,
+                        "could not read the Redis Cluster slot map (logged at most once a second)"
+                    );
+                }
                 return current;
             }
         };
