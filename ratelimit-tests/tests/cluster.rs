@@ -1993,6 +1993,62 @@ async fn a_frozen_master_behind_a_first_dimension_opens_its_breaker() {
     assert!(took < timeout / 2, "{faults:?}");
 }
 
+/// A check across slots that fails after its first dimension was admitted
+/// gives that back; while the first dimension's master fails too, every such
+/// give-back fails, and is logged at most once a second (as the failure
+/// policy's warning is), not once per check.
+// Current-thread: the log capture is this thread's.
+#[tokio::test]
+async fn failed_give_backs_of_checks_across_slots_are_logged_at_most_once_a_second() {
+    let cluster = start(3, 0, false);
+    let timeout = Duration::from_millis(300);
+    let limiter = uncached(&cluster, timeout);
+    let quota = Quota::per_hour(1_000).unwrap();
+    let masters = cluster.masters();
+    let firsts: Vec<String> = keys_on(&cluster, masters[0], "give").take(20).collect();
+    let second = keys_on(&cluster, masters[1], "give").next().unwrap();
+    for key in firsts.iter().chain([&second]) {
+        assert!(limiter.decide(&quota, key, 1).await.unwrap().allowed);
+    }
+    let ((), logs) = support::logged(async {
+        // The second dimension's master does not answer: each check's
+        // second dimension times out, and its first is given back...
+        cluster.nodes[masters[1]].freeze();
+        let checks = firsts.iter().map(|first| {
+            let limiter = limiter.clone();
+            let check = [
+                Request::new(&quota, first).on_error(FailurePolicy::Closed),
+                Request::new(&quota, &second).on_error(FailurePolicy::Closed),
+            ];
+            async move { limiter.check(&check[..]).await.map(|_| ()) }
+        });
+        let checks = futures::future::join_all(checks);
+        // ... to the first dimension's master, frozen once it has admitted
+        // them.
+        let freeze_first = async {
+            tokio::time::sleep(timeout / 3).await;
+            cluster.nodes[masters[0]].freeze();
+        };
+        let (answers, ()) = tokio::join!(checks, freeze_first);
+        for answer in answers {
+            assert!(answer.is_err(), "a check admitted by a frozen master");
+        }
+        // The give-backs, on tasks of their own, end at their timeout.
+        tokio::time::sleep(2 * timeout).await;
+    })
+    .await;
+    cluster.nodes[masters[0]].thaw();
+    cluster.nodes[masters[1]].thaw();
+    let warnings = logs
+        .lines()
+        .filter(|line| line.contains("could not give back a multi-dimension check's tokens"))
+        .count();
+    assert!(
+        (1..=2).contains(&warnings),
+        "20 failed give-backs within a second were logged {warnings} times:\n{logs}"
+    );
+}
+
 /// A refund of a check across three masters, one of which does not answer,
 /// gives the other two their tokens back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,7 +24,7 @@ use crate::quota::Quota;
 mod builder;
 mod policy;
 mod refund;
-mod report;
+pub(crate) mod report;
 mod request;
 mod round_trip;
 

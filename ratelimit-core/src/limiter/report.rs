@@ -88,7 +88,7 @@ impl Limiter {
 
 /// Whether a log kept to once a second, whose last second `last` holds, is
 /// written now: by one caller a second, however many call.
-pub(super) fn once_a_second(last: &AtomicU64) -> bool {
+pub(crate) fn once_a_second(last: &AtomicU64) -> bool {
     let second = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -91,6 +91,9 @@ pub(crate) struct ClusterBackend {
     /// open breaker last set `stale`.
     stale_for_open: std::sync::atomic::AtomicU64,
     epoch: Instant,
+    /// The second a failed give-back of a check across slots was last
+    /// logged in (see `once_a_second`).
+    give_back_warned: Arc<std::sync::atomic::AtomicU64>,
     /// Whether the masters run the script as a function.
     functions: Arc<Functions>,
     /// Connections to masters the cluster client keeps none to.
@@ -173,10 +176,11 @@ impl Taken<'_> {
         ) else {
             return None;
         };
-        let (timeout, functions, direct) = (
+        let (timeout, functions, direct, last_warning) = (
             self.backend.timeout,
             self.backend.functions.clone(),
             self.backend.direct.clone(),
+            self.backend.give_back_warned.clone(),
         );
         let refunds: Vec<_> = std::mem::take(&mut self.admitted)
             .into_iter()
@@ -187,8 +191,12 @@ impl Taken<'_> {
         // then).
         Some(runtime.spawn(async move {
             let given = refunds.into_iter().map(|(key, call)| {
-                let (connection, functions, direct) =
-                    (connection.clone(), functions.clone(), direct.clone());
+                let (connection, functions, direct, last_warning) = (
+                    connection.clone(),
+                    functions.clone(),
+                    direct.clone(),
+                    last_warning.clone(),
+                );
                 async move {
                     let invocation = super::redis::invocation("refund", [(&key, call)]);
                     let given = calls::call_routed(
@@ -199,8 +207,19 @@ impl Taken<'_> {
                         &invocation,
                         &|| true,
                     );
+                    // Once a second at most, as the failure policy's
+                    // warning: while a master fails, every check across
+                    // slots it admitted a dimension of fails to give it
+                    // back, and a line each would flood the log.
                     if let Err(error) = given.await {
-                        tracing::warn!(%key, %error, "could not give back a multi-dimension check's tokens");
+                        if crate::limiter::report::once_a_second(&last_warning) {
+                            tracing::warn!(
+                                %key,
+                                %error,
+                                "could not give back a multi-dimension check's tokens (logged at \
+                                 most once a second)"
+                            );
+                        }
                     }
                 }
             });
@@ -293,6 +312,7 @@ impl ClusterBackend {
             stale: Arc::new(AtomicBool::new(false)),
             stale_for_open: std::sync::atomic::AtomicU64::new(0),
             epoch: Instant::now(),
+            give_back_warned: Arc::default(),
             functions: Arc::new(Functions::default()),
             direct,
             keys: KeySpace { prefix, clock },
