@@ -498,3 +498,60 @@ async fn a_sentinel_user_that_may_not_subscribe_is_named() {
         "{log}"
     );
 }
+
+/// Of the faults met asking several Sentinels, `ping` reports the most
+/// severe, naming the Sentinel it was met on (without its password): one
+/// that fixing the deployment ends (a refused password, a server that is
+/// no Sentinel) before one that waiting may end (a Sentinel down), in
+/// whichever order the Sentinels are given. Only the last Sentinel's fault
+/// was reported, so a wrong password behind a Sentinel that was down read
+/// as an outage.
+#[tokio::test]
+async fn the_most_severe_fault_among_the_sentinels_is_reported_with_its_address() {
+    use ratelimit::ErrorKind;
+    let server = RedisServer::start();
+    support::config_set(&mut server.connection().await, "requirepass", "right-one").await;
+    let plain = format!("127.0.0.1:{}", server.port());
+    let down = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+    };
+    let wrong_password = format!("redis://u:WRONG-pw@{plain}");
+    let not_a_sentinel = format!("redis://:right-one@{plain}");
+    let sentinel_down = format!("redis://:right-one@{down}");
+    for (urls, kind, named) in [
+        (
+            vec![wrong_password.clone(), sentinel_down.clone()],
+            ErrorKind::Authentication,
+            &plain,
+        ),
+        (
+            vec![sentinel_down.clone(), wrong_password.clone()],
+            ErrorKind::Authentication,
+            &plain,
+        ),
+        (vec![not_a_sentinel.clone()], ErrorKind::WrongServer, &plain),
+        (
+            vec![not_a_sentinel.clone(), sentinel_down.clone()],
+            ErrorKind::WrongServer,
+            &plain,
+        ),
+        (vec![sentinel_down.clone()], ErrorKind::Unavailable, &down),
+    ] {
+        let limiter = Limiter::builder()
+            .sentinel(MASTER, urls.clone())
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let error = limiter.ping().await.expect_err("no Sentinel to ask");
+        let shown = error.to_string();
+        assert_eq!(error.kind(), kind, "{urls:?}: {shown}");
+        assert!(
+            shown.contains(named.as_str()),
+            "{urls:?}: names no Sentinel: {shown}"
+        );
+        for secret in ["WRONG-pw", "right-one"] {
+            assert!(!shown.contains(secret), "{urls:?}: {shown}");
+        }
+    }
+}

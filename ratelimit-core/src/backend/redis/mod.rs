@@ -310,7 +310,16 @@ impl RedisBackend {
                     );
                     return Ok(lane);
                 }
-                None => return Err(error),
+                // The caller is told: of the faults met on the way, the
+                // most severe, naming its Sentinel.
+                None => {
+                    return Err(match &self.endpoint {
+                        Endpoint::Sentinel { sentinels, .. } => {
+                            sentinel::most_severe(sentinels, self.timeout, error).await
+                        }
+                        Endpoint::Fixed(_) => error,
+                    })
+                }
             },
         };
         let address = client.get_connection_info().addr().clone();

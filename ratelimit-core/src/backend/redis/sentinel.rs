@@ -132,3 +132,78 @@ pub(super) async fn watch_switches(
         tokio::time::sleep(wait).await;
     }
 }
+
+/// The fault to report when no Sentinel said where the master is: redis-rs
+/// answers the last Sentinel's (or master's) error it met, so a Sentinel
+/// that refused the password, or a server that is no Sentinel at all, was
+/// hidden behind the next one's being down. Each Sentinel is asked again,
+/// all at once, whether it can be reached and is a Sentinel; the most
+/// severe fault found is reported, naming the Sentinel: one that fixing the
+/// deployment ends (see `ErrorKind::is_misconfiguration`) before one that
+/// waiting may end, the first Sentinel's among equals, and `asked`
+/// (redis-rs's error) when the Sentinels show none worse.
+pub(super) async fn most_severe(
+    sentinels: &[redis::Client],
+    timeout: Duration,
+    asked: crate::error::Error,
+) -> crate::error::Error {
+    let found = futures_util::future::join_all(
+        sentinels
+            .iter()
+            .map(|sentinel| sentinel_fault(sentinel, timeout)),
+    )
+    .await;
+    let severity = |error: &crate::error::Error| u8::from(error.kind().is_misconfiguration());
+    let mut worst: Option<crate::error::Error> = None;
+    for fault in found.into_iter().flatten() {
+        if worst
+            .as_ref()
+            .is_none_or(|worst| severity(&fault) > severity(worst))
+        {
+            worst = Some(fault);
+        }
+    }
+    match worst {
+        Some(fault) if severity(&fault) >= severity(&asked) => fault,
+        _ => asked,
+    }
+}
+
+/// What keeps `sentinel` from answering as a Sentinel: its connection's
+/// failure (refused, a refused password, a certificate), or a server that
+/// says (`HELLO`) it is not a Sentinel; `None` when it answers as one (or
+/// is too old to say what it is).
+async fn sentinel_fault(
+    sentinel: &redis::Client,
+    timeout: Duration,
+) -> Option<crate::error::Error> {
+    use crate::error::Error;
+    let address = sentinel.get_connection_info().addr().to_string();
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let connected = tokio::time::timeout(
+        timeout,
+        sentinel.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await;
+    let mut connection = match connected {
+        Err(_) => return Some(Error::Timeout(timeout)),
+        Ok(Err(error)) => return Some(Error::from(error).connecting_to(&address)),
+        Ok(Ok(connection)) => connection,
+    };
+    match super::server::hello(&mut connection, timeout, false).await {
+        Err(error) => Some(error.connecting_to(&address)),
+        Ok(Some((mode, _))) if mode != "sentinel" => Some(Error::WrongServer {
+            address,
+            found: if mode == "cluster" {
+                "a Redis Cluster node, not a Sentinel"
+            } else {
+                "a Redis server, not a Sentinel"
+            },
+            fix: "give `LimiterBuilder::sentinel` the Sentinels' addresses (port 26379 by \
+                  default), or this server's to `LimiterBuilder::redis`",
+        }),
+        Ok(_) => None,
+    }
+}
