@@ -173,7 +173,17 @@ impl Leases {
         asked_at_us: u64,
         now_us: u64,
     ) {
-        if !self.used.load(Ordering::Relaxed) || units == 0 {
+        if units == 0 {
+            return;
+        }
+        // A lease of the key still on its way (the first, maybe) may have
+        // been decided before this refund, and would come owed as long as
+        // the bucket was before it: it is not kept (see `put`), as after a
+        // reset. Leases of other keys of the shard on their way go with it,
+        // which admits less.
+        let index = self.shards.index_of(self.shards.hash(key));
+        self.removals[index].fetch_add(1, Ordering::SeqCst);
+        if !self.used.load(Ordering::SeqCst) {
             return;
         }
         let (hash, mut shard) = self.shard(key);
@@ -249,7 +259,7 @@ impl Leases {
     /// merged lease ends with the earlier of the two, and owes what the
     /// later decision says the bucket owes, which counts both. Not kept if
     /// leases of its shard were removed since `asked` was taken: the key
-    /// was reset while its call was on its way, and the backend may no
+    /// was reset (or refunded) while its call was on its way, and the backend may no
     /// longer count the tokens (some leases of other keys are lost with it,
     /// which under-admits). The lease's id, or `None` when it was not kept.
     #[allow(clippy::too_many_arguments)]

@@ -1401,3 +1401,67 @@ fn standing_admissions_keep_the_bucket_bound_whatever_the_refunds() {
         }
     });
 }
+
+/// A refund sent while a lease of its key is on its way back: Redis decides
+/// the lease (owed until the bucket is full, 10 s away) and then the refund
+/// (the bucket full 5 s sooner), but the lease arrives after the refund was
+/// made and would be kept owed for the whole 10 s, serving tokens the bucket
+/// holds again. A bucket of 100 at 10/s, leases of 50 living 3 s, replies
+/// held 200 ms by a relay: at t0+2.9 s the bucket and the lease served 128
+/// at once. The lease on its way is not kept, as after a reset.
+#[test]
+fn a_lease_on_its_way_while_its_key_is_refunded_is_not_kept() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let relay = runtime.block_on(support::Relay::start(server.port()));
+    let clock = ManualClock::new(1_760_000_000_000_000);
+    let quota = bucket(Algorithm::TokenBucket, 100, "10/s");
+    let limiter = Limiter::builder()
+        .redis(relay.url())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(3))
+        .lease_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let t0 = clock.now_micros();
+    let served = runtime.block_on(async {
+        // The connections up before the race.
+        for _ in 0..3 {
+            let warm = || limiter.check(Request::new(&quota, "warm").cost(0));
+            let _ = tokio::join!(warm(), warm(), warm());
+        }
+        let first = limiter
+            .check(Request::new(&quota, "race").cost(50))
+            .await
+            .unwrap();
+        relay.delay_replies(Duration::from_millis(200));
+        let leased = limiter.check(Request::new(&quota, "race").cost(1).lease(50));
+        let refund = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            limiter.refund(first).await
+        };
+        let (checked, refunded) = tokio::join!(leased, refund);
+        checked.unwrap();
+        refunded.unwrap();
+        relay.delay_replies(Duration::ZERO);
+        clock.set(t0 + 2_900_000);
+        let mut served = 0;
+        while served < 1000
+            && limiter
+                .check(Request::new(&quota, "race").cost(1).lease(50))
+                .await
+                .is_ok()
+        {
+            served += 1;
+        }
+        served
+    });
+    assert!(
+        served <= 100,
+        "{served} admitted at once by a bucket of 100"
+    );
+}
