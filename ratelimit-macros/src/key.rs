@@ -45,6 +45,9 @@ pub(crate) enum TemplateError {
     EmptyPlaceholder,
     Unclosed(String),
     InvalidPlaceholder(String),
+    /// A tuple index Rust would not accept (`<pair.00>`, `<pair.99999999999>`):
+    /// the placeholder as written, and the index.
+    TupleIndex(String, String),
     NoSeparator(Placeholder, Placeholder),
     /// A placeholder with text right before (`false`) or after (`true`) it
     /// that starts with a character a value can hold.
@@ -69,6 +72,11 @@ impl fmt::Display for TemplateError {
                 f,
                 "invalid placeholder `{text}`; expected a parameter name, optionally followed \
                  by fields, such as `<user_id>` or `<user.id>`"
+            ),
+            TemplateError::TupleIndex(text, index) => write!(
+                f,
+                "invalid tuple index `.{index}` in placeholder `{text}`; a tuple index is \
+                 written as Rust writes it, without leading zeros and below 2^32, such as `.0`"
             ),
             TemplateError::Tilde => f.write_str(
                 "`~` in key text is the attribute's own separator (a quota of another \
@@ -125,6 +133,12 @@ impl Template {
             }
             let placeholder = parse_placeholder(inner)
                 .ok_or_else(|| TemplateError::InvalidPlaceholder(format!("<{inner}>")))?;
+            if let Some(index) = placeholder.fields.iter().find(|f| is_bad_tuple_index(f)) {
+                return Err(TemplateError::TupleIndex(
+                    format!("<{inner}>"),
+                    index.clone(),
+                ));
+            }
             segments.push(Segment::Placeholder(placeholder));
             rest = &after[close + 1..];
         }
@@ -216,6 +230,14 @@ fn parse_placeholder(inner: &str) -> Option<Placeholder> {
     })
 }
 
+/// Whether a field is digits that Rust would not take as a tuple index: one
+/// with a leading zero (`.00`, which would otherwise be read as `.0`), or
+/// one too large for a `u32`.
+fn is_bad_tuple_index(field: &str) -> bool {
+    field.bytes().all(|b| b.is_ascii_digit())
+        && ((field.len() > 1 && field.starts_with('0')) || field.parse::<u32>().is_err())
+}
+
 fn is_identifier(text: &str) -> bool {
     let mut chars = text.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
@@ -302,6 +324,33 @@ mod tests {
         for (text, expected) in cases {
             assert_eq!(Template::parse(text), Err(expected), "template {text:?}");
         }
+    }
+
+    /// `<x.99999999999>` once reached `Ident::new_raw` and panicked in the
+    /// attribute; `<x.00>` was read as `.0`. Both are reported, quoting the
+    /// index.
+    #[test]
+    fn tuple_indices_rust_would_not_accept_are_rejected() {
+        for (text, inner, index) in [
+            ("a:<x.99999999999>", "<x.99999999999>", "99999999999"),
+            ("a:<x.4294967296>", "<x.4294967296>", "4294967296"),
+            ("a:<x.00>", "<x.00>", "00"),
+            ("a:<x.y.01>", "<x.y.01>", "01"),
+        ] {
+            assert_eq!(
+                Template::parse(text),
+                Err(TemplateError::TupleIndex(inner.into(), index.into())),
+                "template {text:?}"
+            );
+        }
+        for text in ["a:<x.0>", "a:<x.10>", "a:<x.4294967295>", "a:<x.y0>"] {
+            assert!(Template::parse(text).is_ok(), "{text:?} must be accepted");
+        }
+        assert_eq!(
+            Template::parse("<x.00>").unwrap_err().to_string(),
+            "invalid tuple index `.00` in placeholder `<x.00>`; a tuple index is written as \
+             Rust writes it, without leading zeros and below 2^32, such as `.0`"
+        );
     }
 
     #[test]

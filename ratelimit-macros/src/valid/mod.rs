@@ -703,6 +703,22 @@ mod tests {
         }
     }
 
+    /// A tuple index too large for a `u32` once reached `Ident::new_raw` and
+    /// panicked in the attribute; it is reported at the key instead.
+    #[test]
+    fn a_tuple_index_rust_would_not_accept_is_an_error_not_a_panic() {
+        let item = "async fn f(x: (u32,)) -> Result<(), E> { Ok(()) }";
+        for index in ["99999999999", "00"] {
+            let attr = format!("key = \"a:<x.{index}>\", capacity = 1, rate = 1");
+            let message = std::panic::catch_unwind(|| error(&attr, item))
+                .unwrap_or_else(|_| panic!("the attribute panicked on `{attr}`"));
+            assert!(
+                message.starts_with(&format!("invalid tuple index `.{index}`")),
+                "{message}"
+            );
+        }
+    }
+
     #[test]
     fn placeholders_become_field_accesses_on_the_parameter() {
         let check = check(
