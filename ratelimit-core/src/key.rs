@@ -114,8 +114,11 @@ impl KeyBuilder {
     /// Appends the whole key given by `key = <expression>`: `%`, `{` and `}` are
     /// escaped so the value cannot choose a Redis Cluster hash tag, `~` so it
     /// cannot spell a suffix the attribute adds (`key~gcra`, `key~2`), control
-    /// characters so it cannot write lines of its own in logs, and a value
-    /// longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its digest.
+    /// characters (`char::is_control`, NEL among them) and the line and
+    /// paragraph separators U+2028 and U+2029 so it cannot write lines of its
+    /// own in logs; an empty value is written `%_`, as an empty template value
+    /// is, and a value longer than [`MAX_WHOLE_KEY_LEN`] is replaced by its
+    /// digest. Other characters stand for themselves.
     ///
     /// The expression itself must give different callers different values:
     /// `format!("{a}/{b}")` gives `("x/y", "z")` and `("x", "y/z")` one key.
@@ -147,7 +150,8 @@ pub fn escape_value(value: &str, out: &mut String) {
 enum Escaping {
     /// A template placeholder: everything outside the value characters.
     Value,
-    /// A whole key: only what could choose a hash tag, and `%` itself.
+    /// A whole key: only what could choose a hash tag or a suffix, or
+    /// break a log line, and `%` itself.
     Whole,
 }
 
@@ -176,7 +180,7 @@ fn push_escaped_value<T: fmt::Display + ?Sized>(out: &mut String, value: &T, esc
         let _ = write!(hasher, "{value}");
         push_digest(hasher.0.finalize().as_slice(), out);
     }
-    if escaping == Escaping::Value && out.len() == start {
+    if out.len() == start {
         out.push_str(EMPTY);
     }
 }
@@ -189,27 +193,41 @@ struct Escaper<'a> {
     too_long: bool,
 }
 
+/// Whether `c` stands for itself in a whole key (`key = <expression>`).
+/// `%` starts escapes; `{` and `}` would choose a Redis Cluster hash tag;
+/// `~` separates the suffixes the attribute adds to keep apart state of
+/// several algorithms or stacked limits. Control characters (ASCII's, DEL,
+/// and U+0080 to U+009F, NEL among them) and the line and paragraph
+/// separators are escaped too: a key is written in logs, where a line break
+/// would start a line of the caller's choosing.
+fn is_whole_key_char(c: char) -> bool {
+    !matches!(c, '%' | '{' | '}' | '~' | '\u{2028}' | '\u{2029}') && !c.is_control()
+}
+
 impl Escaper<'_> {
-    /// Whether the byte `b` stands for itself. Every byte of a character
-    /// beyond ASCII is 0x80 or above, so a run of plain bytes never ends
-    /// inside a character: for a value, such bytes are escaped, one
-    /// character at a time; for a whole key, they stand for themselves.
+    /// Whether the byte `b` stands for itself in a run copied at once. Every
+    /// byte of a character beyond ASCII is 0x80 or above, so a run of plain
+    /// bytes never ends inside a character; such characters are looked at
+    /// one at a time ([`Escaper::plain_char`]).
     fn plain(&self, b: u8) -> bool {
+        b.is_ascii() && self.plain_char(char::from(b))
+    }
+
+    /// Whether the character `c` stands for itself: for a value, only the
+    /// value characters; for a whole key, those [`is_whole_key_char`] keeps.
+    fn plain_char(&self, c: char) -> bool {
         match self.escaping {
-            Escaping::Value => is_value_char(char::from(b)),
-            // `~` too: it separates the suffixes the attribute adds to
-            // keep apart state of several algorithms or stacked limits.
-            // Control characters too: a key is written in logs, where a
-            // newline would start a line of the caller's choosing.
-            Escaping::Whole => !matches!(b, b'%' | b'{' | b'}' | b'~' | 0..=0x1F | 0x7F),
+            Escaping::Value => is_value_char(c),
+            Escaping::Whole => is_whole_key_char(c),
         }
     }
 }
 
 impl fmt::Write for Escaper<'_> {
-    /// Copies each run of bytes that stand for themselves at once, and
-    /// escapes the characters between them. Once the escaped value outgrows
-    /// its bound, it is dropped for a digest, so the rest is not written.
+    /// Copies each run of ASCII bytes that stand for themselves at once, and
+    /// writes the characters between them one at a time, escaped unless they
+    /// stand for themselves. Once the escaped value outgrows its bound, it is
+    /// dropped for a digest, so the rest is not written.
     fn write_str(&mut self, mut text: &str) -> fmt::Result {
         while !text.is_empty() && !self.too_long {
             let run = text
@@ -223,7 +241,11 @@ impl fmt::Write for Escaper<'_> {
             self.out.push_str(&text[..run]);
             text = &text[run..];
             if let Some(c) = text.chars().next() {
-                push_escaped(self.out, c);
+                if self.plain_char(c) {
+                    self.out.push(c);
+                } else {
+                    push_escaped(self.out, c);
+                }
                 text = &text[c.len_utf8()..];
                 self.too_long = self.out.len() - self.start > self.max;
             }
@@ -328,6 +350,31 @@ mod tests {
         );
     }
 
+    /// Unicode has line breaks beyond ASCII: NEL (U+0085, a control
+    /// character) and the line and paragraph separators (U+2028, U+2029),
+    /// which log viewers may break lines at. Other characters beyond ASCII
+    /// stand for themselves.
+    #[test]
+    fn whole_keys_write_no_unicode_line_break() {
+        let mut key = KeyBuilder::new();
+        key.push_whole("a\u{85}b\u{2028}c\u{2029}d\u{9f}e\u{a0}é€");
+        assert_eq!(key.finish(), "a%C2%85b%E2%80%A8c%E2%80%A9d%C2%9Fe\u{a0}é€");
+    }
+
+    /// An empty whole key is written `%_`, as an empty template value is,
+    /// never as nothing: the bare prefix, and `{}` in no tag.
+    #[test]
+    fn an_empty_whole_key_is_written_as_an_empty_value() {
+        let mut key = KeyBuilder::new();
+        key.push_whole("");
+        assert_eq!(key.finish(), "%_");
+        for value in ["%_", "%", "_"] {
+            let mut key = KeyBuilder::new();
+            key.push_whole(value);
+            assert_ne!(key.finish(), "%_", "{value:?}");
+        }
+    }
+
     /// Redis Cluster reads `{}` as no hash tag: an empty value written as
     /// nothing scattered `"{<user>}:burst"` and `"{<user>}:sustained"` over
     /// two slots.
@@ -359,7 +406,9 @@ mod tests {
         for c in value.chars() {
             let plain = match escaping {
                 Escaping::Value => is_value_char(c),
-                Escaping::Whole => !matches!(c, '%' | '{' | '}' | '~') && !c.is_ascii_control(),
+                Escaping::Whole => {
+                    !matches!(c, '%' | '{' | '}' | '~' | '\u{2028}' | '\u{2029}') && !c.is_control()
+                }
             };
             if plain {
                 out.push(c);
@@ -371,7 +420,7 @@ mod tests {
             out.clear();
             push_digest(Sha256::digest(value.as_bytes()).as_slice(), &mut out);
         }
-        if escaping == Escaping::Value && out.is_empty() {
+        if out.is_empty() {
             out.push_str(EMPTY);
         }
         out
@@ -396,7 +445,7 @@ mod tests {
                 Escaping::Whole => MAX_WHOLE_KEY_LEN,
             };
             for len in max - 4..=max + 2 {
-                for last in ["", "a", "{", "é", "~", "\n"] {
+                for last in ["", "a", "{", "é", "~", "\n", "\u{85}", "\u{2028}"] {
                     let value = format!("{}{last}", "x".repeat(len));
                     let mut out = String::new();
                     push_escaped_value(&mut out, value.as_str(), escaping);
@@ -409,7 +458,7 @@ mod tests {
     proptest! {
         #[test]
         fn the_escaper_matches_escaping_one_character_at_a_time(
-            pieces in proptest::collection::vec("([a-zA-Z0-9_.-]{0,40}|[%{}~:/ é€😀]{0,3}|.{0,10}){0,4}", 0..6),
+            pieces in proptest::collection::vec("([a-zA-Z0-9_.-]{0,40}|[%{}~:/ é€😀\u{85}\u{2028}\u{2029}\n]{0,3}|.{0,10}){0,4}", 0..6),
             prefix in "[a-z:]{0,8}",
         ) {
             let whole: String = pieces.concat();
@@ -430,6 +479,23 @@ mod tests {
             let template = ["t", sep.as_str(), sep.as_str(), ""];
             prop_assume!(a != b);
             prop_assert_ne!(build(&template, &a), build(&template, &b));
+        }
+
+        /// A whole key escapes `%` and writes every other escape as `%XX`,
+        /// the empty value as `%_` and a digest as `%_` and 32 hex digits:
+        /// it reads back one way only.
+        #[test]
+        fn different_whole_keys_never_make_the_same_key(
+            a in "([a-z%_{}~]|\\PC|\\pC|\u{2028}){0,12}",
+            b in "([a-z%_{}~]|\\PC|\\pC|\u{2028}){0,12}",
+        ) {
+            prop_assume!(a != b);
+            let whole = |value: &str| {
+                let mut key = KeyBuilder::new();
+                key.push_whole(value);
+                key.finish()
+            };
+            prop_assert_ne!(whole(&a), whole(&b));
         }
 
         #[test]

@@ -313,7 +313,11 @@ use proc_macro::TokenStream;
 /// `Display` value as the whole key, for keys a template cannot express. It is
 /// taken as written except that `%`, `{`, `}` and `~` are escaped (a value
 /// cannot choose a hash tag, nor spell the suffixes that keep stacked checks
-/// apart) and a value longer than 256 bytes is replaced by its digest.
+/// apart), and so are control characters (`char::is_control`, NEL among
+/// them) and the line and paragraph separators U+2028 and U+2029 (a key
+/// cannot write a log line of its own); an empty value is written `%_`, as
+/// an empty placeholder value is, and a value longer than 256 bytes is
+/// replaced by its digest.
 ///
 /// # Cost
 ///

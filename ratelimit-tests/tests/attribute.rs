@@ -187,6 +187,29 @@ async fn key_expressions_are_used_whole_but_cannot_choose_a_hash_tag() {
     assert_eq!(denied.key, "%7Bx%7D/1");
 }
 
+#[rate_limit(key = name, capacity = 1, rate = "1/h", limiter = limiter)]
+async fn by_name(limiter: &Limiter, name: &str) -> Result<(), AppError> {
+    Ok(())
+}
+
+/// A key is written in logs: a whole key escapes every control character
+/// (NEL, U+0085, among them) and the line and paragraph separators, so it
+/// cannot start a line of its own; an empty one is `%_`, as an empty
+/// template value is.
+#[tokio::test]
+async fn whole_keys_escape_unicode_line_breaks_and_are_never_empty() {
+    for (name, key) in [
+        ("a\u{85}b", "a%C2%85b"),
+        ("a\u{2028}b\u{2029}", "a%E2%80%A8b%E2%80%A9"),
+        ("", "%_"),
+    ] {
+        let (limiter, _) = manual_limiter();
+        by_name(&limiter, name).await.unwrap();
+        let denied = limited(by_name(&limiter, name).await);
+        assert_eq!(denied.key, key, "{name:?}");
+    }
+}
+
 #[rate_limit(key = "moved:<name>", capacity = 5, rate = 1, limiter = limiter)]
 async fn takes_ownership(limiter: &Limiter, name: String) -> Result<String, AppError> {
     // The key was built before the body; the body may move the argument.
