@@ -214,6 +214,21 @@ impl Template {
     }
 }
 
+/// The first placeholder written in `text` (`<user>`, `<user.id>`), as
+/// written: text a key expression holds that only a template would fill.
+pub(crate) fn first_placeholder(text: &str) -> Option<&str> {
+    let mut rest = text;
+    while let Some(open) = rest.find('<') {
+        let after = &rest[open + 1..];
+        let close = after.find('>')?;
+        if parse_placeholder(&after[..close]).is_some() {
+            return Some(&rest[open..open + close + 2]);
+        }
+        rest = after;
+    }
+    None
+}
+
 /// `user.id` or `pair.0` -> root and fields; `None` if not of that form.
 fn parse_placeholder(inner: &str) -> Option<Placeholder> {
     let mut parts = inner.split('.');
@@ -351,6 +366,16 @@ mod tests {
             "invalid tuple index `.00` in placeholder `<x.00>`; a tuple index is written as \
              Rust writes it, without leading zeros and below 2^32, such as `.0`"
         );
+    }
+
+    #[test]
+    fn placeholders_are_found_in_text() {
+        assert_eq!(first_placeholder("c:<user>"), Some("<user>"));
+        assert_eq!(first_placeholder("a < b, c:<user.id>:d"), Some("<user.id>"));
+        assert_eq!(first_placeholder("<<x>"), Some("<x>"));
+        for text in ["", "a<b", "a < b > c", "<{user}>", "<>", "a>b<"] {
+            assert_eq!(first_placeholder(text), None, "{text:?}");
+        }
     }
 
     #[test]

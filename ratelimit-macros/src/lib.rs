@@ -319,6 +319,12 @@ use proc_macro::TokenStream;
 /// an empty placeholder value is, and a value longer than 256 bytes is
 /// replaced by its digest.
 ///
+/// Placeholders are filled only in a string literal template. A string macro
+/// (`concat!`, `format!`, `stringify!`...) whose text holds a `<name>`
+/// placeholder is rejected; a `const` cannot be seen into, so the `<user>` of
+/// `key = KEY` with `const KEY: &str = "c:<user>"` is text, the same for every
+/// call.
+///
 /// # Cost
 ///
 /// Each call takes `cost` tokens: `cost = 5`, or an expression over the

@@ -127,7 +127,10 @@ impl Function<'_> {
         };
         let key = match key {
             KeyArg::Template(lit) => self.key_template(lit)?,
-            KeyArg::Expr(expr) => Key::Expr(expr.clone()),
+            KeyArg::Expr(expr) => {
+                no_placeholder_in_macro(expr)?;
+                Key::Expr(expr.clone())
+            }
         };
         let cost = match &args.cost {
             None => Cost::Fixed(1),
@@ -344,6 +347,79 @@ impl Function<'_> {
         let listed = names.iter().map(|name| format!("`{name}`"));
         (!names.is_empty()).then(|| listed.collect::<Vec<_>>().join(", "))
     }
+}
+
+/// Macros whose text becomes the string they build: a placeholder in it
+/// looks like a template, but is copied as text.
+const STRING_MACROS: [&str; 6] = [
+    "concat",
+    "stringify",
+    "format",
+    "format_args",
+    "concatcp",
+    "formatcp",
+];
+
+/// Rejects a `key = concat!("c:", "<user>")`, `format!("c:<user>")` or
+/// `stringify!(c:<user>)`: only a string literal is a template, so the
+/// `<user>` would be text, the same for every call, and every caller would
+/// share one bucket. (A `const` holding such text cannot be seen into.)
+fn no_placeholder_in_macro(expr: &Expr) -> syn::Result<()> {
+    let mac = match expr {
+        Expr::Macro(mac) => &mac.mac,
+        Expr::Reference(reference) => return no_placeholder_in_macro(&reference.expr),
+        Expr::Paren(paren) => return no_placeholder_in_macro(&paren.expr),
+        Expr::Group(group) => return no_placeholder_in_macro(&group.expr),
+        _ => return Ok(()),
+    };
+    let Some(name) = mac
+        .path
+        .segments
+        .last()
+        .map(|segment| segment.ident.to_string())
+    else {
+        return Ok(());
+    };
+    if !STRING_MACROS.contains(&name.as_str()) {
+        return Ok(());
+    }
+    let found = if name == "stringify" {
+        let text: String = mac
+            .tokens
+            .to_string()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        crate::key::first_placeholder(&text).map(str::to_owned)
+    } else {
+        placeholder_in_literals(mac.tokens.clone())
+    };
+    match found {
+        None => Ok(()),
+        Some(placeholder) => Err(syn::Error::new_spanned(
+            expr,
+            format!(
+                "`{placeholder}` in `{name}!` is not filled in: placeholders are filled only in \
+                 a string literal template, and here it would be the same text for every call, \
+                 so every caller would share one bucket; write the template as a literal, \
+                 `key = \"...:{placeholder}\"`"
+            ),
+        )),
+    }
+}
+
+/// The first placeholder in a string literal among `tokens`, at any depth.
+fn placeholder_in_literals(tokens: TokenStream) -> Option<String> {
+    tokens.into_iter().find_map(|token| match token {
+        proc_macro2::TokenTree::Group(group) => placeholder_in_literals(group.stream()),
+        proc_macro2::TokenTree::Literal(literal) => {
+            let text = syn::parse2::<LitStr>(literal.into_token_stream())
+                .ok()?
+                .value();
+            crate::key::first_placeholder(&text).map(str::to_owned)
+        }
+        _ => None,
+    })
 }
 
 /// The facade's package, and the name of its library.
@@ -715,6 +791,44 @@ mod tests {
             assert!(
                 message.starts_with(&format!("invalid tuple index `.{index}`")),
                 "{message}"
+            );
+        }
+    }
+
+    /// Only a string literal is a template: `<user>` in the text of a
+    /// string macro was copied as is, so every caller shared one bucket.
+    #[test]
+    fn a_placeholder_in_a_string_macro_is_an_error() {
+        for (key, placeholder, name) in [
+            ("concat!(\"c:\", \"<user_id>\")", "<user_id>", "concat"),
+            ("std::concat!(\"c:<user_id>\")", "<user_id>", "concat"),
+            ("&format!(\"c:<user_id.x>\")", "<user_id.x>", "format"),
+            (
+                "format_args!(\"c:<{}>\", \"<item>\")",
+                "<item>",
+                "format_args",
+            ),
+            ("stringify!(c:<user_id>)", "<user_id>", "stringify"),
+        ] {
+            let message = error(&format!("key = {key}, capacity = 1, rate = 1"), SUBMIT);
+            assert!(
+                message.starts_with(&format!(
+                    "`{placeholder}` in `{name}!` is not filled in: placeholders are filled \
+                     only in a string literal template"
+                )),
+                "{key}: {message}"
+            );
+        }
+        for key in [
+            "format!(\"c:{user_id}\")",
+            "format!(\"c:<{user_id}>\")",
+            "concat!(\"a<b\", \">\")",
+            "stringify!(a < b)",
+            "my_key!(\"c:<user_id>\")",
+        ] {
+            assert!(
+                check(&format!("key = {key}, capacity = 1, rate = 1"), SUBMIT).is_ok(),
+                "{key}"
             );
         }
     }
