@@ -15,8 +15,9 @@ use ratelimit_core::{Admitted, DenialCause, OwnedAdmitted, Request};
 /// ([`quota`]), or the value of `quota = <expression>` at each call.
 #[derive(Debug)]
 pub struct Rule {
-    /// Reported in denials and metrics: the function's path, or the rule's
-    /// name for `rule = "..."`.
+    /// Reported in denials and metrics: the rule's name for `rule = "..."`,
+    /// else the module path and the function's name (the attribute cannot
+    /// see an impl's type, so methods of one name in one module share it).
     pub name: &'static str,
     /// `rule = "..."`: the name looked up in the limiter's rules at each call.
     pub named: Option<&'static str>,

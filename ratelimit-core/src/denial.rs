@@ -53,7 +53,9 @@ pub enum DenialCause {
 pub struct RateLimited {
     /// The key that was limited, without the limiter's prefix.
     pub key: String,
-    /// The name of the rule that denied (the function's path for the attribute).
+    /// The name of the rule that denied: for the attribute, its `rule = "..."`,
+    /// else the module path and the function's name (which methods of one
+    /// name in one module share).
     pub rule: Option<&'static str>,
     /// The quota's capacity.
     pub limit: u64,

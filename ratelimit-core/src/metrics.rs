@@ -4,7 +4,7 @@
 //!
 //! | metric | type | labels |
 //! | --- | --- | --- |
-//! | `ratelimit_decisions_total` | counter | `rule` (the function's path for the attribute, the [`Request::rule`](crate::Request::rule), or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` (a check naming one key twice), `exempt` (a request an HTTP layer's allowlist let through unasked) |
+//! | `ratelimit_decisions_total` | counter | `rule` (for the attribute, its `rule = "..."`, else the module path and the function's name, which methods of one name in one module share; the [`Request::rule`](crate::Request::rule); or `unnamed`), `outcome`: `allowed`, `denied`, `fallback_allowed`, `fallback_denied`, `shadow_denied`, `error` (a check naming one key twice), `exempt` (a request an HTTP layer's allowlist let through unasked) |
 //! | `ratelimit_refunds_total` | counter | `rule`: admissions given back ([`Limiter::refund`](crate::Limiter::refund)), one per limit |
 //! | `ratelimit_backend_latency_seconds` | histogram | `backend` |
 //! | `ratelimit_backend_errors_total` | counter | `backend`, `kind` ([`ErrorKind::as_str`](crate::ErrorKind::as_str): `timeout`, `unavailable`, `authentication`, `tls`, `permission`, `wrong_server`, ...) |

@@ -59,8 +59,15 @@ use proc_macro::TokenStream;
 /// holding at most `capacity` tokens, refilled at `rate` (see
 /// [Algorithms](#algorithms) for the others). When the quota is spent, the
 /// body does not run and the function returns `Err(From::from(denied))`, where
-/// `denied` is a `ratelimit::RateLimited` carrying the key, the rule (the
-/// function's path, or the name given by `rule = "..."`) and `retry_after`.
+/// `denied` is a `ratelimit::RateLimited` carrying the key, the rule and
+/// `retry_after`.
+///
+/// The rule, which denials and metrics report, is the name given by
+/// `rule = "..."`, else the module path and the function's name, such as
+/// `shop::orders::submit_order`. The attribute cannot see the type of an
+/// impl it is in, so methods of one name in one module (`A::get` and
+/// `B::get`, or two impls of a trait) share the default `shop::orders::get`:
+/// give each a `rule = "..."` to tell them apart.
 ///
 /// # Requirements
 ///
@@ -92,7 +99,7 @@ use proc_macro::TokenStream;
 /// | option | value | default |
 /// | --- | --- | --- |
 /// | `key` | a template such as `"order:submit:<user_id>"`, or any expression whose value is `Display` | required |
-/// | `rule` | a rule name such as `"order_submit"`: the limiter's rule of that name (see [Named rules](#named-rules)) decides when one is set, the attribute's numbers otherwise | none |
+/// | `rule` | a rule name such as `"order_submit"`: the limiter's rule of that name (see [Named rules](#named-rules)) decides when one is set, the attribute's numbers otherwise; denials and metrics report it | none: denials and metrics report the module path and the function's name, shared by methods of one name in one module |
 /// | `capacity` | an integer literal greater than 0: the largest burst (bucket algorithms) | required, unless `quota` |
 /// | `rate` | tokens per second as an integer (`2`) or decimal (`2.5`) literal, or a string such as `"100/min"` (bucket algorithms) | required, unless `quota` |
 /// | `algorithm` | `token_bucket`, `gcra`, `leaky_bucket`, `fixed_window`, `sliding_log` or `sliding_window` | `token_bucket` |

@@ -210,6 +210,51 @@ async fn whole_keys_escape_unicode_line_breaks_and_are_never_empty() {
     }
 }
 
+struct Left;
+struct Right;
+
+impl Left {
+    #[rate_limit(key = "rule:left", capacity = 1, rate = "1/h", limiter = limiter)]
+    async fn get(&self, limiter: &Limiter) -> Result<(), AppError> {
+        Ok(())
+    }
+
+    #[rate_limit(rule = "left_put", key = "rule:left:put", capacity = 1, rate = "1/h", limiter = limiter)]
+    async fn put(&self, limiter: &Limiter) -> Result<(), AppError> {
+        Ok(())
+    }
+}
+
+impl Right {
+    #[rate_limit(key = "rule:right", capacity = 1, rate = "1/h", limiter = limiter)]
+    async fn get(&self, limiter: &Limiter) -> Result<(), AppError> {
+        Ok(())
+    }
+
+    #[rate_limit(rule = "right_put", key = "rule:right:put", capacity = 1, rate = "1/h", limiter = limiter)]
+    async fn put(&self, limiter: &Limiter) -> Result<(), AppError> {
+        Ok(())
+    }
+}
+
+/// The default rule is the module path and the function's name: the
+/// attribute cannot see the impl's type, so `Left::get` and `Right::get`
+/// report one rule, as documented, and `rule = "..."` tells them apart.
+#[tokio::test]
+async fn methods_of_one_name_in_one_module_share_the_default_rule() {
+    let (limiter, _) = manual_limiter();
+    Left.get(&limiter).await.unwrap();
+    Right.get(&limiter).await.unwrap();
+    let left = limited(Left.get(&limiter).await).rule;
+    let right = limited(Right.get(&limiter).await).rule;
+    assert_eq!(left, Some(concat!(module_path!(), "::get")));
+    assert_eq!(right, left);
+    Left.put(&limiter).await.unwrap();
+    Right.put(&limiter).await.unwrap();
+    assert_eq!(limited(Left.put(&limiter).await).rule, Some("left_put"));
+    assert_eq!(limited(Right.put(&limiter).await).rule, Some("right_put"));
+}
+
 #[rate_limit(key = "moved:<name>", capacity = 5, rate = 1, limiter = limiter)]
 async fn takes_ownership(limiter: &Limiter, name: String) -> Result<String, AppError> {
     // The key was built before the body; the body may move the argument.
