@@ -58,7 +58,22 @@ pub(super) fn positive_integer(expr: &Expr, option: &str) -> syn::Result<u64> {
         Expr::Lit(ExprLit {
             lit: Lit::Int(lit), ..
         }) => {
-            let value = parse_u64(lit)?;
+            // A capacity or limit too large is a quota too large; other
+            // options are counts of their own.
+            let value = match option {
+                "capacity" | "limit" => parse_u64(lit)?,
+                _ => lit.base10_parse::<u64>().map_err(|_| {
+                    syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "`{option} = {}` is too large: `{option}` must fit in a u64, at most \
+                             {}",
+                            lit.base10_digits(),
+                            u64::MAX
+                        ),
+                    )
+                })?,
+            };
             if value == 0 {
                 return Err(syn::Error::new(
                     lit.span(),

@@ -833,6 +833,27 @@ mod tests {
         }
     }
 
+    /// A lease too large for a u64 was reported as a quota too large, which
+    /// says to lower the capacity.
+    #[test]
+    fn a_lease_too_large_names_the_lease() {
+        assert_eq!(
+            error(
+                "key = \"k\", capacity = 10, rate = 1, lease = 99999999999999999999999",
+                SUBMIT
+            ),
+            "`lease = 99999999999999999999999` is too large: `lease` must fit in a u64, at most \
+             18446744073709551615"
+        );
+        assert_eq!(
+            error(
+                "key = \"k\", capacity = 99999999999999999999999, rate = 1",
+                SUBMIT
+            ),
+            TOO_LARGE
+        );
+    }
+
     #[test]
     fn placeholders_become_field_accesses_on_the_parameter() {
         let check = check(
