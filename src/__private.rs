@@ -167,9 +167,6 @@ impl<T: Display + ?Sized> KeyPart for T {
 pub trait ReturnsDenial: Sized {
     /// The value a denied call returns.
     fn denied(denied: RateLimited) -> Self;
-
-    /// Whether the call failed (`refund_on`).
-    fn is_err(&self) -> bool;
 }
 
 impl<T, E: From<RateLimited>> ReturnsDenial for Result<T, E> {
@@ -177,7 +174,22 @@ impl<T, E: From<RateLimited>> ReturnsDenial for Result<T, E> {
     fn denied(denied: RateLimited) -> Self {
         Err(E::from(denied))
     }
+}
 
+/// Whether a call failed, for `refund_on`. Apart from [`ReturnsDenial`],
+/// and without its `From<RateLimited>` bound: an error type that cannot
+/// carry a denial is reported once, where the denial is returned, at the
+/// return type.
+#[diagnostic::on_unimplemented(
+    message = "`#[rate_limit]` cannot return a denial as `{Self}`; return `Result<T, E>` where `E: From<RateLimited>`",
+    label = "`refund_on` refunds on `Ok` or `Err`, so this must be a `Result`"
+)]
+pub trait Outcome {
+    /// Whether the call failed.
+    fn is_err(&self) -> bool;
+}
+
+impl<T, E> Outcome for Result<T, E> {
     #[inline]
     fn is_err(&self) -> bool {
         Result::is_err(self)
@@ -515,7 +527,7 @@ pub fn output<T, F: Future<Output = T>>(body: F) -> F {
 
 /// Gives the call's tokens back when `output` is the outcome `refund_on`
 /// names. A refund that fails is logged; the output stands.
-pub async fn settle<R: ReturnsDenial>(receipt: Receipt, output: &R, refund_on: RefundOn) {
+pub async fn settle<R: Outcome>(receipt: Receipt, output: &R, refund_on: RefundOn) {
     let refund = match refund_on {
         RefundOn::Err => output.is_err(),
         RefundOn::Ok => !output.is_err(),
