@@ -70,6 +70,38 @@ impl<'a> Body<'a> {
     }
 }
 
+/// Whether `function` is what a runtime's entry attribute made of an
+/// `async fn` above which it was written: `#[tokio::main]` and
+/// `#[tokio::test]` write a plain `fn` whose body starts with
+/// `let body = async { .. };` and ends by running it with `block_on`.
+pub(crate) fn run_by_a_runtime(function: &ItemFn) -> bool {
+    if function.sig.asyncness.is_some() {
+        return false;
+    }
+    let starts_with_async_body = matches!(
+        function.block.stmts.first(),
+        Some(Stmt::Local(syn::Local {
+            pat: Pat::Ident(binding),
+            init: Some(syn::LocalInit { expr, .. }),
+            ..
+        })) if binding.ident == "body" && matches!(&**expr, Expr::Async(_))
+    );
+    starts_with_async_body
+        && names(
+            quote::ToTokens::to_token_stream(&function.block),
+            "block_on",
+        )
+}
+
+/// Whether `tokens` hold the identifier `name`, at any depth.
+fn names(tokens: proc_macro2::TokenStream, name: &str) -> bool {
+    tokens.into_iter().any(|token| match token {
+        proc_macro2::TokenTree::Ident(ident) => ident == name,
+        proc_macro2::TokenTree::Group(group) => names(group.stream(), name),
+        _ => false,
+    })
+}
+
 /// The block the checks go first in: the function's own, or the async block
 /// it returns.
 pub(crate) fn checked_block(function: &mut ItemFn) -> &mut Block {
@@ -254,6 +286,30 @@ mod tests {
         );
         assert_eq!(body("fn f() { async {}; }"), "other");
         assert_eq!(body("async fn f() -> u8 { 1 }"), "async");
+    }
+
+    /// `#[tokio::main]` written above `#[rate_limit]` expands first, and
+    /// gives it a plain `fn` running the body in a runtime (tokio-macros'
+    /// output, trimmed).
+    #[test]
+    fn a_body_run_by_a_runtime_is_recognised() {
+        let run = |item: &str| run_by_a_runtime(&syn::parse_str(item).unwrap());
+        assert!(run("fn main() -> Result<(), E> {
+                let body = async { Ok(()) };
+                let body = { if false { let _: &dyn Future<Output = Result<(), E>> = &body; } body };
+                {
+                    use tokio::runtime::Builder;
+                    return Builder::new_multi_thread().enable_all().build()
+                        .expect(\"Failed building the Runtime\").block_on(body);
+                }
+            }"));
+        assert!(!run(
+            "fn f() -> Result<(), E> { let body = async { Ok(()) }; Ok(()) }"
+        ));
+        assert!(!run("fn f() -> u8 { rt.block_on(async { 1 }) }"));
+        assert!(!run(
+            "async fn f() -> u8 { let body = async { 1 }; rt.block_on(body) }"
+        ));
     }
 
     #[test]

@@ -120,6 +120,14 @@ fn checks(args: TokenStream, stacked: &[Attribute], function: &ItemFn) -> syn::R
         all.push(Args::from_attribute(attr)?);
     }
     let body = Body::of(function);
+    if matches!(body, Body::Other) && body::run_by_a_runtime(function) {
+        return Err(syn::Error::new(
+            function.sig.fn_token.span,
+            "`#[rate_limit]` needs an `async fn`, and an attribute above it (such as \
+             `#[tokio::main]` or `#[tokio::test]`) already made this one a plain `fn` that runs \
+             its body in a runtime; put `#[rate_limit]` first, above that attribute",
+        ));
+    }
     // What comes before the returned future runs when the function is
     // called, whatever the limits answer: nothing may.
     if let (Body::Returned { .. }, [first, _, ..]) = (&body, &function.block.stmts[..]) {
