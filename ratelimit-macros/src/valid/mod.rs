@@ -128,6 +128,7 @@ impl Function<'_> {
         let key = match key {
             KeyArg::Template(lit) => self.key_template(lit)?,
             KeyArg::Expr(expr) => {
+                not_bytes(expr)?;
                 no_placeholder_in_macro(expr)?;
                 Key::Expr(expr.clone())
             }
@@ -347,6 +348,32 @@ impl Function<'_> {
         let listed = names.iter().map(|name| format!("`{name}`"));
         (!names.is_empty()).then(|| listed.collect::<Vec<_>>().join(", "))
     }
+}
+
+/// Rejects `key = b"..."` (or `c"..."`): neither a template, which is a
+/// string literal, nor a `Display` value a whole key is made of.
+fn not_bytes(expr: &Expr) -> syn::Result<()> {
+    let kind = match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::ByteStr(_),
+            ..
+        }) => "a byte string",
+        Expr::Lit(ExprLit {
+            lit: Lit::CStr(_), ..
+        }) => "a C string",
+        Expr::Lit(ExprLit {
+            lit: Lit::Byte(_), ..
+        }) => "a byte",
+        _ => return Ok(()),
+    };
+    Err(syn::Error::new_spanned(
+        expr,
+        format!(
+            "`key` must be a string literal (a template such as `key = \"order:<user_id>\"`) or \
+             an expression giving a `Display` value; {kind} is neither: write it as a string \
+             literal, without its prefix"
+        ),
+    ))
 }
 
 /// Macros whose text becomes the string they build: a placeholder in it
@@ -791,6 +818,22 @@ mod tests {
             assert!(
                 message.starts_with(&format!("invalid tuple index `.{index}`")),
                 "{message}"
+            );
+        }
+    }
+
+    /// A byte string is no template, nor `Display`: the compiler said a
+    /// placeholder's value must implement `Display`.
+    #[test]
+    fn a_byte_string_key_says_what_a_key_must_be() {
+        for key in ["b\"order:<user_id>\"", "c\"order\"", "b'k'"] {
+            let message = error(&format!("key = {key}, capacity = 1, rate = 1"), SUBMIT);
+            assert!(
+                message.starts_with(
+                    "`key` must be a string literal (a template such as \
+                     `key = \"order:<user_id>\"`) or an expression giving a `Display` value;"
+                ),
+                "{key}: {message}"
             );
         }
     }
