@@ -28,11 +28,7 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
         }
         Ok(Expansion::Around(around)) => {
             let checked = body::checked_block(&mut function);
-            // Items stay where they were, in the function's block, seen by
-            // the attribute's expressions as without `refund_on`.
-            let (mut items, stmts): (Vec<Stmt>, Vec<Stmt>) = std::mem::take(&mut checked.stmts)
-                .into_iter()
-                .partition(|stmt| matches!(stmt, Stmt::Item(_)));
+            let (mut items, stmts) = hoisted_items(std::mem::take(&mut checked.stmts));
             let block = around(quote!(#(#stmts)*));
             items.push(Stmt::Expr(Expr::Verbatim(block), None));
             checked.stmts = items;
@@ -44,6 +40,35 @@ pub(crate) fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
             tokens
         }
     }
+}
+
+/// Splits a body, for `refund_on`, into the items that stay in the
+/// function's block, seen by the attribute's expressions as without
+/// `refund_on` (`quota = tier()` with `fn tier` in the body), and the
+/// statements that go in the async block, in order.
+///
+/// Only the items before the body's first `macro_rules!` move: a macro's
+/// scope is the text after it, so moving an item or a definition past
+/// another would change what the body means (a `macro_rules! m` shadowing
+/// an earlier `m`, a `fn` using the macro). From the first `macro_rules!`
+/// on, the body stays as written.
+fn hoisted_items(stmts: Vec<Stmt>) -> (Vec<Stmt>, Vec<Stmt>) {
+    let defines_macro = |stmt: &Stmt| match stmt {
+        Stmt::Item(syn::Item::Macro(item)) => item.mac.path.is_ident("macro_rules"),
+        Stmt::Macro(stmt) => stmt.mac.path.is_ident("macro_rules"),
+        _ => false,
+    };
+    let end = stmts.iter().position(defines_macro).unwrap_or(stmts.len());
+    let mut items = Vec::new();
+    let mut rest = Vec::with_capacity(stmts.len());
+    for (i, stmt) in stmts.into_iter().enumerate() {
+        if i < end && matches!(stmt, Stmt::Item(_)) {
+            items.push(stmt);
+        } else {
+            rest.push(stmt);
+        }
+    }
+    (items, rest)
 }
 
 /// The item is not a function with a body, or uses syntax this macro does
@@ -605,6 +630,33 @@ mod tests {
 
     fn expand(args: &str, item: &str) -> String {
         rate_limit(args.parse().unwrap(), item.parse().unwrap()).to_string()
+    }
+
+    /// Items move out of the body for `refund_on` only before its first
+    /// `macro_rules!`; from there on the body keeps its order.
+    #[test]
+    fn only_items_before_the_first_macro_definition_are_hoisted() {
+        let block: syn::Block = syn::parse_str(
+            "{ let a = 1; fn f() {} struct S; macro_rules! m { () => {} } let b = m!(); fn g() {} }",
+        )
+        .unwrap();
+        let (items, rest) = hoisted_items(block.stmts);
+        let text = |stmts: Vec<Stmt>| -> Vec<String> {
+            stmts
+                .iter()
+                .map(|s| s.to_token_stream().to_string())
+                .collect()
+        };
+        assert_eq!(text(items), ["fn f () { }", "struct S ;"]);
+        assert_eq!(
+            text(rest),
+            [
+                "let a = 1 ;",
+                "macro_rules ! m { () => { } }",
+                "let b = m ! () ;",
+                "fn g () { }"
+            ]
+        );
     }
 
     #[test]

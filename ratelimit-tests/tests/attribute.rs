@@ -255,6 +255,43 @@ async fn methods_of_one_name_in_one_module_share_the_default_rule() {
     assert_eq!(limited(Right.put(&limiter).await).rule, Some("right_put"));
 }
 
+#[rate_limit(key = "shadow-macro:<x>", capacity = 100, rate = 1, limiter = limiter, refund_on = err)]
+async fn shadowing_macros(limiter: &Limiter, x: u32) -> Result<(u32, u32, u32), AppError> {
+    fn before() -> u32 {
+        ten()
+    }
+    fn ten() -> u32 {
+        10
+    }
+    macro_rules! m {
+        () => {
+            1
+        };
+    }
+    let a = m!();
+    macro_rules! m {
+        () => {
+            2
+        };
+    }
+    let b = m!();
+    // Sees the second `m` only where it is written, after it.
+    fn after() -> u32 {
+        m!()
+    }
+    Ok((a + x, b, after() + before()))
+}
+
+/// With `refund_on` the body runs in an async block; it means what it
+/// means without: a `macro_rules!` that shadows another takes effect where
+/// it is written, and an item after it sees it. The body's items were
+/// moved above its statements, so both `m!()` gave the second `m`.
+#[tokio::test]
+async fn refund_on_keeps_the_bodys_macros_in_order() {
+    let (limiter, _) = manual_limiter();
+    assert_eq!(shadowing_macros(&limiter, 0).await, Ok((1, 2, 12)));
+}
+
 #[rate_limit(key = "moved:<name>", capacity = 5, rate = 1, limiter = limiter)]
 async fn takes_ownership(limiter: &Limiter, name: String) -> Result<String, AppError> {
     // The key was built before the body; the body may move the argument.
