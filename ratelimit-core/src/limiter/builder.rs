@@ -117,10 +117,12 @@ impl LimiterBuilder {
     ///     .build()?; // connects on the first decision
     /// assert_eq!(limiter.backend_name(), "redis");
     ///
+    /// # #[cfg(feature = "tls")] {
     /// let half_tls = Limiter::builder()
     ///     .sentinel("mymaster", ["rediss://10.0.0.1:26379", "redis://10.0.0.2:26379"])
     ///     .build();
     /// assert!(matches!(half_tls, Err(Error::Config(ConfigError::Unsupported { .. }))));
+    /// # }
     /// # Ok::<(), ratelimit_core::Error>(())
     /// ```
     pub fn sentinel<I, S>(mut self, master: impl Into<String>, sentinels: I) -> Self
