@@ -14,9 +14,15 @@ pub(super) struct Known {
     /// The count of rule changes when the reply was asked for.
     pub(super) rules: u64,
     /// When it was last learned, on the cache's clock: a clock gone back
-    /// before that cannot use it, and a denial learned longer than
-    /// [`MAX_AGE_US`] before is asked of the backend again.
+    /// before that cannot use it.
     pub(super) learned_us: u64,
+    /// When a reply last replaced what was known (one asked for after every
+    /// reply known had arrived, so decided after them all): a denial is
+    /// answered from for [`MAX_AGE_US`] after it at most. Replies that
+    /// crossed are merged and leave it: they were asked for before what
+    /// they merge with arrived, so they cannot tell that the key was not
+    /// given back since.
+    pub(super) confirmed_us: u64,
     pub(super) state: State,
     /// Set while a caller is asking the backend for the others.
     pub(super) probe: Option<Waiting>,
@@ -92,7 +98,7 @@ impl Known {
     /// The denial the backend would give a request of `cost` at `now_us`,
     /// when what is known is enough to say it would deny it.
     pub(super) fn denial(&self, cost: u64, now_us: u64) -> Option<Decision> {
-        if now_us < self.learned_us || now_us - self.learned_us >= MAX_AGE_US {
+        if now_us < self.learned_us || now_us - self.confirmed_us >= MAX_AGE_US {
             return None;
         }
         let quota = &self.quota;
@@ -169,6 +175,7 @@ impl Known {
         if asked_us > self.learned_us {
             self.state = learned;
             self.learned_us = now_us;
+            self.confirmed_us = now_us;
             return;
         }
         let window = self.quota.window_us();

@@ -513,6 +513,7 @@ impl DenyCache {
                     quota: *quota,
                     rules: asked.rules,
                     learned_us: now_us,
+                    confirmed_us: now_us,
                     state: learned,
                     probe,
                 };
@@ -832,6 +833,54 @@ mod tests {
         assert!(
             stale.iter().all(|&n| n > 0),
             "denials of keys given back, per algorithm: {stale:?}"
+        );
+    }
+
+    /// Replies that cross (each asked for before the one before it arrived)
+    /// merge, and do not renew the age of what they merge with: a denial
+    /// learned before another writer reset the key is not answered from a
+    /// second later, however many crossing replies of smaller costs come in
+    /// meanwhile.
+    #[test]
+    fn crossing_replies_keep_no_denial_past_its_age() {
+        let quota = Quota::builder(Algorithm::TokenBucket)
+            .capacity(1000)
+            .rate("1000/h".parse().unwrap())
+            .build()
+            .unwrap();
+        let cache = DenyCache::new(100, Duration::from_secs(1));
+        let mut server = Server { state: None };
+        let t0 = 1_000_000_000u64;
+        // 990 taken: a cost of 20 is denied from the cache.
+        let asked = cache.asked("k", t0);
+        let taken = server.decide(&quota, t0, 990);
+        cache.learn(&quota, "k", 990, asked, t0 + 10, &taken);
+        assert!(cache.peek(&quota, "k", 20, t0 + 10).is_some());
+        // Another writer resets the key.
+        server.state = None;
+        // Calls of cost 1 every 5 ms, 10 ms each on their way: every reply
+        // arrives after the next was asked for.
+        let mut in_flight: Vec<(Asked, u64, Decision)> = Vec::new();
+        let mut t = t0 + 5;
+        while t < t0 + 3_000_000 {
+            in_flight.retain(|(asked, arrives, decided)| {
+                if *arrives > t {
+                    return true;
+                }
+                cache.learn(&quota, "k", 1, *asked, *arrives, decided);
+                false
+            });
+            let asked = cache.asked("k", t);
+            let decided = server.decide(&quota, t + 5_000, 1);
+            in_flight.push((asked, t + 10_000, decided));
+            t += 5_000;
+        }
+        assert!(server.peek(&quota, t, 20).allowed, "the server admits 20");
+        assert_eq!(
+            cache.peek(&quota, "k", 20, t),
+            None,
+            "a denial of 20 answered {} µs after the key was reset",
+            t - t0
         );
     }
 
