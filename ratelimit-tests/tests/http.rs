@@ -2062,3 +2062,24 @@ async fn a_server_that_records_no_peer_address_is_named_not_given_one_bucket() {
         "the log names the mistake and its mend: {log}"
     );
 }
+
+/// The same server with the layer in shadow mode, which never refuses a
+/// request: every request reaches the handler, and the log names the
+/// mistake.
+#[tokio::test]
+async fn a_shadow_layer_with_no_peer_address_refuses_nothing() {
+    let app = Router::new().route("/", get(ok)).layer(
+        RateLimitLayer::new(stopped_limiter(), Limit::per_peer_ip(hourly(1)).name("ip"))
+            .name("api")
+            .shadow(true),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = client();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(fetch(&client, &url).await.status);
+    }
+    assert_eq!(statuses, [200; 3]);
+}

@@ -368,6 +368,10 @@ where
             let request_id = problem::request_id(&parts.headers, &shared.request_id_header);
             let asked = match shared.asked(&parts).await {
                 Ok(asked) => asked,
+                // In shadow mode nothing is refused: the error is logged.
+                Err(_) if shared.shadow => {
+                    return inner.call(Request::from_parts(parts, body)).await;
+                }
                 Err(limit) => {
                     let mut response = problem::misconfigured(limit);
                     if let Some(id) = request_id {

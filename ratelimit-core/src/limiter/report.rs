@@ -55,7 +55,10 @@ impl Limiter {
                 // A service with no subscriber would hear nothing of a
                 // limiter that decides nothing until it is fixed.
                 if !tracing::dispatcher::has_been_set() {
-                    eprintln!(
+                    use std::io::Write as _;
+                    // Never a panic for a standard error that is gone.
+                    let _ = writeln!(
+                        std::io::stderr().lock(),
                         "ratelimit: the {backend} backend refuses this limiter's configuration \
                          ({cause}): {error}; applying the failure policy {policy:?} until it is \
                          fixed (printed at most once a second, as no tracing subscriber is set)"
