@@ -58,12 +58,17 @@ impl Lease {
     }
 }
 
+/// Keys are spread over this many counters of removals: a removal drops
+/// the leases on their way of the keys that share its counter.
+const REMOVAL_STRIPES: usize = 1024;
+
 /// What [`Leases::asked`] saw of a key's leases before its backend call:
 /// how many times they were removed, so that a lease the call answers is
-/// not kept if they were removed since (a reset landed meanwhile).
+/// not kept if they were removed since (a reset or a refund landed
+/// meanwhile).
 #[derive(Clone, Copy)]
 pub(crate) struct Asked {
-    shard: usize,
+    stripe: usize,
     removals: u64,
 }
 
@@ -82,7 +87,7 @@ impl Leases {
     pub(crate) fn new(max_keys: usize) -> Self {
         Self {
             shards: Sharded::new(SHARDS, KeyTable::new),
-            removals: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
+            removals: (0..REMOVAL_STRIPES).map(|_| AtomicU64::new(0)).collect(),
             max_per_shard: (max_keys / SHARDS).max(1),
             used: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
@@ -173,19 +178,10 @@ impl Leases {
         asked_at_us: u64,
         now_us: u64,
     ) {
-        if units == 0 {
+        if units == 0 || !self.used.load(Ordering::SeqCst) {
             return;
         }
-        // A lease of the key still on its way (the first, maybe) may have
-        // been decided before this refund, and would come owed as long as
-        // the bucket was before it: it is not kept (see `put`), as after a
-        // reset. Leases of other keys of the shard on their way go with it,
-        // which admits less.
-        let index = self.shards.index_of(self.shards.hash(key));
-        self.removals[index].fetch_add(1, Ordering::SeqCst);
-        if !self.used.load(Ordering::SeqCst) {
-            return;
-        }
+        self.unsettle(quota, key);
         let (hash, mut shard) = self.shard(key);
         let Some(lease) = shard.get_mut(hash, key) else {
             return;
@@ -227,21 +223,41 @@ impl Leases {
         }
     }
 
+    /// A bucket refund of `key` is on its way to the backend, or has just
+    /// landed: a lease of the key on its way may have been decided before
+    /// it, and would come owed as long as the bucket was before it. It is
+    /// not kept (see [`put`](Self::put)), as after a reset; so are those of
+    /// the keys that share its counter, which admits less. Called when the
+    /// refund is made and again when it has landed (or its caller is
+    /// gone), for leases asked for in between.
+    pub(crate) fn unsettle(&self, quota: &Quota, key: &str) {
+        if quota.algorithm().is_windowed() || !self.used.load(Ordering::SeqCst) {
+            return;
+        }
+        self.removals[self.stripe(key)].fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn stripe(&self, key: &str) -> usize {
+        (self.shards.hash(key) >> 16) as usize % REMOVAL_STRIPES
+    }
+
     /// Taken before a backend call that may lease `key`'s tokens, for
     /// [`put`](Self::put).
     pub(crate) fn asked(&self, key: &str) -> Asked {
-        let shard = self.shards.index_of(self.shards.hash(key));
+        // From the first lease asked for: a refund made while it is on its
+        // way must find it counted.
+        self.used.store(true, Ordering::SeqCst);
+        let stripe = self.stripe(key);
         Asked {
-            shard,
-            removals: self.removals[shard].load(Ordering::SeqCst),
+            stripe,
+            removals: self.removals[stripe].load(Ordering::SeqCst),
         }
     }
 
     /// Drops `key`'s lease, if any, and any lease a backend call asked for
     /// before now would bring (see [`put`](Self::put)).
     pub(crate) fn remove(&self, key: &str) {
-        let shard = self.shards.index_of(self.shards.hash(key));
-        self.removals[shard].fetch_add(1, Ordering::SeqCst);
+        self.removals[self.stripe(key)].fetch_add(1, Ordering::SeqCst);
         // Sequentially consistent with `put`'s store: one of the two sees
         // the other's write.
         if !self.used.load(Ordering::SeqCst) {
@@ -277,7 +293,7 @@ impl Leases {
         let (hash, mut shard) = self.shard(key);
         // Read under the shard's lock, which `remove` takes after counting:
         // a removal counted after this read finds the lease and drops it.
-        if self.removals[asked.shard].load(Ordering::SeqCst) != asked.removals {
+        if self.removals[asked.stripe].load(Ordering::SeqCst) != asked.removals {
             return None;
         }
         if let Some(live) = shard.get_mut(hash, key) {

@@ -254,11 +254,22 @@ fn end_of(quota: &Quota, decision: &Decision) -> u128 {
 }
 
 /// Marks its refunds landed in [`Refunded`] when dropped.
-struct MarkLanded<'a>(&'a Refunded, &'a Resets, Vec<Noted>);
+struct MarkLanded<'a> {
+    refunded: &'a Refunded,
+    resets: &'a Resets,
+    noted: Vec<Noted>,
+    /// The bucket refunds' keys, whose leases on their way are unsettled
+    /// again (see `Leases::unsettle`).
+    leases: &'a crate::lease::Leases,
+    keys: Vec<(&'a Quota, &'a str)>,
+}
 
 impl Drop for MarkLanded<'_> {
     fn drop(&mut self) {
-        self.0.landed(self.1, &self.2);
+        self.refunded.landed(self.resets, &self.noted);
+        for (quota, key) in &self.keys {
+            self.leases.unsettle(quota, key);
+        }
     }
 }
 
@@ -393,7 +404,16 @@ impl Limiter {
         }
         // Marked landed however the call ends (a refund that failed or was
         // dropped may have reached the backend).
-        let _landed = MarkLanded(&self.inner.refunded, &self.inner.resets, noted);
+        let _landed = MarkLanded {
+            refunded: &self.inner.refunded,
+            resets: &self.inner.resets,
+            noted,
+            leases: &self.inner.leases,
+            keys: remote
+                .iter()
+                .map(|(quota, key, _)| (*quota, *key))
+                .collect(),
+        };
         if remote.is_empty() {
             answered_in_process().await;
             return Ok(());
