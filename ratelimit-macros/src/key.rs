@@ -341,9 +341,9 @@ mod tests {
         }
     }
 
-    /// `<x.99999999999>` once reached `Ident::new_raw` and panicked in the
-    /// attribute; `<x.00>` was read as `.0`. Both are reported, quoting the
-    /// index.
+    /// `<x.99999999999>` (no `u32`, which `Ident::new_raw` would panic on)
+    /// and `<x.00>` (which Rust does not read as `.0`) are reported, quoting
+    /// the index.
     #[test]
     fn tuple_indices_rust_would_not_accept_are_rejected() {
         for (text, inner, index) in [

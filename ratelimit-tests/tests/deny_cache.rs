@@ -294,9 +294,9 @@ async fn a_denial_cached_before_a_rule_changed_and_back_is_asked_of_redis_again(
 /// second: its cached denial of the key is answered from for a second at
 /// most, then one caller asks Redis again. The writers: another instance's
 /// refund, another instance's reset, and an operator's `FLUSHALL`. Every
-/// algorithm, each quota an hour long, so that a cached denial would
-/// otherwise stand for the rest of the hour (it did: `retry_after` 3,600 s
-/// for a bucket at 1/h, while Redis admitted).
+/// algorithm, each quota an hour long, so that a cached denial answered
+/// until its wait ended would stand for the rest of the hour (`retry_after`
+/// 3,600 s for a bucket at 1/h, while Redis admits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_another_writer_gives_back_is_seen_within_a_second() {
     let server = RedisServer::start();

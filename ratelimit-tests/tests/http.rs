@@ -2022,8 +2022,9 @@ async fn the_attributes_refund_on_lets_failed_calls_cost_nothing() {
 /// `axum::serve(listener, app)` does: no request has a peer address. A limit
 /// per client address is then the server's mistake, answered `500` with the
 /// misconfigured problem and logged at error level with the call that mends
-/// it, never one bucket shared by every client (six clients behind a proxy
-/// at two requests an hour each were 200, 200, then 429 for the other four).
+/// it, never one bucket shared by every client (which would answer six
+/// clients behind a proxy at two requests an hour each 200, 200, then 429
+/// for the other four).
 #[tokio::test]
 async fn a_server_that_records_no_peer_address_is_named_not_given_one_bucket() {
     let proxies = TrustedProxies::new(["10.0.0.0/8", "127.0.0.0/8"]).unwrap();

@@ -1217,7 +1217,7 @@ async fn failing_job(limiter: &Limiter, id: u64, hold: Duration) -> Result<(), J
 
 /// Redis killed while 200 admitted calls run: each call's refund fails, and
 /// the failure is logged once a second at most, as the checks' own failures
-/// are, not once per call (200 warnings in a fraction of a second).
+/// are, not once per call.
 #[tokio::test]
 async fn refunds_an_outage_fails_are_logged_once_a_second() {
     let mut server = RedisServer::start();
@@ -1226,6 +1226,7 @@ async fn refunds_an_outage_fails_are_logged_once_a_second() {
         .timeout(Duration::from_millis(200))
         .build()
         .unwrap();
+    let began = std::time::Instant::now();
     let (outcomes, log) = support::logged(async {
         let calls: Vec<_> = (0..200)
             .map(|id| failing_job(&limiter, id, Duration::from_millis(500)))
@@ -1244,10 +1245,13 @@ async fn refunds_an_outage_fails_are_logged_once_a_second() {
         .filter(|o| matches!(o, Err(JobError::Failed)))
         .count();
     assert_eq!(failed, 200, "every call was admitted and ran: {outcomes:?}");
+    // One a second, in as many seconds as the calls took (a line at each
+    // end of a second's boundary at most).
+    let seconds = began.elapsed().as_secs() as usize;
     let lines = log.matches("could not give back").count();
     assert!(
-        (1..=2).contains(&lines),
-        "{lines} lines for 200 lost refunds: {log}"
+        (1..=2 + seconds).contains(&lines),
+        "{lines} lines for 200 lost refunds in {seconds} s and a fraction: {log}"
     );
     assert_eq!(limiter.stats().refunded, 0, "no refund reached Redis");
 }
@@ -1257,9 +1261,9 @@ async fn refunds_an_outage_fails_are_logged_once_a_second() {
 /// sooner, and what is left of them is less than their decision's debt less
 /// what drained. A bucket of 4 at one token per 5 s: A takes 2 and B 2, A is
 /// refunded, 5 s later C takes 1, then B is refunded. One of B's tokens has
-/// drained, so one goes back and the bucket holds 3 for the instant after C:
-/// B's refund gave 2, and 5 were admitted at one instant. On one Redis, with
-/// the native module, and in memory, for the three buckets.
+/// drained, so one goes back and the bucket holds 3 for the instant after C,
+/// where giving back 2 would admit 5 at one instant. On one Redis, with the
+/// native module, and in memory, for the three buckets.
 #[test]
 fn a_bucket_refund_after_an_older_refund_gives_back_no_refilled_token() {
     let runtime = runtime();
@@ -1311,8 +1315,8 @@ fn a_bucket_refund_after_an_older_refund_gives_back_no_refilled_token() {
 
 /// The same at scale, in memory: a bucket of 100 at one token per 5 s, A
 /// takes 90 and B 10, A is refunded; 50 s later B's 10 have drained and C
-/// takes the whole 100. B has nothing left to give back: its refund gave 10,
-/// and 110 were admitted at one instant.
+/// takes the whole 100. B has nothing left to give back, where giving back
+/// its 10 would admit 110 at one instant.
 #[test]
 fn a_bucket_refund_after_an_older_refund_gives_back_nothing_drained() {
     let runtime = runtime();
@@ -1338,9 +1342,9 @@ fn a_bucket_refund_after_an_older_refund_gives_back_nothing_drained() {
 
 /// Random checks, refunds and pauses on one key of a bucket in memory, one
 /// at a time: the admissions that stand (not refunded) never exceed the
-/// bucket's bound over any span, `capacity` plus what refills in it. Before
-/// refunds counted the refunds of older admissions made since, a refund
-/// after another gave back tokens that had refilled, over the bound.
+/// bucket's bound over any span, `capacity` plus what refills in it, which a
+/// refund after another's would break if it gave back tokens that had
+/// refilled.
 #[test]
 fn standing_admissions_keep_the_bucket_bound_whatever_the_refunds() {
     #[derive(Debug, Clone)]
@@ -1407,8 +1411,8 @@ fn standing_admissions_keep_the_bucket_bound_whatever_the_refunds() {
 /// (the bucket full 5 s sooner), but the lease arrives after the refund was
 /// made and would be kept owed for the whole 10 s, serving tokens the bucket
 /// holds again. A bucket of 100 at 10/s, leases of 50 living 3 s, replies
-/// held 200 ms by a relay: at t0+2.9 s the bucket and the lease served 128
-/// at once. The lease on its way is not kept, as after a reset.
+/// held 200 ms by a relay: kept, the lease and the bucket would serve 128
+/// at once at t0+2.9 s. The lease on its way is not kept, as after a reset.
 #[test]
 fn a_lease_on_its_way_while_its_key_is_refunded_is_not_kept() {
     let runtime = tokio::runtime::Builder::new_multi_thread()

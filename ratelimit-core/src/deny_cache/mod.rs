@@ -777,9 +777,9 @@ mod tests {
     /// Another writer the cache does not hear of gives the key back (another
     /// instance's reset or refund, an operator deleting it) or consumes it:
     /// the cache denies what the server would admit for less than
-    /// `MAX_AGE_US` after the last give-back, never longer. (Without the
-    /// age, a denial stood until its wait ended: an hour's quota denied for
-    /// the rest of its hour.)
+    /// `MAX_AGE_US` after the last give-back, never longer, where a denial
+    /// answered until its wait ended would deny an hour's quota for the rest
+    /// of its hour.
     #[test]
     fn a_key_given_back_elsewhere_is_admitted_within_the_age_of_a_denial() {
         let stale: [AtomicU64; 6] = Default::default();

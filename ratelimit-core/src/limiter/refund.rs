@@ -98,18 +98,18 @@ const REFUNDS_PER_SLOT: usize = 64;
 /// left of an admission's cost: its decision's debt less what has drained
 /// since, as if the admission were still the newest part of the debt. A
 /// refund of an older admission made since has moved the admission's tokens
-/// up the queue by what it gave back, so they drain sooner: without it, a
-/// bucket of 4 at one token per 5 s, taken 2 by A then 2 by B, A refunded,
-/// then 5 s later 1 by C, gave B's refund 2 tokens where 1 was left, and
-/// admitted 5 at one instant.
+/// up the queue by what it gave back, so they drain sooner. A bucket of 4 at
+/// one token per 5 s, taken 2 by A then 2 by B, A refunded, then 5 s later 1
+/// by C: one of B's tokens is left, where its debt less what drained says 2,
+/// and giving back 2 would admit 5 at one instant.
 ///
 /// So a refund is taken off by what refunds of the key gave back that
 /// surely came before it in the debt and surely landed after it was
 /// decided: exact for admissions and refunds that do not overlap in time.
 /// Of refunds that overlap a check, nothing can tell here whether they came
-/// before its decision or after, and they are not counted, as before this
-/// record was kept; nor are other instances' refunds, or refunds past the
-/// [`REFUNDS_PER_SLOT`] latest of a slot.
+/// before its decision or after, and they are not counted; nor are other
+/// instances' refunds, refunds past the [`REFUNDS_PER_SLOT`] latest of a
+/// slot, or refunds made while that many of the slot are on their way.
 ///
 /// Which admission came first: an admission's end (see [`end_of`]) plus
 /// the units the limiter's refunds of the key had given back when it was
@@ -173,28 +173,25 @@ impl Refunded {
         let (slot, hash) = self.place(key);
         let refunds = self.lock(slot);
         let of_key = || refunds.iter().filter(|r| r.hash == hash);
-        // The units given back before the admission's check began (surely
-        // in its decision), less those sent before `done` (the most that
-        // can be in a decision whose reply arrived by then).
-        let offset = |done: u64| {
-            let landed: u128 = of_key()
-                .filter(|r| r.landed <= origin.resets)
+        // The units given back before the admission's check began: surely
+        // in its decision.
+        let landed: u128 = of_key()
+            .filter(|r| r.landed <= origin.resets)
+            .map(|r| u128::from(r.units))
+            .sum();
+        // The units sent before `done`: the most that can be in a decision
+        // whose reply arrived by then. (Kept in the order sent.)
+        let sent_by = |done: u64| -> u128 {
+            of_key()
+                .take_while(|r| r.sent <= done)
                 .map(|r| u128::from(r.units))
-                .sum();
-            let sent: u128 = of_key()
-                .filter(|r| r.sent <= done)
-                .map(|r| u128::from(r.units))
-                .sum();
-            (landed, sent)
+                .sum()
         };
         of_key()
             // Sent once the admission's reply was in: landed after it.
             .filter(|r| r.sent > origin.done)
             // Surely earlier in the debt.
-            .filter(|r| {
-                let (landed, sent) = offset(r.done);
-                r.end + sent < end + landed
-            })
+            .filter(|r| r.end + sent_by(r.done) < end + landed)
             .fold(0u64, |sum, r| sum.saturating_add(r.units))
     }
 
@@ -208,16 +205,24 @@ impl Refunded {
         (origin, end): (Origin, u128),
         units: u64,
         (now_us, until_us): (u64, u64),
-    ) -> Noted {
+    ) -> Option<Noted> {
         let (index, hash) = self.place(key);
-        let sent = resets.count();
         let mut refunds = self.lock(index);
         refunds.retain(|r| r.landed == u64::MAX || r.until_us >= now_us);
         if refunds.len() >= REFUNDS_PER_SLOT {
-            if let Some(oldest) = refunds.iter().position(|r| r.landed != u64::MAX) {
-                refunds.remove(oldest);
+            match refunds.iter().position(|r| r.landed != u64::MAX) {
+                Some(oldest) => {
+                    refunds.remove(oldest);
+                }
+                // As many on their way as are kept (a backend that is slow
+                // to answer): this one is not kept, as one of another
+                // instance's is not, so that a refund's look stays short.
+                None => return None,
             }
         }
+        // Counted under the slot's lock: the slot's refunds are in the order
+        // sent.
+        let sent = resets.count();
         let id = refunds.back().map_or(0, |r| r.id.wrapping_add(1));
         refunds.push_back(GivenBack {
             hash,
@@ -229,7 +234,7 @@ impl Refunded {
             units,
             until_us,
         });
-        Noted { slot: index, id }
+        Some(Noted { slot: index, id })
     }
 
     /// Marks `noted` refunds as landed now (or possibly landed: a refund
@@ -381,7 +386,7 @@ impl Limiter {
                         let full_us = quota.depth() / quota.rate().tokens().max(1);
                         let times = (now, now.saturating_add(full_us));
                         let admission = (origin, end + drained_on_the_way);
-                        noted.push(refunded.note(
+                        noted.extend(refunded.note(
                             &self.inner.resets,
                             key,
                             admission,

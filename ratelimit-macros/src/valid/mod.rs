@@ -806,8 +806,8 @@ mod tests {
         }
     }
 
-    /// A tuple index too large for a `u32` once reached `Ident::new_raw` and
-    /// panicked in the attribute; it is reported at the key instead.
+    /// A tuple index too large for a `u32`, on which `Ident::new_raw` would
+    /// panic, is reported at the key.
     #[test]
     fn a_tuple_index_rust_would_not_accept_is_an_error_not_a_panic() {
         let item = "async fn f(x: (u32,)) -> Result<(), E> { Ok(()) }";
@@ -876,8 +876,8 @@ mod tests {
         }
     }
 
-    /// A lease too large for a u64 was reported as a quota too large, which
-    /// says to lower the capacity.
+    /// A lease too large for a u64 names the lease, not the quota (whose
+    /// error says to lower the capacity).
     #[test]
     fn a_lease_too_large_names_the_lease() {
         assert_eq!(

@@ -268,8 +268,8 @@ pub(super) async fn call_routed(
                 // none (every node is down, or was when it last tried).
                 // Each call it cannot send has it begin reconnecting to its
                 // initial nodes, so the call is not sent again: sent again
-                // until its timeout, each probe of an open breaker drove
-                // several reconnections, each logged by redis-rs.
+                // until its timeout, each probe of an open breaker would
+                // drive several reconnections, each logged by redis-rs.
                 Err(error)
                     if error.kind() == redis::ErrorKind::ClusterConnectionNotFound
                         && invocation.by_slot_map().is_none() =>

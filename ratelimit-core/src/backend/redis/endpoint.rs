@@ -188,12 +188,12 @@ fn connection_info(
 ) -> Result<redis::ConnectionInfo, Error> {
     use redis::IntoConnectionInfo as _;
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-    let secure = ["rediss", "valkeys"]
-        .iter()
-        .any(|tls| scheme.eq_ignore_ascii_case(tls));
-    if secure && !tls_feature {
+    let secure = [("rediss", "`rediss://`"), ("valkeys", "`valkeys://`")]
+        .into_iter()
+        .find(|(tls, _)| scheme.eq_ignore_ascii_case(tls));
+    if let (Some((_, shown)), false) = (secure, tls_feature) {
         return Err(ConfigError::FeatureOff {
-            what: "`rediss://`",
+            what: shown,
             feature: "tls",
         }
         .into());

@@ -135,13 +135,14 @@ pub(super) async fn watch_switches(
 
 /// The fault to report when no Sentinel said where the master is: redis-rs
 /// answers the last Sentinel's (or master's) error it met, so a Sentinel
-/// that refused the password, or a server that is no Sentinel at all, was
-/// hidden behind the next one's being down. Each Sentinel is asked again,
+/// that refuses the password, or a server that is no Sentinel at all, would
+/// hide behind the next one's being down. Each Sentinel is asked again,
 /// all at once, whether it can be reached and is a Sentinel; the most
 /// severe fault found is reported, naming the Sentinel: one that fixing the
 /// deployment ends (see `ErrorKind::is_misconfiguration`) before one that
 /// waiting may end, the first Sentinel's among equals, and `asked`
-/// (redis-rs's error) when the Sentinels show none worse.
+/// (redis-rs's error) when the Sentinels show none as severe (one as
+/// severe is preferred: it names its Sentinel).
 pub(super) async fn most_severe(
     sentinels: &[redis::Client],
     timeout: Duration,
