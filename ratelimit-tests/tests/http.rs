@@ -2078,9 +2078,17 @@ async fn a_shadow_layer_with_no_peer_address_refuses_nothing() {
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let client = client();
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        statuses.push(fetch(&client, &url).await.status);
-    }
+    let (statuses, log) = support::logged(async {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(fetch(&client, &url).await.status);
+        }
+        statuses
+    })
+    .await;
     assert_eq!(statuses, [200; 3]);
+    assert!(
+        log.contains("ERROR") && log.contains("into_make_service_with_connect_info"),
+        "the log names the mistake and its mend: {log}"
+    );
 }

@@ -114,6 +114,11 @@ impl Exemption {
         Self { name, test }
     }
 
+    /// Whether this exemption reads the peer's address.
+    pub(crate) fn needs_peer(&self) -> bool {
+        matches!(self.test, Test::Peer(_) | Test::Client(..))
+    }
+
     /// Whether `request` is exempt.
     pub(crate) fn covers(&self, request: &Parts) -> bool {
         match &self.test {

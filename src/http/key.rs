@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::ConnectInfo;
@@ -353,39 +353,52 @@ fn parse_node(node: &str) -> Option<IpAddr> {
 }
 
 /// The peer's address, recorded by axum's `into_make_service_with_connect_info`.
-/// Its absence is the server's mistake, the same for every request, and is
-/// logged at error level (once a second at most).
+/// Its absence is the server's mistake, the same for every request, which
+/// the layer logs (see [`NoPeerAddress`]).
 pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-    let peer = parts
+    parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
-    if peer.is_none() {
-        report_no_connect_info();
-    }
-    peer
+        .map(|c| c.0.ip())
 }
 
-/// What a limit or an exemption keyed on the client's address is told when
-/// the server records no peer address.
-pub(crate) const NO_CONNECT_INFO: &str =
-    "the server records no peer address (`ConnectInfo<SocketAddr>`) for a rate limit or \
-     exemption keyed on the client's address; serve the router with \
-     `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`";
+/// A layer's log of requests with no peer address, at error level and once
+/// a second at most.
+#[derive(Debug)]
+pub(crate) struct NoPeerAddress {
+    start: Instant,
+    /// Microseconds after `start` (plus a second, so that the first is
+    /// logged) of the last line.
+    last_us: AtomicU64,
+}
 
-fn report_no_connect_info() {
-    static LAST_US: AtomicU64 = AtomicU64::new(0);
-    static START: OnceLock<Instant> = OnceLock::new();
-    let now_us = START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1_000_000;
-    let last = LAST_US.load(Ordering::Relaxed);
-    if now_us.saturating_sub(last) >= 1_000_000
-        && LAST_US
-            .compare_exchange(last, now_us, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
+impl NoPeerAddress {
+    pub(crate) fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Logs, unless a line went out less than a second ago.
+    pub(crate) fn report(&self, layer: &str) {
+        let now_us = self.start.elapsed().as_micros() as u64 + 1_000_000;
+        let last = self.last_us.load(Ordering::Relaxed);
+        if now_us.saturating_sub(last) < 1_000_000
+            || self
+                .last_us
+                .compare_exchange(last, now_us, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
         tracing::error!(
-            "{NO_CONNECT_INFO}: until then, address limits answer 500 and address exemptions \
-             exempt nothing (logged once a second at most)"
+            layer,
+            "the server records no peer address (`ConnectInfo<SocketAddr>`) for a rate limit or \
+             exemption keyed on the client's address; serve the router with \
+             `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`: \
+             until then, address limits answer 500 (pass, in shadow mode) and address \
+             exemptions exempt nothing (logged once a second at most)"
         );
     }
 }

@@ -329,6 +329,8 @@ impl RateLimitLayer {
             legacy_headers: self.legacy_headers,
             shadow: self.shadow,
             request_id_header: self.request_id_header.clone(),
+            name: intern(&self.name),
+            no_peer_address: super::key::NoPeerAddress::new(),
         }
     }
 

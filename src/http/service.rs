@@ -17,7 +17,7 @@ use tower::Service;
 use super::denial::Denial;
 use super::exempt::Exemption;
 use super::fields;
-use super::key::Pushed;
+use super::key::{peer_ip, NoPeerAddress, Pushed};
 use super::limit::{Limit, MissingKey};
 use super::problem::{self, TooManyRequests};
 use crate::{
@@ -37,6 +37,9 @@ pub(super) struct Shared {
     pub(super) legacy_headers: bool,
     pub(super) shadow: bool,
     pub(super) request_id_header: HeaderName,
+    /// The layer's name, and its log of requests with no peer address.
+    pub(super) name: &'static str,
+    pub(super) no_peer_address: NoPeerAddress,
 }
 
 /// A layer's denial-response hook.
@@ -107,6 +110,9 @@ pub(super) enum Verdict<'a> {
 impl Shared {
     /// The `rule` label of the first exemption that covers the request.
     fn exempted(&self, parts: &Parts) -> Option<&'static str> {
+        if self.exemptions.iter().any(|(e, _)| e.needs_peer()) && peer_ip(parts).is_none() {
+            self.no_peer_address.report(self.name);
+        }
         self.exemptions
             .iter()
             .find(|(exemption, _)| exemption.covers(parts))
@@ -134,7 +140,10 @@ impl Shared {
                     MissingKey::SharedBucket => key.push_literal("%unknown"),
                     MissingKey::Unlimited => continue,
                 },
-                Pushed::NoPeerAddress => return Err(limit.name),
+                Pushed::NoPeerAddress => {
+                    self.no_peer_address.report(self.name);
+                    return Err(limit.name);
+                }
             }
             let quota = spec.quota.resolve(&self.limiter, parts);
             let mut key = key.finish();
