@@ -665,11 +665,7 @@ async fn a_rule_longer_than_any_is_refused_unread_and_logged_once() {
         .unwrap();
     let limiter = Limiter::builder().redis(server.url()).build().unwrap();
     let ((), logs) = support::logged(async {
-        let source = RedisRuleSource::builder(server.url())
-            .reload_every(Duration::from_millis(100))
-            .start(&limiter)
-            .unwrap();
-        support::read_rules(&source, Duration::from_secs(5), "read the rules").await;
+        let _source = reading_source(&server, &limiter, Duration::from_millis(100)).await;
         // Written past the publisher's check, as another client may.
         let mut redis = server.connection().await;
         let _: () = redis.hset(HASH, "probe", &huge).await.unwrap();
@@ -766,13 +762,24 @@ async fn the_reads_connection_outlives_the_servers_idle_timeout() {
         .unwrap();
     let limiter = Limiter::builder().redis(server.url()).build().unwrap();
     let ((), logs) = support::logged(async {
-        let source = RedisRuleSource::builder(server.url())
-            .reload_every(Duration::from_secs(4))
-            .start(&limiter)
-            .unwrap();
-        support::read_rules(&source, Duration::from_secs(5), "read the rules").await;
+        let _source = reading_source(&server, &limiter, Duration::from_secs(4)).await;
         tokio::time::sleep(Duration::from_millis(4_500)).await;
     })
     .await;
     assert!(!logs.contains("cannot reach Redis"), "{logs}");
+}
+
+/// A rule source of `server` for `limiter`, reloading `every`, once it has
+/// read the rules.
+async fn reading_source(
+    server: &RedisServer,
+    limiter: &Limiter,
+    every: Duration,
+) -> RedisRuleSource {
+    let source = RedisRuleSource::builder(server.url())
+        .reload_every(every)
+        .start(limiter)
+        .unwrap();
+    support::read_rules(&source, Duration::from_secs(5), "read the rules").await;
+    source
 }
